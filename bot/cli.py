@@ -1,0 +1,64 @@
+"""The `optbot` command line.
+
+Each command lives in its own module under bot/commands/ and registers on the group below. Errors
+meant for users (OptbotError) print one clear line and exit 2, without a traceback; --verbose adds
+the traceback for maintainers.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from bot import __version__
+from bot.errors import OptbotError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="optbot")
+@click.option("-v", "--verbose", is_flag=True, envvar="OPTBOT_VERBOSE", help="Log details (and tracebacks) to stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """optbot: profile, optimize and validate diffusion-transformer inference, Git-natively.
+
+    \b
+    Typical use:
+      optbot profile flux2                 where does the time of one step go?
+      optbot profile qwen-image --json p.json
+    WORKLOAD is a name from workloads/ (flux2, qwen-image) or a path to a workload .yaml file.
+    Data (engine repositories, worktrees) lives in $OPTBOT_HOME (default ~/.cache/optbot);
+    run directories in ./.optbot/runs/.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
+
+
+def _register() -> None:
+    from bot.commands import profile
+
+    for mod in (profile,):
+        cli.add_command(mod.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="optbot", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except OptbotError as e:
+        if verbose:
+            traceback.print_exc()
+        click.secho(f"error: {e}", fg="red", err=True)
+        sys.exit(e.exit_code)
+    sys.exit(0)

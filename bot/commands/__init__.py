@@ -1,0 +1,1 @@
+"""One module per CLI command; shared options in common.py."""

@@ -1,0 +1,71 @@
+"""`optbot profile`: where does the time of one step go?"""
+from __future__ import annotations
+
+import shutil
+
+import click
+
+from bot.commands.common import command_line, workload_options, write_json
+from bot.errors import OptbotError, RunnerError
+from bot.jobs import run_job
+from bot.paths import new_run_dir
+from bot.profile_report import markdown, plot_png, print_terminal
+from bot.target import base_worktree, resolve_target
+from runner.job import Job
+
+MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
+
+
+@click.command("profile")
+@workload_options
+@click.option("--iters", default=None, type=int, help="Timed steps (default: 10 on GPU, 3 on CPU).")
+@click.option("--timeout", default=1800, show_default=True, help="Seconds before the runner job is killed.")
+def command(workload, engine, ref, preset, device, json_path, iters, timeout):
+    """Profile one denoising step of WORKLOAD under torch.profiler.
+
+    \b
+    Prints: latency (median/min/max over N steps), time per category (gemm, attention,
+    normalization, elementwise, copy, quantization, other), the top kernels with the module
+    that launched each (e.g. transformer_blocks.*.attn.to_q), launch count, device idle time,
+    and roofline figures against ceilings measured in the same run.
+    Writes profile.json, profile.md, profile.png and the chrome trace into a run directory.
+
+    \b
+    Examples:
+      optbot profile flux2                      # tiny preset on CPU, full on a GPU
+      optbot profile qwen-image --preset full --device cuda --json qwen.json
+    """
+    t = resolve_target(workload, engine, ref, preset, device)
+    wt = base_worktree(t)
+    run_dir = new_run_dir("profile")
+    shape = t.workload.preset(t.preset).shapes
+    job = Job(kind="profile", workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
+              engine_root=t.engine_root(wt), engine_sha=t.checkout.base_sha, model_class=t.model_class,
+              shapes=[_shape_json(shape)], seeds=[0], weight_seed=0, warmup=2,
+              iters=iters or (10 if t.device.startswith("cuda") else 3), out_dir=str(run_dir))
+    click.echo(f"profiling {t.workload.name} ({t.preset} preset, {t.device}, {t.dtype}, {shape.label()}) "
+               f"in a runner process; run directory {run_dir}", err=True)
+    out = run_job(job, run_dir, timeout_s=timeout, name="profile")
+    if not out.ok:
+        err = out.result.get("error", {}) if out.result else {}
+        if err.get("kind") in MODEL_ERRORS:
+            raise OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
+                              f"{err.get('message')}")
+        raise RunnerError(f"profile job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+    p = out.result
+    meta = dict(workload=t.workload.name, preset=t.preset, dtype=t.dtype, shape=shape.label(),
+                engine=t.checkout.name, command=command_line())
+    p["meta"] = meta
+    print_terminal(p, meta)
+    (run_dir / "profile.md").write_text(markdown(p, meta))
+    plot_png(p, meta, run_dir / "profile.png")
+    write_json(run_dir / "profile.json", p)
+    if json_path is not None:
+        write_json(json_path, p)
+        for ext in (".md", ".png"):
+            shutil.copy(run_dir / f"profile{ext}", json_path.with_suffix(ext))
+    click.echo(f"report: {run_dir / 'profile.md'} · plot: {run_dir / 'profile.png'}", err=True)
+
+
+def _shape_json(s) -> dict:
+    return {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}

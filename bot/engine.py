@@ -1,0 +1,220 @@
+"""Engine repositories: the git repository the bot profiles and patches.
+
+Three kinds of source, all ending as a git repository plus a resolved base sha:
+- ``pypi-sdist:PKG==VER``: the release's source distribution, unpacked into one deterministic
+  commit ("upstream PKG VER", fixed author and date), so the base sha is the same on every machine.
+  The sdist is taken from $OPTBOT_HOME/downloads if it is there (that is how an offline GPU box gets
+  it), else downloaded with pip.
+- a local path to a git repository: used in place.
+- a git URL: cloned once under $OPTBOT_HOME/engines/.
+
+Candidates never touch the base checkout: each gets its own ``git worktree`` (see ``add_worktree``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from bot.errors import EngineError
+from bot.paths import optbot_home
+
+SDIST_RE = re.compile(r"^pypi-sdist:(?P<pkg>[A-Za-z0-9_.\-]+)==(?P<ver>[A-Za-z0-9_.\-+]+)$")
+# Fixed identity and date: the same sdist always gives the same commit sha.
+BOT_ACTOR = git.Actor("optbot", "optbot@localhost")
+FIXED_DATE = "2000-01-01T00:00:00+00:00"
+
+
+@dataclass(frozen=True)
+class EngineCheckout:
+    name: str  # engine name from the workload, or the URL/path given
+    repo_path: Path
+    base_sha: str
+    ref: str  # what the user asked for (or the default)
+    import_root: str
+
+    @property
+    def repo(self) -> git.Repo:
+        return git.Repo(self.repo_path)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s or s.startswith("git@")
+
+
+def resolve_source(spec_source: str, engine_opt: str | None, workload_engines: dict) -> tuple[str, str]:
+    """--engine NAME|PATH|URL -> (display name, source)."""
+    if engine_opt is None:
+        return "", spec_source
+    if engine_opt in workload_engines:
+        return engine_opt, workload_engines[engine_opt].source
+    return engine_opt, engine_opt
+
+
+def checkout_engine(source: str, ref: str | None, import_root: str, name: str = "") -> EngineCheckout:
+    m = SDIST_RE.match(source)
+    if m:
+        repo_path = materialize_sdist(m["pkg"], m["ver"])
+    elif _is_url(source):
+        repo_path = _clone_url(source)
+    else:
+        p = Path(source).expanduser()
+        if not p.exists():
+            raise EngineError(f"engine source {source!r}: no such path, and it is not a git URL or pypi-sdist:PKG==VER")
+        try:
+            repo_path = Path(git.Repo(p, search_parent_directories=False).working_tree_dir or p)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise EngineError(f"engine source {p}: not a git repository") from None
+    repo = git.Repo(repo_path)
+    want = ref or "HEAD"
+    try:
+        sha = repo.commit(want).hexsha
+    except (git.BadName, ValueError, git.GitCommandError):
+        if _is_url(source):
+            try:
+                repo.git.fetch("origin", want)
+                sha = repo.commit("FETCH_HEAD").hexsha
+            except git.GitCommandError:
+                raise EngineError(f"engine {source}: ref {want!r} not found (also not on origin)") from None
+        else:
+            raise EngineError(f"engine {repo_path}: ref {want!r} not found") from None
+    if not (repo_path / import_root).is_dir():
+        raise EngineError(f"engine {repo_path} at {sha[:12]}: import root {import_root!r} is not a folder")
+    return EngineCheckout(name=name or source, repo_path=repo_path, base_sha=sha, ref=want, import_root=import_root)
+
+
+def _clone_url(url: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", url)[-60:] + "-" + hashlib.sha1(url.encode()).hexdigest()[:8]
+    dest = optbot_home() / "engines" / slug
+    if (dest / ".git").is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _log(f"cloning engine {url} into {dest}")
+    try:
+        git.Repo.clone_from(url, dest)
+    except git.GitCommandError as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise EngineError(f"cannot clone engine {url}: {e.stderr.strip() or e}") from None
+    return dest
+
+
+# --------------------------------------------------------------------------------------------
+# sdist -> deterministic repository
+
+
+def _find_or_download_sdist(pkg: str, ver: str) -> Path:
+    downloads = optbot_home() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    norm = pkg.replace("-", "_").lower()
+    for cand in downloads.iterdir():
+        stem = cand.name.lower().replace("-", "_")
+        if stem == f"{norm}_{ver}.tar.gz":
+            return cand
+    _log(f"downloading the source distribution of {pkg}=={ver} into {downloads}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+         "-d", str(downloads), f"{pkg}=={ver}"],
+        capture_output=True, text=True,
+    )
+    for cand in downloads.iterdir():
+        if cand.name.lower().replace("-", "_") == f"{norm}_{ver}.tar.gz":
+            return cand
+    raise EngineError(
+        f"could not get the source distribution of {pkg}=={ver} (pip download said: "
+        f"{(proc.stderr or proc.stdout).strip()[-400:]}); on an offline machine put "
+        f"{pkg}-{ver}.tar.gz into {downloads}"
+    )
+
+
+def materialize_sdist(pkg: str, ver: str) -> Path:
+    dest = optbot_home() / "engines" / f"{pkg}-{ver}"
+    message = f"upstream {pkg} {ver}"
+    if (dest / ".git").is_dir():
+        try:
+            if message in git.Repo(dest).git.log("--max-parents=0", "--format=%s", "--all").splitlines():
+                return dest
+        except (git.GitCommandError, ValueError):
+            pass
+        raise EngineError(f"{dest} exists but does not hold the commit {message!r}; remove it to re-create it")
+    sdist = _find_or_download_sdist(pkg, ver)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _log(f"materializing engine repository {dest} from {sdist.name}")
+    with tarfile.open(sdist) as tf:
+        top = f"{pkg}-{ver}/"
+        for member in tf.getmembers():
+            name = member.name
+            if not name.startswith(top) or ".." in Path(name).parts:
+                continue  # confine the extraction to the destination
+            rel = name[len(top):]
+            if not rel or rel == "PKG-INFO" or rel.startswith(f"src/{pkg}.egg-info") or ".egg-info/" in rel:
+                continue
+            target = tmp / rel
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tf.extractfile(member) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+    repo = git.Repo.init(tmp, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("core", "autocrlf", "false")
+        cw.set_value("user", "name", BOT_ACTOR.name)
+        cw.set_value("user", "email", BOT_ACTOR.email)
+    repo.git.add("-A", "--force")
+    env = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE,
+           "GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
+           "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
+    repo.git.commit("-q", "--no-gpg-sign", "-m", message, env=env)
+    tmp.rename(dest)
+    _log(f"engine {pkg} {ver} at {dest} (commit {git.Repo(dest).head.commit.hexsha[:12]})")
+    return dest
+
+
+# --------------------------------------------------------------------------------------------
+# worktrees
+
+
+def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) -> Path:
+    """A fresh detached worktree of the engine at ref (default: the base sha)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    root = optbot_home() / "worktrees" / hashlib.sha1(str(checkout.repo_path).encode()).hexdigest()[:10]
+    path = root / safe
+    repo = checkout.repo
+    want = repo.commit(ref or checkout.base_sha).hexsha
+    if path.exists():
+        try:
+            wt = git.Repo(path)
+            if wt.head.commit.hexsha == want and not wt.is_dirty(untracked_files=True):
+                return path  # reuse a clean worktree at the same commit
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+            pass
+        remove_worktree(checkout, path)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        repo.git.worktree("add", "--detach", "--force", str(path), want)
+    except git.GitCommandError as e:
+        raise EngineError(f"cannot add worktree {path} at {ref or checkout.base_sha}: {e.stderr.strip()}") from None
+    return path
+
+
+def remove_worktree(checkout: EngineCheckout, path: Path) -> None:
+    try:
+        checkout.repo.git.worktree("remove", "--force", str(path))
+    except git.GitCommandError:
+        shutil.rmtree(path, ignore_errors=True)
+        checkout.repo.git.worktree("prune")

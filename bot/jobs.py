@@ -1,0 +1,116 @@
+"""The bot/runner process boundary: run one runner job in a child process.
+
+The child:
+- runs ``python -m runner JOB RESULT`` with PYTHONPATH = engine import root, then optbot's own root,
+  so the engine worktree wins over any installed copy of the engine;
+- gets an environment with no tokens, keys or secrets (generated code runs there);
+- has a wall-clock timeout; it is killed with its whole process group when it runs over;
+- reports through RESULT (a file the bot chose), never through stdout, which is only a log.
+
+A crash (signal, non-zero exit without a result), a timeout or a result of ok=false comes back as a
+typed JobOutcome, never as an exception, so the caller can turn it into a verdict and move on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.job import Job
+
+from bot.paths import REPO_ROOT
+
+SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
+SECRET_PREFIXES = ("ANTHROPIC", "GITHUB_", "GH_", "OPENAI", "AWS_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def child_env(engine_root: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not SECRET_RE.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join([engine_root, str(REPO_ROOT)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")  # the harness never downloads; real weights come from a path
+    env.setdefault("DIFFUSERS_VERBOSITY", "error")
+    return env
+
+
+@dataclass
+class JobOutcome:
+    status: str  # ok | failed (result ok=false) | crashed | timeout
+    result: dict = field(default_factory=dict)
+    returncode: int | None = None
+    seconds: float = 0.0
+    log_path: str = ""
+    log_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def reason(self) -> str:
+        if self.status == "ok":
+            return "ok"
+        if self.status == "failed":
+            err = self.result.get("error", {})
+            return f"{err.get('kind', 'error')}: {err.get('message', '')}"
+        if self.status == "timeout":
+            return f"timeout after {self.seconds:.0f} s"
+        sig = -self.returncode if self.returncode and self.returncode < 0 else None
+        how = f"signal {signal.Signals(sig).name}" if sig else f"exit code {self.returncode}"
+        return f"crashed ({how}) with no result"
+
+
+def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job") -> JobOutcome:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    job_path, result_path, log_path = work_dir / f"{name}.job.json", work_dir / f"{name}.result.json", work_dir / f"{name}.log"
+    result_path.unlink(missing_ok=True)
+    job.to_file(job_path)
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "runner", str(job_path), str(result_path)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env(job.engine_root), cwd=work_dir, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            status = None
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, status = proc.returncode, "timeout"
+    seconds = time.monotonic() - t0
+    tail = _tail(log_path)
+    result: dict = {}
+    if status is None:
+        if result_path.is_file():
+            try:
+                result = json.loads(result_path.read_text())
+            except json.JSONDecodeError:
+                result = {}
+        if rc == 0 and result.get("ok") is True:
+            status = "ok"
+        elif result and result.get("ok") is False:
+            status = "failed"
+        else:
+            status = "crashed"
+    return JobOutcome(status=status, result=result, returncode=rc, seconds=seconds, log_path=str(log_path), log_tail=tail)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode("utf-8", "replace")

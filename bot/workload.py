@@ -1,0 +1,314 @@
+"""Workload files: what to optimize, at which shapes, with which tolerance.
+
+A workload YAML is parsed into frozen dataclasses here, once. Every error names the file, the key
+(as a dotted path), the value found and what was expected, and is raised as ConfigError so the CLI
+prints it and exits 2 without a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bot.errors import ConfigError, OptbotError
+from bot.paths import REPO_ROOT
+
+PRESETS = ("full", "tiny")
+DTYPES = ("float32", "bfloat16", "float16")
+CFG_MODES = ("none", "true-cfg")
+FAMILIES = ("flux2", "qwen-image")
+
+
+@dataclass(frozen=True)
+class Shape:
+    resolution: tuple[int, int]  # pixels (height, width)
+    text_tokens: int
+    batch: int
+
+    def image_tokens(self, downsample: int) -> int:
+        return (self.resolution[0] // downsample) * (self.resolution[1] // downsample)
+
+    def label(self) -> str:
+        return f"{self.resolution[0]}x{self.resolution[1]}/txt{self.text_tokens}/b{self.batch}"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_l2: float
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    config: dict[str, Any]
+    weights: str  # "seeded" or a checkpoint path
+    shapes: Shape
+    extra_shapes: tuple[Shape, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    source: str  # "pypi-sdist:PKG==VER", a git URL, or a local path
+    import_root: str  # folder inside the repo that goes first on PYTHONPATH
+    model_class: str  # dotted import path inside the engine
+    ref: str | None = None  # None: the repo's HEAD (for sdist engines: the materialized commit)
+
+
+@dataclass(frozen=True)
+class Step:
+    cfg: str
+    timestep: float
+    guidance: float | None = None
+    text_mask: str = "none"
+
+    @property
+    def passes(self) -> int:
+        return 2 if self.cfg == "true-cfg" else 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    file: str
+    family: str
+    engines: dict[str, EngineSpec]
+    default_engine: str
+    step: Step
+    latent_downsample: int
+    presets: dict[str, Preset]
+    dtype: dict[str, str]  # device kind -> dtype name
+    bit_exact: bool
+    tolerance: dict[str, Tolerance]
+
+    def engine(self, name: str | None) -> EngineSpec:
+        name = name or self.default_engine
+        if name not in self.engines:
+            raise OptbotError(
+                f"{self.file}: key 'engines': no engine named {name!r}; "
+                f"this workload defines {sorted(self.engines)} (or pass a git URL or path)"
+            )
+        return self.engines[name]
+
+    def preset(self, name: str) -> Preset:
+        if name not in self.presets:
+            raise ConfigError(self.file, "presets", name, f"one of {sorted(self.presets)}")
+        return self.presets[name]
+
+    def dtype_for(self, device: str) -> str:
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        if kind not in self.dtype:
+            raise ConfigError(self.file, "dtype", self.dtype, f"a dtype for device kind '{kind}'")
+        return self.dtype[kind]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# lookup
+
+
+def workloads_dirs() -> list[Path]:
+    """Where workload names are looked up: ./workloads first, then the ones shipped with optbot."""
+    dirs = [Path.cwd() / "workloads", REPO_ROOT / "workloads"]
+    out: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in out:
+            out.append(d.resolve())
+    return out
+
+
+def available_workloads() -> list[str]:
+    names = set()
+    for d in workloads_dirs():
+        names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def resolve_workload_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_file():
+            raise OptbotError(f"workload file {p} does not exist")
+        return p.resolve()
+    for d in workloads_dirs():
+        cand = d / f"{name_or_path}.yaml"
+        if cand.is_file():
+            return cand
+    raise OptbotError(
+        f"unknown workload {name_or_path!r}; known workloads: {', '.join(available_workloads()) or 'none'} "
+        f"(looked in {', '.join(str(d) for d in workloads_dirs())}), or pass a path to a .yaml file"
+    )
+
+
+def load_workload(name_or_path: str) -> Workload:
+    return parse_workload_file(resolve_workload_path(name_or_path))
+
+
+# --------------------------------------------------------------------------------------------
+# parsing
+
+
+class _Reader:
+    """Typed access to a YAML mapping that reports file + dotted key on every mistake."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def get(self, d: dict, key: str, path: str, typ, *, default=..., choices=None):
+        full = f"{path}.{key}" if path else key
+        if not isinstance(d, dict):
+            raise ConfigError(self.file, path or "<top level>", d, "a mapping")
+        if key not in d:
+            if default is ...:
+                raise ConfigError(self.file, full, None, f"a value ({_tname(typ)}); the key is missing")
+            return default
+        v = d[key]
+        if typ is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if typ is not None and not isinstance(v, typ) or (typ in (int, float) and isinstance(v, bool)):
+            raise ConfigError(self.file, full, v, _tname(typ))
+        if choices is not None and v not in choices:
+            raise ConfigError(self.file, full, v, f"one of {list(choices)}")
+        return v
+
+    def shape(self, d, path: str) -> Shape:
+        if not isinstance(d, dict):
+            raise ConfigError(self.file, path, d, "a mapping with resolution, text_tokens, batch")
+        res = self.get(d, "resolution", path, list)
+        if len(res) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in res):
+            raise ConfigError(self.file, f"{path}.resolution", res, "[height, width], two positive integers")
+        tt = self.get(d, "text_tokens", path, int)
+        b = self.get(d, "batch", path, int, default=1)
+        for k, v in (("text_tokens", tt), ("batch", b)):
+            if v < 1:
+                raise ConfigError(self.file, f"{path}.{k}", v, "a positive integer")
+        return Shape((res[0], res[1]), tt, b)
+
+
+def _tname(typ) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
+            bool: "true or false"}.get(typ, str(typ))
+
+
+def parse_workload_file(path: Path) -> Workload:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise OptbotError(f"cannot read workload file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise OptbotError(f"{path}: malformed YAML{where}: {problem}") from None
+    return parse_workload(data, path)
+
+
+def parse_workload(data: Any, file: Path) -> Workload:
+    r = _Reader(file)
+    if not isinstance(data, dict):
+        raise ConfigError(file, "<top level>", type(data).__name__, "a mapping of workload keys")
+    name = r.get(data, "name", "", str)
+    family = r.get(data, "family", "", str, choices=FAMILIES)
+
+    engines_raw = r.get(data, "engines", "", dict)
+    if not engines_raw:
+        raise ConfigError(file, "engines", engines_raw, "at least one engine")
+    engines = {}
+    for ename, e in engines_raw.items():
+        p = f"engines.{ename}"
+        engines[ename] = EngineSpec(
+            name=str(ename),
+            source=r.get(e, "source", p, str),
+            import_root=r.get(e, "import_root", p, str, default="."),
+            model_class=r.get(e, "model_class", p, str),
+            ref=r.get(e, "ref", p, str, default=None),
+        )
+        if "." not in engines[ename].model_class:
+            raise ConfigError(file, f"{p}.model_class", engines[ename].model_class, "a dotted path like pkg.module.Class")
+    default_engine = r.get(data, "default_engine", "", str, default=next(iter(engines)))
+    if default_engine not in engines:
+        raise ConfigError(file, "default_engine", default_engine, f"one of {sorted(engines)}")
+
+    s = r.get(data, "step", "", dict)
+    step = Step(
+        cfg=r.get(s, "cfg", "step", str, choices=CFG_MODES),
+        timestep=r.get(s, "timestep", "step", float),
+        guidance=r.get(s, "guidance", "step", float, default=None),
+        text_mask=r.get(s, "text_mask", "step", str, default="none", choices=("none", "all-ones")),
+    )
+    if not 0.0 <= step.timestep <= 1.0:
+        raise ConfigError(file, "step.timestep", step.timestep, "a number in [0, 1]")
+
+    latent_downsample = r.get(data, "latent_downsample", "", int)
+    if latent_downsample < 1:
+        raise ConfigError(file, "latent_downsample", latent_downsample, "a positive integer")
+
+    presets_raw = r.get(data, "presets", "", dict)
+    presets = {}
+    for pname, pr in presets_raw.items():
+        p = f"presets.{pname}"
+        if pname not in PRESETS:
+            raise ConfigError(file, p, pname, f"a preset named one of {list(PRESETS)}")
+        shapes = r.shape(r.get(pr, "shapes", p, dict), f"{p}.shapes")
+        extra = tuple(r.shape(x, f"{p}.extra_shapes[{i}]") for i, x in enumerate(r.get(pr, "extra_shapes", p, list, default=[])))
+        for i, sh in enumerate((shapes,) + extra):
+            for side in sh.resolution:
+                if side % latent_downsample:
+                    key = f"{p}.shapes" if i == 0 else f"{p}.extra_shapes[{i - 1}]"
+                    raise ConfigError(file, f"{key}.resolution", list(sh.resolution),
+                                      f"multiples of latent_downsample={latent_downsample}")
+        presets[pname] = Preset(
+            name=pname,
+            config=dict(r.get(pr, "config", p, dict)),
+            weights=r.get(pr, "weights", p, str, default="seeded"),
+            shapes=shapes,
+            extra_shapes=extra,
+        )
+    if not presets:
+        raise ConfigError(file, "presets", presets_raw, f"at least one of {list(PRESETS)}")
+
+    dtype = r.get(data, "dtype", "", dict)
+    for k, v in dtype.items():
+        if k not in ("cpu", "cuda"):
+            raise ConfigError(file, f"dtype.{k}", k, "device kinds 'cpu' and 'cuda'")
+        if v not in DTYPES:
+            raise ConfigError(file, f"dtype.{k}", v, f"one of {list(DTYPES)}")
+
+    c = r.get(data, "correctness", "", dict)
+    bit_exact = r.get(c, "bit_exact", "correctness", bool, default=False)
+    tol_raw = r.get(c, "tolerance", "correctness", dict, default={})
+    tolerance = {}
+    for dt, t in tol_raw.items():
+        p = f"correctness.tolerance.{dt}"
+        if dt not in DTYPES:
+            raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}")
+        tolerance[dt] = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")))
+        for k in ("rel_l2", "atol", "rtol"):
+            if getattr(tolerance[dt], k) < 0:
+                raise ConfigError(file, f"{p}.{k}", getattr(tolerance[dt], k), "a non-negative number")
+    if not bit_exact:
+        for dev, dt in dtype.items():
+            if dt not in tolerance:
+                raise ConfigError(file, f"correctness.tolerance.{dt}", None,
+                                  f"a tolerance for {dt} (used on {dev}), or bit_exact: true")
+
+    known = {"name", "family", "engines", "default_engine", "step", "latent_downsample", "presets", "dtype", "correctness"}
+    for k in data:
+        if k not in known:
+            raise ConfigError(file, str(k), data[k], f"one of the known keys {sorted(known)}")
+
+    return Workload(
+        name=name, file=str(file), family=family, engines=engines, default_engine=default_engine,
+        step=step, latent_downsample=latent_downsample, presets=presets, dtype=dict(dtype),
+        bit_exact=bit_exact, tolerance=tolerance,
+    )

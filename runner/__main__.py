@@ -1,0 +1,44 @@
+"""Entry point of the runner child: ``python -m runner JOB.json RESULT.json``.
+
+The result goes to RESULT.json (written atomically), never to stdout, so nothing the engine or a
+candidate prints can pose as a result. Exceptions become {"ok": false, "error": {...}} results.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from runner.job import Job, write_result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m runner JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    job_path, result_path = Path(argv[0]), Path(argv[1])
+    try:
+        job = Job.from_file(job_path)
+        if job.kind == "step":
+            from runner.harness import run_step_job
+
+            result = run_step_job(job)
+        elif job.kind == "profile":
+            from runner.profile_job import run_profile_job
+
+            result = run_profile_job(job)
+        else:
+            from runner import env
+
+            result = {"ok": True, "env": env.capture(job.device)}
+    except Exception as e:  # noqa: BLE001 - every failure becomes a typed result for the bot
+        kind = getattr(e, "kind", "exception")
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr)
+        result = {"ok": False, "error": {"kind": kind, "message": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}}
+    write_result(result_path, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

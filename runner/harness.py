@@ -1,0 +1,120 @@
+"""The workload harness: build the engine's model at a preset, make seeded inputs, run one step.
+
+It runs inside the runner child process, whose PYTHONPATH starts with the engine worktree's import
+root, and records which file the model class was loaded from as proof of that.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from runner import env as envmod
+from runner import families
+from runner.job import Job
+from runner.timing import time_fn
+from runner.weights import build_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HarnessError(Exception):
+    """A failure with a kind the bot maps to a clear message (e.g. model-class-not-found)."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        super().__init__(message)
+
+
+def import_model_class(dotted: str, engine_root: str):
+    mod_name, _, cls_name = dotted.rpartition(".")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        raise HarnessError("model-class-not-found", f"cannot import module {mod_name!r} of model class {dotted!r} "
+                           f"from engine root {engine_root}: {e}") from None
+    cls = getattr(mod, cls_name, None)
+    if cls is None:
+        raise HarnessError("model-class-not-found", f"module {mod_name!r} ({mod.__file__}) has no class {cls_name!r}")
+    src = str(Path(mod.__file__).resolve())
+    if engine_root and not src.startswith(str(Path(engine_root).resolve())):
+        raise HarnessError("engine-not-first", f"{dotted} was loaded from {src}, not from the engine worktree "
+                           f"{engine_root}; the import path is wrong")
+    return cls, src
+
+
+@dataclass
+class Built:
+    model: torch.nn.Module
+    family: object
+    engine_file: str
+    device: str
+    dtype: torch.dtype
+
+
+def build(job: Job) -> Built:
+    cls, src = import_model_class(job.model_class, job.engine_root)
+    preset = job.workload["presets"][job.preset]
+    dtype = DTYPES[job.dtype]
+    model = build_model(cls, preset["config"], job.device, dtype, job.weight_seed, preset.get("weights", "seeded"))
+    return Built(model, families.get(job.workload["family"]), src, job.device, dtype)
+
+
+def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[[], dict], list[dict]]:
+    """A callable running one denoising step (all its passes) on fixed inputs, and those inputs."""
+    wl = job.workload
+    cfg = wl["presets"][job.preset]["config"]
+    passes = built.family.make_passes(cfg, shape, wl["step"], wl["latent_downsample"], seed, job.device, built.dtype)
+
+    def step() -> dict:
+        with torch.inference_mode():
+            outs = [built.model(**kw)[0] for kw in passes]
+            return built.family.combine(outs, wl["step"])
+
+    return step, passes
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    t = t.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def run_step_job(job: Job) -> dict:
+    built = build(job)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = []
+    timing = None
+    for si, shape in enumerate(job.shapes):
+        for seed in job.seeds:
+            step, _ = make_step(built, job, shape, seed)
+            res = step()
+            if si == 0 and seed == job.seeds[0] and job.iters > 0:
+                timing = time_fn(step, job.device, warmup=job.warmup, iters=job.iters).to_json()
+            record = {"shape": shape, "seed": seed, "tensors": {}}
+            if job.save_outputs:
+                fname = f"out_{si}_{seed}.pt"
+                cpu = {k: v.detach().to("cpu") for k, v in res.items()}
+                torch.save(cpu, out_dir / fname)
+                record["file"] = str(out_dir / fname)
+            for k, v in res.items():
+                record["tensors"][k] = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
+                                        "digest": tensor_digest(v), "finite": bool(torch.isfinite(v).all())}
+            outputs.append(record)
+    passes = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    return {
+        "ok": True,
+        "latency": timing,
+        "passes": passes,
+        "per_pass_ms": (timing["median_ms"] / passes) if timing else None,
+        "outputs": outputs,
+        "params": sum(p.numel() for p in built.model.parameters()),
+        "env": envmod.capture(job.device, job.engine_sha, built.engine_file),
+    }

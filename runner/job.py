@@ -1,0 +1,69 @@
+"""The job schema: what the bot hands the runner, and what comes back. Pure Python (no torch), so
+the bot can import it without importing torch.
+
+Job JSON (written by the bot, read by ``python -m runner JOB RESULT``):
+  kind          "step" (build, run, time, save outputs) | "profile" (step + torch.profiler) | "probe"
+  workload      Workload.to_json() of bot/workload.py, the whole parsed file
+  preset        "full" | "tiny"
+  device        "cpu" | "cuda" | "cuda:N"
+  dtype         "float32" | "bfloat16" | "float16"
+  engine_root   absolute path of the engine's import root (first on PYTHONPATH)
+  engine_sha    the worktree's commit (recorded in the environment block)
+  model_class   dotted path of the model class inside the engine
+  shapes        list of Shape dicts to run (resolution, text_tokens, batch)
+  seeds         input seeds; every (shape, seed) pair is one saved output set
+  weight_seed   seed of the seeded state dict (one derived seed per tensor name)
+  warmup, iters timing: warm-up steps and timed steps (first shape, first seed)
+  out_dir       where outputs (.pt) and traces go
+Result JSON: {"ok": bool, "error": {kind, message, log_tail} | null, ...kind-specific fields}.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOB_KINDS = ("step", "profile", "probe")
+
+
+@dataclass
+class Job:
+    kind: str
+    workload: dict[str, Any]
+    preset: str
+    device: str
+    dtype: str
+    engine_root: str
+    engine_sha: str
+    model_class: str
+    shapes: list[dict[str, Any]]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    weight_seed: int = 0
+    warmup: int = 2
+    iters: int = 5
+    out_dir: str = ""
+    save_outputs: bool = True
+
+    def to_file(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def from_file(cls, path: Path) -> "Job":
+        data = json.loads(Path(path).read_text())
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"job {path}: unknown keys {sorted(unknown)}")
+        job = cls(**data)
+        if job.kind not in JOB_KINDS:
+            raise ValueError(f"job {path}: kind {job.kind!r} is not one of {JOB_KINDS}")
+        return job
+
+
+def write_result(path: Path, result: dict) -> None:
+    """Atomic write: a reader never sees half a result."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,67 @@
+"""The profile job: time the step, count its FLOPs, profile it, measure the ceilings, and put the
+roofline figures together."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from runner import env as envmod
+from runner import peaks
+from runner.harness import build, make_step
+from runner.profiler import count_flops, profile_step
+from runner.timing import time_fn
+
+
+def run_profile_job(job) -> dict:
+    built = build(job)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shape = job.shapes[0]
+    step, _ = make_step(built, job, shape, job.seeds[0])
+    latency = time_fn(step, job.device, warmup=job.warmup, iters=job.iters)
+    flops = count_flops(step)
+    prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
+    ceil = peaks.measure(job.device, built.dtype)
+    passes = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    cats = prof["categories"]
+    peak_flops = ceil["matmul_tflops"] * 1e12
+    bw = ceil["copy_gbps"] * 1e9
+    mem_ms = sum(cats[c] for c in ("normalization", "elementwise", "copy", "quantization"))
+    mem_bytes = sum(prof["memory_bytes"].values())
+    roofline = {
+        "peak_matmul_tflops": ceil["matmul_tflops"],
+        "peak_copy_gbps": ceil["copy_gbps"],
+        "linear_tflop": flops["linear"] / 1e12,
+        "attention_tflop": flops["attention"] / 1e12,
+        # the floor of the step if every FLOP ran at the measured matmul rate
+        "compute_floor_ms": (flops["linear"] + flops["attention"]) / peak_flops * 1e3,
+        "gemm_tflops_achieved": flops["linear"] / (cats["gemm"] * 1e-3) / 1e12 if cats["gemm"] else None,
+        "attention_tflops_achieved": flops["attention"] / (cats["attention"] * 1e-3) / 1e12 if cats["attention"] else None,
+        "memory_bound_gb": mem_bytes / 1e9,
+        "memory_bound_floor_ms": mem_bytes / bw * 1e3,
+        "memory_bound_gbps_achieved": mem_bytes / (mem_ms * 1e-3) / 1e9 if mem_ms else None,
+    }
+    roofline["gemm_pct_of_peak"] = _pct(roofline["gemm_tflops_achieved"], ceil["matmul_tflops"])
+    roofline["attention_pct_of_peak"] = _pct(roofline["attention_tflops_achieved"], ceil["matmul_tflops"])
+    roofline["memory_bound_pct_of_peak"] = _pct(roofline["memory_bound_gbps_achieved"], ceil["copy_gbps"])
+    return {
+        "ok": True,
+        "device": "cuda" if job.device.startswith("cuda") else "cpu",
+        "shape": shape,
+        "passes": passes,
+        "latency": latency.to_json(),
+        "step_ms": latency.median_ms,
+        "per_pass_ms": latency.median_ms / passes,
+        **prof,
+        "flops": flops,
+        "peaks": ceil,
+        "roofline": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in roofline.items()},
+        "params": sum(p.numel() for p in built.model.parameters()),
+        "trace": str(out_dir / "trace.json.gz"),
+        "env": envmod.capture(job.device, job.engine_sha, built.engine_file),
+    }
+
+
+def _pct(x, peak):
+    return round(100.0 * x / peak, 1) if x and peak else None
