@@ -33,7 +33,10 @@ SECRET_PREFIXES = ("ANTHROPIC", "GITHUB_", "GH_", "OPENAI", "AWS_", "HF_TOKEN", 
 def child_env(engine_root: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not SECRET_RE.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
-    env["PYTHONPATH"] = os.pathsep.join([engine_root, str(REPO_ROOT)])
+    # The engine first (it must win over an installed copy), then optbot's runner, then whatever
+    # the caller had (e.g. carried wheels on an offline GPU box).
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([engine_root, str(REPO_ROOT), *rest])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")  # the harness never downloads; real weights come from a path
     env.setdefault("DIFFUSERS_VERBOSITY", "error")
