@@ -35,10 +35,16 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from bot.commands import profile
+    """Every module of bot/commands/ that defines ``command`` (a click command or group) is added."""
+    import importlib
+    import pkgutil
 
-    for mod in (profile,):
-        cli.add_command(mod.command)
+    import bot.commands
+
+    for info in sorted(pkgutil.iter_modules(bot.commands.__path__), key=lambda i: i.name):
+        mod = importlib.import_module(f"bot.commands.{info.name}")
+        if isinstance(getattr(mod, "command", None), click.Command):
+            cli.add_command(mod.command)
 
 
 _register()

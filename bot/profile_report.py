@@ -49,16 +49,16 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
             f"· {meta['dtype']} · shape {meta['shape']} · engine {meta['engine']} @ {p['env']['engine_sha'][:12]}")
     c.print(f"measured on: {device_label(p)} · torch {p['env']['torch']} · triton {p['env']['triton']}")
     c.print(f"latency: {_lat(p)}")
-    idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.2f} ms"
+    idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.2f} ms (profiled: {p['profiled_idle_ms']:.2f} ms)"
     if p["device"] == "cpu":
         c.print("note: on cpu the profiled step includes Python and profiler overhead between ops; "
                 "categories add up op self-times only")
-    c.print(f"profiled step: {p['total_ms']:.2f} ms · {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'} "
+    c.print(f"step: {p['total_ms']:.2f} ms unprofiled, {p['profiled_span_ms']:.2f} ms under the profiler · {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'} "
             f"· device idle between kernels: {idle}")
     t = Table(title=f"time by category ({p['device']})")
     t.add_column("category")
     t.add_column("ms", justify="right")
-    t.add_column("% of profiled step", justify="right")
+    t.add_column("% of step", justify="right")
     for cat, ms in sorted(p["categories"].items(), key=lambda kv: -kv[1]):
         if ms:
             t.add_row(cat, f"{ms:.3f}", f"{100 * ms / max(p['total_ms'], 1e-9):.1f}")
@@ -87,20 +87,20 @@ def _fmt(x) -> str:
 def markdown(p: dict, meta: dict) -> str:
     r = p["roofline"]
     env = p["env"]
-    idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.3f} ms"
+    idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.3f} ms (under the profiler: {p['profiled_idle_ms']:.3f} ms)"
     lines = [
         f"# optbot profile: {meta['workload']} ({meta['preset']} preset, {env['device_kind']})",
         "",
         f"- measured on: **{device_label(p)}**, dtype {meta['dtype']}, shape {meta['shape']}",
         f"- latency: {_lat(p)}",
-        f"- profiled step: {p['total_ms']:.3f} ms, {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'}, "
+        f"- step: {p['total_ms']:.3f} ms unprofiled, {p['profiled_span_ms']:.3f} ms under the profiler, {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'}, "
         f"idle between kernels: {idle}",
         f"- engine: {meta['engine']} @ `{env['engine_sha']}` (model loaded from `{env['engine_file']}`)",
         f"- command: `{meta['command']}`",
         "",
         "## Time by category",
         "",
-        "| category | ms | % of profiled step |",
+        "| category | ms | % of step |",
         "|---|---:|---:|",
     ]
     for cat, ms in sorted(p["categories"].items(), key=lambda kv: -kv[1]):

@@ -5,6 +5,7 @@ candidate prints can pose as a result. Exceptions become {"ok": false, "error": 
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from pathlib import Path
@@ -19,18 +20,7 @@ def main(argv: list[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     try:
         job = Job.from_file(job_path)
-        if job.kind == "step":
-            from runner.harness import run_step_job
-
-            result = run_step_job(job)
-        elif job.kind == "profile":
-            from runner.profile_job import run_profile_job
-
-            result = run_profile_job(job)
-        else:
-            from runner import env
-
-            result = {"ok": True, "env": env.capture(job.device)}
+        result = importlib.import_module(f"runner.kinds.{job.kind}").run(job)
     except Exception as e:  # noqa: BLE001 - every failure becomes a typed result for the bot
         kind = getattr(e, "kind", "exception")
         tb = traceback.format_exc()

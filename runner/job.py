@@ -2,7 +2,8 @@
 the bot can import it without importing torch.
 
 Job JSON (written by the bot, read by ``python -m runner JOB RESULT``):
-  kind          "step" (build, run, time, save outputs) | "profile" (step + torch.profiler) | "probe"
+  kind          a module of runner/kinds/: "step" (build, run, time, save outputs), "profile"
+                (step + torch.profiler + FLOPs + ceilings), "probe" (environment only), ...
   workload      Workload.to_json() of bot/workload.py, the whole parsed file
   preset        "full" | "tiny"
   device        "cpu" | "cuda" | "cuda:N"
@@ -15,6 +16,7 @@ Job JSON (written by the bot, read by ``python -m runner JOB RESULT``):
   weight_seed   seed of the seeded state dict (one derived seed per tensor name)
   warmup, iters timing: warm-up steps and timed steps (first shape, first seed)
   out_dir       where outputs (.pt) and traces go
+  params        kind-specific parameters (documented in that kind's module)
 Result JSON: {"ok": bool, "error": {kind, message, log_tail} | null, ...kind-specific fields}.
 """
 from __future__ import annotations
@@ -25,7 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-JOB_KINDS = ("step", "profile", "probe")
+
+
+def job_kinds() -> list[str]:
+    """The kinds runner/kinds/ implements (one module each)."""
+    kinds_dir = Path(__file__).parent / "kinds"
+    return sorted(p.stem for p in kinds_dir.glob("*.py") if not p.stem.startswith("_"))
 
 
 @dataclass
@@ -45,6 +52,7 @@ class Job:
     iters: int = 5
     out_dir: str = ""
     save_outputs: bool = True
+    params: dict[str, Any] = field(default_factory=dict)  # kind-specific parameters
 
     def to_file(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
@@ -56,8 +64,8 @@ class Job:
         if unknown:
             raise ValueError(f"job {path}: unknown keys {sorted(unknown)}")
         job = cls(**data)
-        if job.kind not in JOB_KINDS:
-            raise ValueError(f"job {path}: kind {job.kind!r} is not one of {JOB_KINDS}")
+        if job.kind not in job_kinds():
+            raise ValueError(f"job {path}: kind {job.kind!r} is not one of {job_kinds()}")
         return job
 
 

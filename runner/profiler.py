@@ -192,11 +192,12 @@ def _summarize(records: list[dict], device_kind: str, step_ev: dict | None) -> d
             else:
                 cur_e = max(cur_e, e)
         union += cur_e - cur_s
-        total_ms, busy_ms, idle_ms = span_us / 1e3, union / 1e3, (span_us - union) / 1e3
+        span_ms, busy_ms, idle_ms = span_us / 1e3, union / 1e3, (span_us - union) / 1e3
     else:
-        total_ms = step_ev["dur"] / 1e3 if step_ev else busy_ms
+        span_ms = step_ev["dur"] / 1e3 if step_ev else busy_ms
         idle_ms = None  # host ops run back to back; "idle" between device kernels has no CPU meaning
-    return dict(total_ms=round(total_ms, 4), busy_ms=round(busy_ms, 4), idle_ms=None if idle_ms is None else round(idle_ms, 4),
+    return dict(profiled_span_ms=round(span_ms, 4), busy_ms=round(busy_ms, 4),
+                profiled_idle_ms=None if idle_ms is None else round(idle_ms, 4),
                 launches=len(records), categories={k: round(v, 4) for k, v in cats.items()},
                 memory_bytes=cat_bytes, kernels=kernels)
 

@@ -13,7 +13,7 @@ from runner.profiler import count_flops, profile_step
 from runner.timing import time_fn
 
 
-def run_profile_job(job) -> dict:
+def run(job) -> dict:
     built = build(job)
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -45,9 +45,15 @@ def run_profile_job(job) -> dict:
     roofline["gemm_pct_of_peak"] = _pct(roofline["gemm_tflops_achieved"], ceil["matmul_tflops"])
     roofline["attention_pct_of_peak"] = _pct(roofline["attention_tflops_achieved"], ceil["matmul_tflops"])
     roofline["memory_bound_pct_of_peak"] = _pct(roofline["memory_bound_gbps_achieved"], ceil["copy_gbps"])
+    is_cuda = job.device.startswith("cuda")
     return {
         "ok": True,
-        "device": "cuda" if job.device.startswith("cuda") else "cpu",
+        "device": "cuda" if is_cuda else "cpu",
+        # total_ms is the *unprofiled* step latency (median): the profiler's own overhead inflates
+        # the profiled span of launch-heavy steps (Qwen-Image: 12k launches) and must not count.
+        "total_ms": latency.median_ms,
+        # device idle in an unprofiled step ~ latency minus the kernels' busy time (GPU only)
+        "idle_ms": round(max(0.0, latency.median_ms - prof["busy_ms"]), 4) if is_cuda else None,
         "shape": shape,
         "passes": passes,
         "latency": latency.to_json(),
