@@ -1,8 +1,8 @@
 """The bot/runner process boundary: run one runner job in a child process.
 
 The child:
-- runs ``python -m runner JOB RESULT`` with PYTHONPATH = engine import root, then optbot's own root,
-  so the engine worktree wins over any installed copy of the engine;
+- runs ``python -m runner JOB RESULT`` with PYTHONPATH = optbot's root, then the engine import root,
+  so the engine worktree wins over any installed copy of the engine but cannot shadow the runner;
 - gets an environment with no tokens, keys or secrets (generated code runs there);
 - has a wall-clock timeout; it is killed with its whole process group when it runs over;
 - reports through RESULT (a file the bot chose), never through stdout, which is only a log.
@@ -33,10 +33,11 @@ SECRET_PREFIXES = ("ANTHROPIC", "GITHUB_", "GH_", "OPENAI", "AWS_", "HF_TOKEN", 
 def child_env(engine_root: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not SECRET_RE.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
-    # The engine first (it must win over an installed copy), then optbot's runner, then whatever
-    # the caller had (e.g. carried wheels on an offline GPU box).
+    # optbot's runner first (an engine tree must not be able to shadow the runner package), then
+    # the engine (it must win over an installed copy), then whatever the caller had (e.g. carried
+    # wheels on an offline GPU box).
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([engine_root, str(REPO_ROOT), *rest])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), engine_root, *rest])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")  # the harness never downloads; real weights come from a path
     env.setdefault("DIFFUSERS_VERBOSITY", "error")

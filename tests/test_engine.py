@@ -1,0 +1,96 @@
+"""Engine repositories and worktrees, on real git repositories."""
+from __future__ import annotations
+
+import shutil
+
+import git
+import pytest
+
+from bot import engine as eng
+from bot.errors import EngineError
+
+
+def test_default_engine_is_one_deterministic_upstream_commit(diffusers_engine):
+    repo = diffusers_engine.repo
+    root = repo.git.rev_list("--max-parents=0", "HEAD").split()
+    assert len(root) == 1
+    c = repo.commit(root[0])
+    assert c.message.strip() == "upstream diffusers 0.42.1"
+    assert c.author.name == "optbot" and c.authored_datetime.year == 2000
+    assert (diffusers_engine.repo_path / "src/diffusers/models/transformers/transformer_flux2.py").is_file()
+    assert not (diffusers_engine.repo_path / "PKG-INFO").exists()
+
+
+@pytest.mark.slow
+def test_same_sha_on_a_fresh_home(diffusers_engine, tmp_path, monkeypatch):
+    """A second machine (a fresh OPTBOT_HOME) materializes the very same commit."""
+    home = tmp_path / "home"
+    (home / "downloads").mkdir(parents=True)
+    for f in (eng.optbot_home() / "downloads").glob("diffusers-0.42.1*"):
+        shutil.copy(f, home / "downloads" / f.name)
+    monkeypatch.setenv("OPTBOT_HOME", str(home))
+    other = eng.checkout_engine("pypi-sdist:diffusers==0.42.1", None, "src")
+    assert other.repo_path != diffusers_engine.repo_path
+    assert other.base_sha == diffusers_engine.base_sha
+
+
+def _small_repo(path):
+    repo = git.Repo.init(path, initial_branch="main")
+    (path / "src").mkdir()
+    (path / "src" / "m.py").write_text("X = 1\n")
+    repo.index.add(["src/m.py"])
+    repo.index.commit("one", author=eng.BOT_ACTOR, committer=eng.BOT_ACTOR)
+    (path / "src" / "m.py").write_text("X = 2\n")
+    repo.index.add(["src/m.py"])
+    repo.index.commit("two", author=eng.BOT_ACTOR, committer=eng.BOT_ACTOR)
+    repo.create_tag("v2")
+    return repo
+
+
+def test_path_engine_with_ref(tmp_path):
+    repo = _small_repo(tmp_path / "fork")
+    co = eng.checkout_engine(str(tmp_path / "fork"), "HEAD~1", "src")
+    assert co.base_sha == repo.commit("HEAD~1").hexsha
+    assert eng.checkout_engine(str(tmp_path / "fork"), "v2", "src").base_sha == repo.head.commit.hexsha
+
+
+def test_missing_ref_is_a_clear_error(tmp_path):
+    _small_repo(tmp_path / "fork")
+    with pytest.raises(EngineError, match="ref 'no-such-branch' not found"):
+        eng.checkout_engine(str(tmp_path / "fork"), "no-such-branch", "src")
+
+
+def test_not_a_repo_and_missing_path(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(EngineError, match="not a git repository"):
+        eng.checkout_engine(str(tmp_path / "plain"), None, "src")
+    with pytest.raises(EngineError, match="no such path"):
+        eng.checkout_engine(str(tmp_path / "nowhere"), None, "src")
+
+
+def test_url_engine_is_cloned_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
+    _small_repo(tmp_path / "fork")
+    bare = tmp_path / "fork.git"
+    git.Repo(tmp_path / "fork").clone(bare, bare=True)
+    url = f"file://{bare}"
+    a = eng.checkout_engine(url, "v2", "src")
+    b = eng.checkout_engine(url, None, "src")
+    assert a.repo_path == b.repo_path and str(a.repo_path).startswith(str(tmp_path / "home"))
+    assert a.base_sha == b.base_sha
+
+
+def test_worktrees_are_isolated_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
+    repo = _small_repo(tmp_path / "fork")
+    co = eng.checkout_engine(str(tmp_path / "fork"), "HEAD~1", "src")
+    wt = eng.add_worktree(co, "cand-1")
+    assert (wt / "src" / "m.py").read_text() == "X = 1\n"
+    assert eng.add_worktree(co, "cand-1") == wt  # clean and at the same commit: reused
+    (wt / "src" / "m.py").write_text("X = 3\n")
+    wt2 = eng.add_worktree(co, "cand-1")  # dirty: re-created clean
+    assert (wt2 / "src" / "m.py").read_text() == "X = 1\n"
+    assert (tmp_path / "fork" / "src" / "m.py").read_text() == "X = 2\n"  # base checkout untouched
+    eng.remove_worktree(co, wt2)
+    assert not wt2.exists()
+    assert str(wt2) not in repo.git.worktree("list")

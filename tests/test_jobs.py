@@ -1,0 +1,56 @@
+"""The process boundary: crashes, timeouts and forged output become typed outcomes."""
+from __future__ import annotations
+
+import json
+import time
+
+from bot.jobs import run_job
+from runner.job import Job
+
+
+def _probe_job(tmp_path, engine_root):
+    return Job(kind="probe", workload={}, preset="tiny", device="cpu", dtype="float32", engine_root=str(engine_root),
+               engine_sha="x", model_class="m.C", shapes=[])
+
+
+def _bad_engine_job(tmp_path, body: str) -> Job:
+    """A fake engine whose model module misbehaves on import: the step job imports it in the child."""
+    root = tmp_path / "eng"
+    (root / "badengine").mkdir(parents=True)
+    (root / "badengine" / "__init__.py").write_text("")
+    (root / "badengine" / "model.py").write_text(body)
+    return Job(kind="step", workload={"presets": {"tiny": {"config": {}}}, "family": "flux2"}, preset="tiny",
+               device="cpu", dtype="float32", engine_root=str(root), engine_sha="x",
+               model_class="badengine.model.Model", shapes=[])
+
+
+def test_probe_round_trip(tmp_path):
+    out = run_job(_probe_job(tmp_path, tmp_path), tmp_path, timeout_s=120)
+    assert out.ok and out.result["env"]["device_kind"] == "cpu" and out.result["env"]["torch"]
+
+
+def test_segfault_becomes_crashed(tmp_path):
+    out = run_job(_bad_engine_job(tmp_path, "import os, signal\nprint('about to fault')\nos.kill(os.getpid(), signal.SIGSEGV)\n"), tmp_path)
+    assert out.status == "crashed" and "SIGSEGV" in out.reason() and "about to fault" in out.log_tail
+
+
+def test_hang_becomes_timeout_and_the_group_is_killed(tmp_path):
+    job = _bad_engine_job(tmp_path, "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    out = run_job(job, tmp_path, timeout_s=3)
+    assert out.status == "timeout" and time.monotonic() - t0 < 30
+
+
+def test_printing_a_result_does_not_forge_one(tmp_path):
+    forged = json.dumps({"ok": True, "latency": {"median_ms": 0.001}})
+    out = run_job(_bad_engine_job(tmp_path, f"print({forged!r})\nimport os\nos._exit(0)\n"), tmp_path)
+    assert out.status == "crashed" and out.result == {}
+
+
+def test_an_engine_cannot_shadow_the_runner(tmp_path):
+    root = tmp_path / "eng"
+    (root / "runner").mkdir(parents=True)
+    (root / "runner" / "__init__.py").write_text("")
+    (root / "runner" / "__main__.py").write_text("raise SystemExit('shadowed')\n")
+    out = run_job(_probe_job(tmp_path, root), tmp_path)
+    assert out.ok

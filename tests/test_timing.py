@@ -1,0 +1,29 @@
+"""The timing routine's CPU path and its bookkeeping (GPU rules are exercised on the device)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runner.timing import TimingStats, time_interleaved
+
+
+def test_interleaved_order_and_stats():
+    order = []
+    res = time_interleaved({"a": lambda: order.append("a"), "b": lambda: (order.append("b"), time.sleep(0.002))},
+                           "cpu", warmup=1, iters=4)
+    assert order == ["a", "b"] * 5  # one warm-up round, then A/B/A/B...
+    a, b = res["a"], res["b"]
+    assert a.n == b.n == 4 and a.device == "cpu" and not a.l2_flush
+    assert b.median_ms > a.median_ms and b.min_ms >= 2.0
+
+
+def test_graph_mode_needs_cuda():
+    res = time_interleaved({"a": lambda: None}, "cpu", graph=True)
+    assert res["a"] == "CUDA-graph mode needs a CUDA device"
+
+
+def test_stats_from_samples():
+    s = TimingStats.from_samples([3.0, 1.0, 2.0, 10.0], "cpu")
+    assert (s.median_ms, s.min_ms, s.max_ms, s.n) == (2.5, 1.0, 10.0, 4)
+    assert s.stdev_ms == pytest.approx(4.0825, rel=1e-3)

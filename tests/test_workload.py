@@ -1,0 +1,110 @@
+"""Workload files: both shipped workloads parse, and every kind of mistake is named precisely."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bot.errors import ConfigError, OptbotError
+from bot.workload import load_workload, parse_workload_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name,passes,engine_cls", [
+    ("flux2", 1, "Flux2Transformer2DModel"),
+    ("qwen-image", 2, "QwenImageTransformer2DModel"),
+])
+def test_shipped_workloads_parse(name, passes, engine_cls):
+    wl = load_workload(name)
+    assert wl.name == name
+    assert wl.step.passes == passes
+    assert wl.engine(None).model_class.endswith(engine_cls)
+    full = wl.preset("full")
+    assert full.shapes.resolution == (1024, 1024) and full.shapes.text_tokens == 512 and full.shapes.batch == 1
+    assert full.shapes.image_tokens(wl.latent_downsample) == 4096
+    assert wl.dtype_for("cuda") == "bfloat16" and wl.dtype_for("cpu") == "float32"
+    assert set(wl.tolerance) >= {"float32", "bfloat16"}
+    assert full.extra_shapes, "validation needs a shape nobody tuned for"
+
+
+def _param_count(name: str, preset: str) -> int:
+    """Builds the model on the meta device: exact parameter count, no memory."""
+    import importlib
+
+    import torch
+
+    wl = load_workload(name)
+    mod, _, cls = wl.engine(None).model_class.rpartition(".")
+    with torch.device("meta"):
+        model = getattr(importlib.import_module(mod), cls)(**wl.preset(preset).config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,billions", [("flux2", 32.2), ("qwen-image", 20.4)])
+def test_full_presets_have_the_real_models_size(name, billions):
+    assert round(_param_count(name, "full") / 1e9, 1) == billions
+
+
+@pytest.mark.parametrize("name", ["flux2", "qwen-image"])
+def test_tiny_presets_stay_under_50M(name):
+    n = _param_count(name, "tiny")
+    assert 100_000 < n <= 50_000_000
+
+
+def test_full_preset_dimensions_match_the_issue():
+    f = load_workload("flux2").preset("full").config
+    assert (f["num_layers"], f["num_single_layers"], f["num_attention_heads"], f["attention_head_dim"],
+            f["joint_attention_dim"], f["in_channels"]) == (8, 48, 48, 128, 15360, 128)
+    q = load_workload("qwen-image").preset("full").config
+    assert (q["num_layers"], q["num_attention_heads"], q["attention_head_dim"], q["joint_attention_dim"],
+            q["in_channels"]) == (60, 24, 128, 3584, 64)
+
+
+def _write(tmp_path: Path, data) -> Path:
+    p = tmp_path / "wl.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def _base() -> dict:
+    return yaml.safe_load((ROOT / "workloads" / "flux2.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate,key,expect", [
+    (lambda d: d.pop("family"), "family", "missing"),
+    (lambda d: d.update(family="sdxl"), "family", "one of"),
+    (lambda d: d["step"].update(cfg="maybe"), "step.cfg", "one of"),
+    (lambda d: d["step"].update(timestep=3.0), "step.timestep", "[0, 1]"),
+    (lambda d: d["presets"]["tiny"]["shapes"].update(resolution=[250, 256]), "presets.tiny.shapes.resolution", "multiples"),
+    (lambda d: d["presets"]["tiny"]["shapes"].update(text_tokens="many"), "presets.tiny.shapes.text_tokens", "an integer"),
+    (lambda d: d["presets"].update(huge=d["presets"]["tiny"]), "presets.huge", "preset named"),
+    (lambda d: d["dtype"].update(cuda="float8"), "dtype.cuda", "one of"),
+    (lambda d: d["correctness"]["tolerance"].pop("bfloat16"), "correctness.tolerance.bfloat16", "tolerance for bfloat16"),
+    (lambda d: d["engines"]["diffusers"].update(model_class="NoDots"), "engines.diffusers.model_class", "dotted path"),
+    (lambda d: d.update(colour="blue"), "colour", "known keys"),
+    (lambda d: d.update(default_engine="vllm"), "default_engine", "one of"),
+])
+def test_bad_values_name_file_key_value_and_expectation(tmp_path, mutate, key, expect):
+    d = _base()
+    mutate(d)
+    p = _write(tmp_path, d)
+    with pytest.raises(ConfigError) as ei:
+        parse_workload_file(p)
+    msg = str(ei.value)
+    assert str(p) in msg and f"key '{key}'" in msg and expect in msg
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    p = _write(tmp_path, "name: x\nfamily: [flux2\nstep: {}\n")
+    with pytest.raises(OptbotError) as ei:
+        parse_workload_file(p)
+    assert "malformed YAML" in str(ei.value) and "line" in str(ei.value) and str(p) in str(ei.value)
+
+
+def test_unknown_workload_lists_known_ones():
+    with pytest.raises(OptbotError) as ei:
+        load_workload("sdxl")
+    assert "flux2" in str(ei.value) and "qwen-image" in str(ei.value)
