@@ -75,7 +75,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, *, warmu
                 out[name] = "CUDA-graph mode needs a CUDA device"
                 continue
             try:
-                runners[name] = _capture(fn, warmup)
+                runners[name] = capture_graph(fn, warmup)
             except Exception as e:  # noqa: BLE001 - a capture failure is a reported result
                 out[name] = f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
                 torch.cuda.synchronize()
@@ -124,7 +124,9 @@ def _one_trial(fn: Callable[[], object], dev: torch.device, flush: bool) -> floa
     return max(start.elapsed_time(end), wall)
 
 
-def _capture(fn: Callable[[], object], warmup: int) -> Callable[[], object]:
+def capture_graph(fn: Callable[[], object], warmup: int = 2) -> Callable[[], object]:
+    """Capture fn into a CUDA graph; the returned callable replays it and returns the outputs that
+    the captured call produced (static tensors the replay rewrites). Raises if capture fails."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -134,6 +136,11 @@ def _capture(fn: Callable[[], object], warmup: int) -> Callable[[], object]:
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        static_out = fn()
     torch.cuda.synchronize()
-    return g.replay
+
+    def replay():
+        g.replay()
+        return static_out
+
+    return replay

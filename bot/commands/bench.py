@@ -1,0 +1,226 @@
+"""`optbot bench`: the product's number, in one run.
+
+Per-step latency of upstream eager, upstream torch.compile (regional), CUDA-graph replay, the bot's
+optimization branch and other engines (e.g. SGLang's own DiT), next to the roofline floor, with
+every row's outputs checked against upstream eager in a clean process.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bot.commands.common import command_line, workload_options, write_json
+from bot.engine import add_worktree, checkout_engine
+from bot.errors import OptbotError, RunnerError
+from bot.jobs import run_job
+from bot.paths import new_run_dir
+from bot.target import Target, base_worktree, resolve_target
+from runner.job import Job
+
+
+@dataclass
+class BenchRow:
+    variant: str  # upstream | candidate | engine name
+    mode: str  # eager | graph | compile | compile+graph
+    device: str
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    n: int = 0
+    per_pass_ms: float | None = None
+    speedup: float | None = None  # vs upstream eager
+    correct: bool | None = None
+    correctness: str = ""
+    error: str = ""
+    engine_sha: str = ""
+
+
+@dataclass
+class BenchResult:
+    workload: str
+    preset: str
+    device: str
+    dtype: str
+    shape: dict
+    passes: int
+    rows: list[BenchRow] = field(default_factory=list)
+    roofline_ms: float | None = None
+    roofline_basis: str = ""
+    env: dict = field(default_factory=dict)
+    command: str = ""
+
+
+def _shape_json(s) -> dict:
+    return {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}
+
+
+def _job(t: Target, wt: Path, sha: str, model_class: str, modes: list[str], out_dir: Path, iters: int,
+         flops: bool, engine: str) -> Job:
+    return Job(kind="bench", workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
+               engine_root=str((wt / t.workload.engines[engine].import_root).resolve()) if engine in t.workload.engines
+               else t.engine_root(wt),
+               engine_sha=sha, model_class=model_class, shapes=[_shape_json(t.workload.preset(t.preset).shapes)],
+               seeds=[1234], weight_seed=0, warmup=3 if t.device.startswith("cuda") else 1, iters=iters,
+               out_dir=str(out_dir), params={"modes": modes, "flops": flops, "engine": engine})
+
+
+@click.command("bench")
+@workload_options
+@click.option("--candidate", default=None, metavar="REF",
+              help="Engine ref of the optimized branch to compare (e.g. optbot/flux2/<base-sha12>).")
+@click.option("--with-engine", "extra_engines", multiple=True, metavar="NAME",
+              help="Also bench another engine the workload defines (e.g. sglang). Repeatable.")
+@click.option("--modes", default=None, help="Comma list of eager,graph,compile,compile+graph. "
+              "Default: eager,graph,compile on cuda; eager on cpu.")
+@click.option("--iters", default=None, type=int, help="Timed steps per mode (default 10 on cuda, 3 on cpu).")
+@click.option("--timeout", default=1800, show_default=True, help="Seconds per runner job.")
+def command(workload, engine, ref, preset, device, json_path, candidate, extra_engines, modes, iters, timeout):
+    """Per-step latency of upstream vs optimized vs other engines vs the roofline, outputs checked.
+
+    \b
+    Rows: upstream eager (the reference), upstream CUDA-graph replay, upstream torch.compile
+    (regional), the --candidate branch in the same modes, each --with-engine engine, and the
+    compute floor (all FLOPs at the matmul ceiling measured in the same run). Every row's outputs
+    are compared with upstream eager under the workload's tolerance, in a separate process.
+
+    \b
+    Examples:
+      optbot bench flux2                                  # tiny on CPU: eager only
+      optbot bench flux2 --preset full --device cuda --candidate optbot/flux2/d93305b4891d
+      optbot bench qwen-image --with-engine sglang --json qwen-bench.json
+    """
+    t = resolve_target(workload, engine, ref, preset, device)
+    is_cuda = t.device.startswith("cuda")
+    mode_list = [m.strip() for m in (modes or ("eager,graph,compile" if is_cuda else "eager")).split(",") if m.strip()]
+    if mode_list[0] != "eager":
+        mode_list = ["eager"] + [m for m in mode_list if m != "eager"]  # eager is the reference
+    iters = iters or (10 if is_cuda else 3)
+    run_dir = new_run_dir("bench")
+    console = Console(width=None if Console().is_terminal else 150)
+    variants: list[tuple[str, Path, str, str, str]] = [
+        ("upstream", base_worktree(t), t.checkout.base_sha, t.model_class, t.engine_name or t.workload.default_engine)]
+    if candidate:
+        try:
+            sha = t.checkout.repo.commit(candidate).hexsha
+        except Exception:  # noqa: BLE001 - gitpython raises several types for a bad ref
+            raise OptbotError(f"--candidate {candidate!r}: no such ref in engine {t.checkout.repo_path}") from None
+        variants.append(("candidate", add_worktree(t.checkout, f"bench-{sha[:12]}", sha), sha, t.model_class,
+                         t.engine_name or t.workload.default_engine))
+    for name in extra_engines:
+        spec = t.workload.engine(name)
+        co = checkout_engine(spec.source, spec.ref, spec.import_root, name)
+        variants.append((name, add_worktree(co, f"base-{co.base_sha[:12]}"), co.base_sha, spec.model_class, name))
+
+    shape = t.workload.preset(t.preset).shapes
+    res = BenchResult(t.workload.name, t.preset, "cuda" if is_cuda else "cpu", t.dtype, _shape_json(shape),
+                      t.workload.step.passes, command=command_line())
+    outputs: dict[str, str] = {}
+    for label, wt, sha, cls, eng in variants:
+        console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(mode_list)} on {t.device} ...")
+        job = _job(t, wt, sha, cls, mode_list, run_dir / label, iters, flops=(label == "upstream"), engine=eng)
+        out = run_job(job, run_dir, timeout_s=timeout, name=f"bench-{label}")
+        if not out.ok:
+            if label == "upstream":
+                raise RunnerError(f"bench of upstream {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+            res.rows.append(BenchRow(label, "-", res.device, error=out.reason(), engine_sha=sha))
+            continue
+        r = out.result
+        if label == "upstream":
+            res.env = r["env"]
+            if "flops" in r:
+                fl, pk = r["flops"], r["peaks"]
+                res.roofline_ms = (fl["linear"] + fl["attention"]) / (pk["matmul_tflops"] * 1e12) * 1e3
+                res.roofline_basis = (f"{(fl['linear'] + fl['attention']) / 1e12:.4g} TFLOP (linear {fl['linear'] / 1e12:.4g} + "
+                                      f"attention {fl['attention'] / 1e12:.4g}) at {pk['matmul_tflops']} TFLOP/s "
+                                      f"{pk['matmul_dtype']} matmul measured in this run ({pk['device']})")
+        for mode, m in r["modes"].items():
+            row = BenchRow(label, mode, res.device, engine_sha=sha)
+            if "error" in m:
+                row.error = m["error"]
+            if "latency" in m:
+                lat = m["latency"]
+                row.median_ms, row.min_ms, row.max_ms, row.n = lat["median_ms"], lat["min_ms"], lat["max_ms"], lat["n"]
+                row.per_pass_ms = m["per_pass_ms"]
+            if "outputs" in m:
+                outputs[f"{label}:{mode}"] = m["outputs"]["file"]
+            res.rows.append(row)
+
+    ref_key = "upstream:eager"
+    tol = None if t.workload.bit_exact else asdict(t.workload.tolerance[t.dtype])
+    others = {k: v for k, v in outputs.items() if k != ref_key}
+    if ref_key in outputs and others:
+        cj = Job(kind="bench_compare", workload={}, preset=t.preset, device="cpu", dtype=t.dtype, engine_root=str(run_dir),
+                 engine_sha="", model_class="", shapes=[], params={"reference": outputs[ref_key], "others": others,
+                                                                    "tolerance": tol})
+        cout = run_job(cj, run_dir, timeout_s=600, name="bench-compare")
+        if not cout.ok:
+            raise RunnerError(f"output comparison {cout.reason()}; log: {cout.log_path}")
+        comps = cout.result["comparisons"]
+    else:
+        comps = {}
+    base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)
+    for row in res.rows:
+        key = f"{row.variant}:{row.mode}"
+        if key == ref_key:
+            row.correct, row.correctness = True, "reference"
+        elif key in comps:
+            bad = {n: c for n, c in comps[key].items() if not c["ok"]}
+            row.correct = not bad
+            worst = max(comps[key].items(), key=lambda kv: kv[1].get("rel_l2", float("inf")))
+            row.correctness = (f"{worst[0]}: {worst[1]['reason']}" if not bad
+                               else "; ".join(f"{n}: {c['reason']}" for n, c in bad.items()))
+        if row.median_ms and base_ms:
+            row.speedup = base_ms / row.median_ms
+    _print(console, res)
+    write_json(run_dir / "bench.json", asdict(res))
+    (run_dir / "bench.md").write_text(markdown(res))
+    if json_path is not None:
+        write_json(json_path, asdict(res))
+        json_path.with_suffix(".md").write_text(markdown(res))
+    console.print(f"run directory: {run_dir}")
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table_rows(res: BenchResult) -> list[list[str]]:
+    rows = []
+    for r in res.rows:
+        spread = f"{_fmt(r.min_ms)}–{_fmt(r.max_ms)}" if r.median_ms else "-"
+        ok = "-" if r.correct is None else ("ok" if r.correct else "WRONG")
+        rows.append([r.variant, r.mode, _fmt(r.median_ms), spread, str(r.n or "-"), _fmt(r.per_pass_ms),
+                     _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""), ok, r.error or r.correctness])
+    if res.roofline_ms is not None:
+        rows.append(["roofline", "compute floor", _fmt(res.roofline_ms), "-", "-", _fmt(res.roofline_ms / res.passes), "-",
+                     "-", res.roofline_basis])
+    return rows
+
+
+HEAD = ["variant", "mode", "step ms (median)", "min–max", "N", "per pass ms", "vs upstream eager", "outputs", "notes"]
+
+
+def _print(console: Console, res: BenchResult) -> None:
+    env = res.env
+    t = Table(title=f"optbot bench {res.workload} · {res.preset} · {res.dtype} · measured on {res.device} "
+                    f"({env.get('device_name', '?')}) · {res.passes} pass(es) per step")
+    for h in HEAD:
+        t.add_column(h, overflow="fold")
+    for row in _table_rows(res):
+        t.add_row(*row)
+    console.print(t)
+
+
+def markdown(res: BenchResult) -> str:
+    env = res.env
+    lines = [f"# optbot bench: {res.workload} ({res.preset}, {res.dtype})", "",
+             f"Measured on **{res.device} ({env.get('device_name', '?')})**, shape {res.shape}, "
+             f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
+             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in _table_rows(res)]
+    lines += ["", "```"] + [f"{k}: {v}" for k, v in env.items()] + ["```", ""]
+    return "\n".join(lines)
