@@ -21,7 +21,7 @@ def _job(wl_name, wt, kind="step", **kw):
     return Job(**base)
 
 
-@pytest.mark.parametrize("wl,keys", [("flux2", {"noise_pred"}), ("qwen-image", {"cond", "uncond", "noise_pred"})])
+@pytest.mark.parametrize("wl,keys", [("flux2", {"noise_pred"}), ("qwen-image", {"cond", "uncond"})])
 def test_step_job_runs_the_engine_from_the_worktree(base_worktree, tmp_path, wl, keys):
     job = _job(wl, base_worktree, seeds=[1, 2], out_dir=str(tmp_path / "out"))
     out = run_job(job, tmp_path, timeout_s=300)
@@ -38,7 +38,8 @@ def test_step_job_runs_the_engine_from_the_worktree(base_worktree, tmp_path, wl,
         assert all(t["finite"] for t in rec["tensors"].values())
         assert os.path.isfile(rec["file"])
     # different seeds, different outputs
-    d = [rec["tensors"]["noise_pred"]["digest"] for rec in r["outputs"]]
+    first = sorted(keys)[0]
+    d = [rec["tensors"][first]["digest"] for rec in r["outputs"]]
     assert d[0] != d[1]
 
 

@@ -37,6 +37,7 @@ class BenchRow:
     correctness: str = ""
     error: str = ""
     engine_sha: str = ""
+    comparison: dict = field(default_factory=dict)  # output name -> rel_l2, max_abs, max_rel, where, ok
 
 
 @dataclass
@@ -168,6 +169,7 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
         if key == ref_key:
             row.correct, row.correctness = True, "reference"
         elif key in comps:
+            row.comparison = comps[key]
             bad = {n: c for n, c in comps[key].items() if not c["ok"]}
             row.correct = not bad
             worst = max(comps[key].items(), key=lambda kv: kv[1].get("rel_l2", float("inf")))

