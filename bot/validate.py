@@ -426,8 +426,8 @@ def _speed(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path, base1: dict
         s = Speed(mode=mode, device=dev, passes=passes, n=ctx.iters)
         fails = [x for x in bs + cs if isinstance(x, str)]
         if fails:
-            s.note = fails[0][:300] if any(isinstance(x, str) for x in cs) and not any(isinstance(x, str) for x in bs) \
-                else "; ".join(sorted(set(f[:200] for f in fails)))
+            who = [("base" if i < len(bs) else "candidate", x) for i, x in enumerate(bs + cs) if isinstance(x, str)]
+            s.note = "; ".join(sorted({f"{w}: {x[:200]}" for w, x in who}))  # e.g. a capture failure, reported
             s.base_ms = [_median(x) for x in bs if _median(x) is not None]
             s.candidate_ms = [_median(x) for x in cs if _median(x) is not None]
             s.outcome = "n/a"
@@ -435,22 +435,33 @@ def _speed(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path, base1: dict
             continue
         s.base_ms = [round(_median(x), 4) for x in bs]
         s.candidate_ms = [round(_median(x), 4) for x in cs]
-        bm, cm = statistics.fmean(s.base_ms), statistics.fmean(s.candidate_ms)
-        s.speedup = round(bm / cm, 4) if cm > 0 else None
-        aa = [abs(s.base_ms[0] - s.base_ms[1]) / bm, abs(s.candidate_ms[0] - s.candidate_ms[1]) / cm]
-        # spread inside each process: the half-width of the middle of its samples, relative to the median
-        within = [_rel_iqr(x) for x in bs + cs]
-        s.noise_pct = max(round(100 * max(aa + [w / 2 for w in within]), 3), NOISE_FLOOR_PCT[dev])
-        if 100 * (bm / cm - 1) > s.noise_pct:
-            s.outcome = "faster"
-        elif 100 * (cm / bm - 1) > s.noise_pct:
-            s.outcome = "slower"
-        else:
-            s.outcome = "no-change"  # inside the noise
+        s.speedup, s.noise_pct, s.outcome = speed_outcome(s.base_ms, s.candidate_ms, [_rel_iqr(x) for x in bs + cs], dev)
         if dev == "cpu":
             s.note = "cpu clock, informational"
         speeds.append(s)
     return speeds, None
+
+
+def speed_outcome(base_ms: list[float], cand_ms: list[float], within_rel: list[float], device: str):
+    """(speedup, noise %, outcome) from the per-process medians of base and candidate.
+
+    noise = the larger of: the A/A differences (base process 1 vs 2, candidate 1 vs 2) relative to
+    their mean, half the relative interquartile range inside any process, and a floor
+    (NOISE_FLOOR_PCT). A speedup whose gain is inside the noise is "no-change"."""
+    bm, cm = statistics.fmean(base_ms), statistics.fmean(cand_ms)
+    speedup = round(bm / cm, 4) if cm > 0 else None
+    aa = []
+    for xs, m in ((base_ms, bm), (cand_ms, cm)):
+        if len(xs) > 1 and m > 0:
+            aa.append((max(xs) - min(xs)) / m)
+    noise = max(round(100 * max(aa + [w / 2 for w in within_rel] + [0.0]), 3), NOISE_FLOOR_PCT[device])
+    if speedup is None:
+        return None, noise, "n/a"
+    if 100 * (bm / cm - 1) > noise:
+        return speedup, noise, "faster"
+    if 100 * (cm / bm - 1) > noise:
+        return speedup, noise, "slower"
+    return speedup, noise, "no-change"
 
 
 def _rel_iqr(t: dict) -> float:
