@@ -1,0 +1,35 @@
+"""`optbot ablate`: each commit's contribution to a stack, by leave-one-out."""
+from __future__ import annotations
+
+import click
+
+from bot.ablate import ablate
+from bot.commands.common import command_line, workload_options, write_json
+from bot.target import resolve_target
+
+
+@click.command("ablate")
+@workload_options
+@click.option("--candidate", required=True, metavar="REF|PATCH", help="Top of the stack (commit/branch) or a patch file.")
+@click.option("--base", default=None, metavar="REF", help="Bottom of the stack (default: --ref / the workload's).")
+@click.option("--rounds", default=2, show_default=True, help="Timed processes per variant (interleaved rounds).")
+@click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
+def command(workload, engine, ref, preset, device, json_path, candidate, base, rounds, iters):
+    """Time the stack with each of its commits reverted, and print each commit's contribution.
+
+    \b
+    Variants (base, whole stack, stack minus commit i) run in their own runner processes, in
+    interleaved rounds; the base's rounds give the A/A noise. It measures speed only: validate the
+    stack (`optbot validate`) for correctness.
+
+    \b
+    Examples:
+      optbot ablate flux2 --candidate optbot/flux2/d93305b4891d
+      optbot ablate flux2 --preset full --device cuda --candidate my-stack --json ablation.json
+    """
+    t = resolve_target(workload, engine, ref, preset, device)
+    ab = ablate(t, candidate, base, iters=iters, rounds=rounds, log=lambda m: click.echo(f"· {m}", err=True))
+    click.echo(ab.render())
+    data = ab.to_json()
+    data["command"] = command_line()
+    write_json(json_path, data)

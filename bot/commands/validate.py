@@ -1,0 +1,73 @@
+"""`optbot validate`: is a candidate correct, engaged and faster? (bot/validate.py does the work)."""
+from __future__ import annotations
+
+import click
+
+from bot.commands.common import command_line, workload_options, write_json
+from bot.target import resolve_target
+from bot.validate import Options, validate
+
+EXIT = {"accepted": 0, "rejected": 1, "held": 3}
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers", param_hint="--seeds") from None
+    if len(set(seeds)) < 2:
+        raise click.BadParameter("give at least 2 different seeds (default: 3 fresh random ones)", param_hint="--seeds")
+    return seeds
+
+
+@click.command("validate")
+@workload_options
+@click.option("--candidate", "candidate", required=True, metavar="REF|PATCH",
+              help="Engine commit or branch on top of the base, or a path to a patch file.")
+@click.option("--base", default=None, metavar="REF", help="Base commit (default: --ref, else the workload's engine ref).")
+@click.option("--seeds", default=None, metavar="S1,S2,...", help="Input seeds (default: 3 fresh random ones).")
+@click.option("--no-speed", is_flag=True, help="Correctness and engagement only (no end-to-end timing).")
+@click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
+@click.option("--timeout", default=None, type=float,
+              help="Seconds before a candidate job is killed (default: 5x the base job's time, at least 120).")
+@click.option("--ablate", is_flag=True, help="Also ablate the stack: leave-one-out per commit (see `optbot ablate`).")
+def command(workload, engine, ref, preset, device, json_path, candidate, base, seeds, no_speed, iters, timeout, ablate):
+    """Validate a candidate against the base engine and print a verdict with its numbers.
+
+    \b
+    Checks, each in its own runner process with a timeout:
+      correctness  3 fresh seeds x every shape of the preset (incl. its extra_shapes), outputs
+                   poisoned before (NaN), inputs checked unmodified after, compared per output
+                   with the workload's tolerance (rel L2 and atol+rtol per element) or bit-exact
+      kernels      kernels the candidate names (trailers) vs their reference, M=1 and odd M
+      engagement   the candidate's declared kernels run in the step, replaced ones are gone
+      speed        per-step latency base vs candidate, process-interleaved, eager and CUDA graph;
+                   A/A noise; a speedup inside the noise is "no change"
+    \b
+    Verdict: accepted | rejected (correctness, slower, no-change, not-engaged, crashed, timeout)
+    | held (implausible: over 10x or under the roofline floor). Exit code 0 accepted, 1 rejected,
+    3 held, 2 usage/config error. On CPU, speed is reported (labelled cpu) but does not gate.
+
+    \b
+    Examples:
+      optbot validate flux2 --candidate my-branch
+      optbot validate flux2 --candidate fix.patch --json verdict.json
+      optbot validate flux2 --preset full --device cuda --candidate optbot/flux2/abc --ablate
+    """
+    t = resolve_target(workload, engine, ref, preset, device)
+    opts = Options(seeds=parse_seeds(seeds), speed=not no_speed, iters=iters, timeout_s=timeout,
+                   log=lambda m: click.echo(f"· {m}", err=True))
+    v = validate(t, candidate, base, opts)
+    click.echo(v.render())
+    data = v.to_json()
+    data["command"] = command_line()
+    if ablate:
+        from bot.ablate import ablate as run_ablation
+
+        ab = run_ablation(t, candidate, base, iters=iters, log=opts.log)
+        click.echo(ab.render())
+        data["ablation"] = ab.to_json()
+    write_json(json_path, data)
+    raise SystemExit(EXIT[v.status])

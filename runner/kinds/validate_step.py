@@ -1,0 +1,144 @@
+"""One side (base or candidate) of a validation, in its own process.
+
+The process builds the model from its own engine worktree and never sees the other side's outputs:
+a candidate cannot read the reference from memory, because the reference was never in its process.
+
+job.params (all optional):
+  correctness  bool (default true): run every (shape, seed) of the job, in order, in this process:
+               poison the allocator, clone the inputs, run the step under PoisonEmpty, synchronize
+               the whole device, check the inputs are unmodified, save the outputs (.pt). Several
+               seeds in one process make a candidate that caches results across calls fail.
+  profile      bool: profile one step (first shape, first seed) and return its kernel/op histogram
+               (engagement check).
+  timing       {"eager": bool, "graph": bool}: time the step (first shape, first seed) with
+               runner/timing.time_interleaved, job.warmup / job.iters.
+  flops        bool: count the step's FLOPs and, on CUDA, measure the matmul ceiling (roofline floor).
+Result: {"ok", "runs": [...], "timing": {...}, "profile": {...}, "flops": {...}, "env": {...}}.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from runner import env as envmod
+from runner.harness import build, make_step
+from runner.poison import PoisonEmpty, poison_allocator
+from runner.timing import time_interleaved
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()  # every stream of the device: side-stream work is finished
+
+
+def _tensors(passes: list[dict]) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, kw in enumerate(passes):
+        for k, v in kw.items():
+            if isinstance(v, torch.Tensor):
+                out[f"pass{i}.{k}"] = v
+    return out
+
+
+def _where(idx: torch.Tensor, shape) -> list[int]:
+    return [int(i) for i in torch.unravel_index(idx, tuple(shape))]
+
+
+def input_changes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[dict]:
+    """Inputs the step modified in place, with where and by how much."""
+    changes = []
+    for name, ref in before.items():
+        cur = after[name].detach().to("cpu")
+        if cur.shape != ref.shape or cur.dtype != ref.dtype:
+            changes.append({"input": name, "what": f"shape/dtype changed {list(ref.shape)}/{ref.dtype} -> "
+                                                  f"{list(cur.shape)}/{cur.dtype}"})
+            continue
+        same = (cur == ref) | (torch.isnan(cur) & torch.isnan(ref)) if cur.is_floating_point() else cur == ref
+        if bool(same.all()):
+            continue
+        diff = (cur.double() - ref.double()).abs().nan_to_num(nan=float("inf")).flatten()
+        i = int(diff.argmax())
+        changes.append({"input": name, "changed": int((~same).sum()), "numel": ref.numel(),
+                        "max_abs": float(diff[i]), "at": _where(torch.tensor(i), ref.shape),
+                        "was": float(ref.flatten()[i]), "now": float(cur.flatten()[i])})
+    return changes
+
+
+def run(job) -> dict:
+    p = job.params or {}
+    built = build(job)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"ok": True, "runs": [], "timing": {}, "profile": None, "flops": None}
+
+    if p.get("correctness", True):
+        for si, shape in enumerate(job.shapes):
+            for seed in job.seeds:
+                step, passes = make_step(built, job, shape, seed)
+                tensors = _tensors(passes)
+                before = {k: v.detach().to("cpu").clone() for k, v in tensors.items()}
+                poisoned = poison_allocator(job.device)
+                mode = PoisonEmpty()
+                with mode:
+                    outs = step()
+                _sync(job.device)
+                fname = out_dir / f"out_{si}_{seed}.pt"
+                cpu = {k: v.detach().to("cpu").clone() for k, v in outs.items()}
+                torch.save(cpu, fname)
+                result["runs"].append({
+                    "shape": shape, "seed": seed, "file": str(fname),
+                    "inputs_modified": input_changes(before, tensors),
+                    "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
+                                    "finite": bool(torch.isfinite(v).all())} for k, v in cpu.items()},
+                    "poison": {**poisoned, "empty_tensors_nan_filled": mode.filled},
+                })
+                del outs, cpu
+
+    shape0, seed0 = job.shapes[0], job.seeds[0]
+    if p.get("profile"):
+        from runner.profiler import profile_step
+        from runner.profiler import module_pattern
+
+        step, _ = make_step(built, job, shape0, seed0)
+        step()  # warm: first-call work (JIT, lazy init) must not be the histogram
+        _sync(job.device)
+        prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
+        hist: dict[tuple[str, str, str], int] = {}
+        for k in prof["kernels"]:
+            key = (k["name"], k.get("op", ""), module_pattern(k["module"]))
+            hist[key] = hist.get(key, 0) + k["calls"]
+        result["profile"] = {
+            "histogram": [[n, o, m, c] for (n, o, m), c in sorted(hist.items())],
+            "launches": prof["launches"], "busy_ms": prof["busy_ms"], "categories": prof["categories"],
+        }
+
+    t = p.get("timing") or {}
+    if t.get("eager") or t.get("graph"):
+        step, _ = make_step(built, job, shape0, seed0)
+        if t.get("eager"):
+            r = time_interleaved({"step": step}, job.device, warmup=job.warmup, iters=job.iters)["step"]
+            result["timing"]["eager"] = r if isinstance(r, str) else r.to_json()
+        if t.get("graph"):
+            try:
+                r = time_interleaved({"step": step}, job.device, warmup=job.warmup, iters=job.iters, graph=True)["step"]
+                result["timing"]["graph"] = r if isinstance(r, str) else r.to_json()
+            except Exception as e:  # noqa: BLE001 - a capture failure is reported, never a crash
+                result["timing"]["graph"] = f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:300]}"
+
+    if p.get("flops"):
+        from runner.profiler import count_flops
+
+        step, _ = make_step(built, job, shape0, seed0)
+        fl = count_flops(step)
+        fl["device"] = "cuda" if job.device.startswith("cuda") else "cpu"
+        if job.device.startswith("cuda"):
+            from runner import peaks
+
+            fl["peaks"] = peaks.measure(job.device, built.dtype)
+            fl["compute_floor_ms"] = (fl["linear"] + fl["attention"]) / (fl["peaks"]["matmul_tflops"] * 1e12) * 1e3
+        result["flops"] = fl
+
+    result["passes"] = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
+    return result

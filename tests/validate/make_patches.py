@@ -1,0 +1,158 @@
+"""Regenerate the adversarial candidate patches in adversarial/ from a clean diffusers 0.42.1 checkout.
+
+    python tests/validate/make_patches.py /path/to/diffusers-0.42.1-git-checkout
+
+Each case is (file name, commit message, [(anchor, replacement), ...]) applied to
+src/diffusers/models/transformers/transformer_flux2.py; the patch is `git diff` with the message in
+front (bot/candidate.py turns the text before `diff --git` into the commit message).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+F = "src/diffusers/models/transformers/transformer_flux2.py"
+HERE = Path(__file__).resolve().parent / "adversarial"
+
+SWIGLU = """        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        return x
+"""
+FF = """    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear_in(x)
+        x = self.act_fn(x)
+        x = self.linear_out(x)
+        return x
+"""
+FWD_START = """        num_txt_tokens = encoder_hidden_states.shape[1]
+
+        # 1. Calculate timestep embedding and modulation parameters
+"""
+FWD_END = """        if not return_dict:
+            return (output,)
+
+        return Flux2Transformer2DModelOutput(sample=output)"""
+
+CASES = [
+    ("uninitialized_output.patch",
+     "Fast SwiGLU: skip the write of the activation output\n\nThe output buffer is allocated and returned; "
+     "stale memory often holds the right values.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        half = x.shape[-1] // 2
+        out = torch.empty_like(x[..., :half])  # never written
+        return out
+""")]),
+    ("inputs_zeroed.patch",
+     "Free the input latents early by zeroing them in place\n\nOptbot-Kind: hoist-constant\n",
+     [(FWD_START, "        _inputs = hidden_states\n" + FWD_START),
+      (FWD_END, """        _inputs.zero_()  # "release" the input: modifies the caller's tensor
+""" + FWD_END)]),
+    ("constant_one_seed.patch",
+     "Precomputed output for the benchmark input\n\nIgnores the actual latents and prompt: rebuilds the "
+     "inputs of seed 0,\nso the output is right only when the harness draws seed 0.\n\nOptbot-Kind: hoist-constant\n",
+     [(FWD_START, """        _g = torch.Generator(device="cpu").manual_seed(0)
+        hidden_states = torch.randn(hidden_states.shape, generator=_g).to(hidden_states)
+        encoder_hidden_states = torch.randn(encoder_hidden_states.shape, generator=_g).to(encoder_hidden_states)
+""" + FWD_START)]),
+    ("cached_across_calls.patch",
+     "Cache the step's output across calls\n\nOptbot-Kind: cfg-invariant-cache\n",
+     [(FWD_START, """        _key = (tuple(hidden_states.shape), tuple(encoder_hidden_states.shape))
+        if getattr(self, "_optbot_cache", None) is not None and self._optbot_cache[0] == _key:
+            return (self._optbot_cache[1].clone(),)
+""" + FWD_START),
+      (FWD_END, """        self._optbot_cache = (_key, output.clone())
+""" + FWD_END)]),
+    ("shape_specialized.patch",
+     "Tiled feed-forward, 128 rows per tile\n\nTuned on the 256x256 preset, whose 256 image tokens are two "
+     "whole tiles;\nthe remainder of other token counts is never computed.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(FF, """    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tile = 128
+        if x.shape[1] < tile:
+            return self.linear_out(self.act_fn(self.linear_in(x)))
+        out = x.new_zeros(*x.shape[:-1], self.linear_out.out_features)
+        for i in range(0, x.shape[1] - x.shape[1] % tile, tile):  # assumes S % 128 == 0
+            out[:, i : i + tile] = self.linear_out(self.act_fn(self.linear_in(x[:, i : i + tile])))
+        return out
+""")]),
+    ("precision_drop.patch",
+     "Feed-forward GEMMs in bfloat16\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(FF, """    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        h = F.linear(x.to(torch.bfloat16), self.linear_in.weight.to(torch.bfloat16))
+        h = self.act_fn(h)
+        return F.linear(h, self.linear_out.weight.to(torch.bfloat16)).to(dt)
+""")]),
+    ("hangs.patch",
+     "SwiGLU kernel that never returns\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        import time
+
+        while True:  # a kernel spinning on a flag nobody sets
+            time.sleep(0.5)
+""")]),
+    ("segfault.patch",
+     "SwiGLU kernel that faults\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)  # what a wild pointer does to the process
+        return x
+""")]),
+    ("not_engaged.patch",
+     "Add a fused SwiGLU that is never called\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(FF, FF + """
+
+def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return F.silu(x[..., :half]) * x[..., half:]
+""")]),
+    # --- GPU only -----------------------------------------------------------------------------
+    ("gpu_side_stream.patch",
+     "SwiGLU on a side stream\n\nThe work is launched on another stream and the result returned without "
+     "waiting:\nevents on the current stream see no time, and readers may see unfinished data.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        half = x.shape[-1] // 2
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(20):  # slow, hidden work
+                y = self.gate_fn(x[..., :half]) * x[..., half:]
+        return y
+""")]),
+    ("gpu_illegal_address.patch",
+     "Triton SwiGLU that writes out of bounds\n\nOptbot-Kind: fuse-elementwise-chain\n"
+     "Optbot-Adds-Kernels: _bad_store\n",
+     [(SWIGLU, """        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _bad_store(ptr):
+            tl.store(ptr + (1 << 40), 1.0)  # far outside any allocation: illegal memory access
+
+        half = x.shape[-1] // 2
+        out = self.gate_fn(x[..., :half]) * x[..., half:]
+        _bad_store[(1,)](out)
+        torch.cuda.synchronize()
+        return out
+""")]),
+]
+
+
+def main(repo: str) -> None:
+    path = Path(repo) / F
+    orig = path.read_text()
+    try:
+        for name, message, edits in CASES:
+            text = orig
+            for anchor, repl in edits:
+                assert text.count(anchor) == 1, (name, anchor[:60])
+                text = text.replace(anchor, repl)
+            path.write_text(text)
+            diff = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True, check=True).stdout
+            (HERE / name).write_text(message + "\n" + diff)
+            print("wrote", HERE / name)
+    finally:
+        path.write_text(orig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,84 @@
+"""The adversarial suite: real candidates (patches against the real diffusers 0.42.1 engine) that
+the validator must reject, each with the right reason; and an honest one it must accept.
+
+CPU, tiny preset. The GPU-only cases (side stream, illegal memory access) are marked gpu and run on
+the device through benchmarks/gpu_validate.sh. tests/validate/make_patches.py regenerates the
+patches."""
+from __future__ import annotations
+
+import pytest
+
+from tests.validate.conftest import ADV
+
+CASES = [
+    # patch, expected reason, what must be said about it
+    ("uninitialized_output.patch", "correctness", "NaN"),
+    ("inputs_zeroed.patch", "correctness", "modified its inputs"),
+    ("constant_one_seed.patch", "correctness", "output checks fail"),
+    ("cached_across_calls.patch", "correctness", "output checks fail"),
+    ("shape_specialized.patch", "correctness", "176x240/txt19/b1"),
+    ("precision_drop.patch", "correctness", "rel L2"),
+    ("hangs.patch", "timeout", "timeout"),
+    ("segfault.patch", "crashed", "SIGSEGV"),
+    ("not_engaged.patch", "not-engaged", "identical"),
+]
+
+
+def _opts(session_seeds, base_cache, **kw):
+    from bot.validate import Options
+
+    seeds, wseed = session_seeds
+    return Options(seeds=seeds, weight_seed=wseed, speed=False, cache_dir=base_cache, **kw)
+
+
+@pytest.mark.parametrize("patch,reason,says", CASES, ids=[c[0].removesuffix(".patch") for c in CASES])
+def test_adversarial_rejected(flux2_cpu, session_seeds, base_cache, patch, reason, says):
+    from bot.validate import validate
+
+    timeout = 30 if reason == "timeout" else 300
+    v = validate(flux2_cpu, str(ADV / patch), opts=_opts(session_seeds, base_cache, timeout_s=timeout))
+    text = v.render()
+    assert v.status == "rejected", text
+    assert v.reason == reason, text
+    assert says in text, text
+    if reason == "correctness":
+        assert v.correctness is not None and not v.correctness.ok
+    if reason == "correctness" and patch != "inputs_zeroed.patch":
+        bad = [c for c in v.correctness.checks if not c.ok]
+        assert bad and all(c.at is not None or c.nonfinite for c in bad), text  # says where
+    if reason in ("crashed", "timeout"):
+        assert v.crash["log"] and v.crash["status"] in ("crashed", "timeout")
+
+
+def test_shape_specialized_passes_the_tuned_shape(flux2_cpu, session_seeds, base_cache):
+    """The shape-specialized kernel is right on the preset's shape: only the extra shape catches it."""
+    from bot.validate import validate
+
+    v = validate(flux2_cpu, str(ADV / "shape_specialized.patch"), opts=_opts(session_seeds, base_cache))
+    tuned = [c for c in v.correctness.checks if c.label.startswith("256x256")]
+    other = [c for c in v.correctness.checks if c.label.startswith("176x240")]
+    assert tuned and all(c.ok for c in tuned), v.render()
+    assert other and not any(c.ok for c in other), v.render()
+
+
+def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
+    """Merged Q/K/V: correct, engaged (declared kernels seen, replaced ones gone); speed measured in
+    interleaved processes and labelled cpu, informational on CPU (DESIGN decision 7)."""
+    import json
+
+    from bot.validate import Options, validate
+    from bot.verdict import Verdict
+
+    v = validate(flux2_cpu, str(ADV / "honest_merge_qkv.patch"), opts=Options(iters=3, run_dir=tmp_path / "run"))
+    text = v.render()
+    assert v.status == "accepted", text
+    assert v.correctness.ok and len(v.correctness.seeds) >= 3 and len(v.correctness.shapes) >= 2
+    assert 0 not in v.correctness.seeds
+    assert v.engagement.ok and not v.engagement.missing and not v.engagement.still_present
+    assert v.trailers["Optbot-Kind"] == ["merge-siblings"]
+    eager = [s for s in v.speed if s.mode == "eager"]
+    assert eager and eager[0].device == "cpu" and len(eager[0].base_ms) == 2 and len(eager[0].candidate_ms) == 2
+    assert eager[0].noise_pct is not None and "cpu" in eager[0].note
+    assert any("informational" in n for n in v.notes)
+    back = Verdict.from_json(json.loads((tmp_path / "run" / "verdict.json").read_text()))
+    assert back.to_json() == json.loads(json.dumps(v.to_json(), default=str)) or back.status == v.status
