@@ -153,16 +153,17 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     ref_key = "upstream:eager"
     tol = None if t.workload.bit_exact else asdict(t.workload.tolerance[t.dtype])
     others = {k: v for k, v in outputs.items() if k != ref_key}
+    comps: dict[str, dict[str, dict]] = {}
     if ref_key in outputs and others:
-        cj = Job(kind="bench_compare", workload={}, preset=t.preset, device="cpu", dtype=t.dtype, engine_root=str(run_dir),
-                 engine_sha="", model_class="", shapes=[], params={"reference": outputs[ref_key], "others": others,
-                                                                    "tolerance": tol})
+        cj = Job(kind="compare", workload={}, preset=t.preset, device="cpu", dtype=t.dtype, engine_root=str(run_dir),
+                 engine_sha="", model_class="", shapes=[],
+                 params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in others.items()],
+                         "tolerance": tol, "bit_exact": t.workload.bit_exact})
         cout = run_job(cj, run_dir, timeout_s=600, name="bench-compare")
         if not cout.ok:
             raise RunnerError(f"output comparison {cout.reason()}; log: {cout.log_path}")
-        comps = cout.result["comparisons"]
-    else:
-        comps = {}
+        for c in cout.result["checks"]:
+            comps.setdefault(c["label"], {})[c["output"]] = c
     base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)
     for row in res.rows:
         key = f"{row.variant}:{row.mode}"
@@ -172,9 +173,8 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
             row.comparison = comps[key]
             bad = {n: c for n, c in comps[key].items() if not c["ok"]}
             row.correct = not bad
-            worst = max(comps[key].items(), key=lambda kv: kv[1].get("rel_l2", float("inf")))
-            row.correctness = (f"{worst[0]}: {worst[1]['reason']}" if not bad
-                               else "; ".join(f"{n}: {c['reason']}" for n, c in bad.items()))
+            worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))
+            row.correctness = worst["reason"] if not bad else "; ".join(c["reason"] for c in bad.values())
         if row.median_ms and base_ms:
             row.speedup = base_ms / row.median_ms
     _print(console, res)
