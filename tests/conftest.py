@@ -36,6 +36,20 @@ def _seed_downloads() -> None:
 _seed_downloads()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are skipped, with the reason said, where torch sees no CUDA device."""
+    if not any("gpu" in it.keywords for it in items):
+        return
+    from bot.target import cuda_available
+
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (runs on the H200 via benchmarks/h200.sh)")
+    for it in items:
+        if "gpu" in it.keywords:
+            it.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def diffusers_engine():
     """The default engine: the diffusers 0.42.1 repository, materialized once."""

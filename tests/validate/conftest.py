@@ -10,19 +10,6 @@ import pytest
 ADV = Path(__file__).resolve().parent / "adversarial"
 
 
-def pytest_collection_modifyitems(config, items):
-    if not any("gpu" in it.keywords for it in items):
-        return
-    from bot.target import cuda_available
-
-    if cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for it in items:
-        if "gpu" in it.keywords:
-            it.add_marker(skip)
-
-
 @pytest.fixture(scope="session")
 def session_seeds():
     from bot.validate import fresh_seeds
