@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ from bot.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
 from runner.job import Job
 
 IMPLAUSIBLE_SPEEDUP = 10.0
+# Added lines that reach for the validator's own machinery: held for a person (docs/validate.md).
+TAMPER_RE = re.compile(r"(import\s+runner\b|from\s+runner[\s.]|\brunner\.(timing|harness|kinds|poison|job|profiler)\b"
+                       r"|sys\.modules\[.runner|time_interleaved|_one_trial|write_result|\.result\.json|\bbot\.jobs\b)")
 DEFAULT_TIMEOUT_S = 1800.0  # a candidate job, when no base time is known yet
 NOISE_FLOOR_PCT = {"cuda": 0.5, "cpu": 2.0}  # never call a difference smaller than this a change
 
@@ -211,7 +215,23 @@ def _cand_timeout(ctx: _Ctx, base_out: JobOutcome | None) -> float:
     return max(120.0, 5.0 * base_out.seconds)
 
 
+def tamper_lines(repo, base_sha: str, cand_sha: str) -> list[str]:
+    """Added lines of the stack's diff that reference optbot's runner, timing or result files."""
+    diff = repo.git.diff(base_sha, cand_sha, "--unified=0", "--no-color")
+    hits, path = [], ""
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else line[4:]
+        elif line.startswith("+") and TAMPER_RE.search(line):
+            hits.append(f"{path}: {line[1:].strip()[:160]}")
+    return hits
+
+
 def _run(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path) -> Verdict:
+    tamper = tamper_lines(ctx.target.checkout.repo, base_sha, cand.sha)
+    if tamper:
+        why = f"the diff reaches for the validator's own machinery: {tamper[0]}"
+        return _new_verdict(ctx, cand, "held", "implausible", why + " (held for a person to review)", implausible=why)
     # The candidate runs FIRST: while it runs, the base's outputs for these fresh seeds and weights
     # exist nowhere (not in its memory, not on disk), so there is no reference to copy. Only a
     # caller-provided base cache (batch callers, tests) breaks that; docs/validate.md says so.
