@@ -10,8 +10,10 @@
 #      pytest -m gpu tests/validate.
 # Usage on the device machine, from the repo root with .whl/ carried (as benchmarks/h200.sh):
 #   bash benchmarks/gpu_validate.sh
-# Writes under $OUT (default benchmarks/results/h200-<date>/): validate-flux2-full.json/.txt,
-# gpu-adversarial.json, pytest-gpu.txt; prints a short table last.
+# Writes 4 files under $OUT (default benchmarks/results/h200-<date>/): validate-flux2-full.json and
+# .txt (verdict, its table, wall time), gpu-adversarial.json and pytest-gpu.txt; prints them last.
+# Expected wall time: about 4-5 minutes (4 full-preset FLUX.2 processes of ~20 s build each, plus
+# about 15 tiny-preset processes for the GPU cases).
 set -uo pipefail
 OUT="${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
@@ -25,19 +27,19 @@ fi
 export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1
 export OPTBOT_TEST_HOME="$OPTBOT_HOME" OPTBOT_RUNS_DIR="$OUT/runs"
 # the test session materializes the engine in OPTBOT_TEST_HOME: give it the same downloads
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi-validate.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 
 start=$(date +%s)
 python3 -m bot validate flux2 --preset full --device cuda \
   --candidate tests/validate/adversarial/honest_merge_qkv.patch --iters 10 \
   --json "$OUT/validate-flux2-full.json" > "$OUT/validate-flux2-full.txt" 2>&1
 rc=$?
-echo "validate flux2 full: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/validate-wall.txt"
+echo "validate flux2 full: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/validate-flux2-full.txt"
 
 start=$(date +%s)
 OPTBOT_GPU_VALIDATE_OUT="$OUT" python3 -m pytest -q -s -m gpu tests/validate -p no:cacheprovider > "$OUT/pytest-gpu.txt" 2>&1
 prc=$?
-echo "pytest -m gpu tests/validate: exit $prc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/validate-wall.txt"
+echo "pytest -m gpu tests/validate: exit $prc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/pytest-gpu.txt"
 
 rm -rf "$OUT/runs"  # .pt outputs and traces: large, not committed
 tail -n 25 "$OUT/pytest-gpu.txt"

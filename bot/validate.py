@@ -2,18 +2,19 @@
 ``validate(target, candidate)`` and get a typed Verdict (bot/verdict.py). docs/validate.md has the rules.
 
 Order of checks, each in its own runner process with a timeout (bot/jobs.run_job):
-  1. base side      validate_step job in the base worktree: every (shape, seed) under poison, outputs
-                    saved; profile histogram; first timed run.             (a broken base is an error)
-  2. candidate side the same job in the candidate worktree, never holding the base's outputs.
+  1. candidate side validate_step job in the candidate worktree, FIRST (the reference for these fresh
+                    seeds and weights exists nowhere yet): every (shape, seed) under poison, outputs
+                    saved; profile histogram; first timed run.
                     crash / fault / OOM -> rejected "crashed"; hang -> "timeout" (log tail kept;
                     after a GPU fault a health probe runs before anything else)
+  2. base side      the same job in the base worktree                     (a broken base is an error)
   3. compare        a clean process loads both sides' .pt files: NaN/Inf, rel L2, atol+rtol per
                     element (or bit-exact), inputs unmodified            -> "correctness"
   4. kernels        each kernel the candidate names (trailers) vs its reference, M=1 and odd M
                                                                           -> "correctness"
   5. engagement     declared kernels present / removed ones gone; else the op histogram must differ
                                                                           -> "not-engaged"
-  6. speed          process-level interleave base, cand, base, cand (eager, and CUDA graph on GPU);
+  6. speed          process-level interleave cand, base, cand, base (eager, and CUDA graph on GPU);
                     A/A noise from the two base processes (and the two candidate ones)
                     -> "slower" / "no-change" (GPU); on CPU speed is reported, labelled cpu, and
                     does not gate (DESIGN decision 7); > 10x or under the roofline floor -> held.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,6 +39,10 @@ from bot.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
 from runner.job import Job
 
 IMPLAUSIBLE_SPEEDUP = 10.0
+# Added lines that reach for the validator's own machinery: held for a person (docs/validate.md).
+TAMPER_RE = re.compile(r"(import\s+runner\b|from\s+runner[\s.]|\brunner\.(timing|harness|kinds|poison|job|profiler)\b"
+                       r"|sys\.modules\[.runner|time_interleaved|_one_trial|write_result|\.result\.json|\bbot\.jobs\b)")
+DEFAULT_TIMEOUT_S = 1800.0  # a candidate job, when no base time is known yet
 NOISE_FLOOR_PCT = {"cuda": 0.5, "cpu": 2.0}  # never call a difference smaller than this a change
 
 
@@ -134,26 +140,32 @@ def _new_verdict(ctx: _Ctx, cand: Candidate, status: str, reason: str | None, su
                    candidate=cand.spec, trailers=cand.trailers, notes=ctx.notes, **kw)
 
 
-def _side_params(ctx: _Ctx) -> dict:
+def _side_params(ctx: _Ctx, side: str = "candidate") -> dict:
     return {"correctness": True, "profile": ctx.opts.engagement,
             "timing": {"eager": ctx.opts.speed, "graph": bool(ctx.opts.speed and (ctx.opts.graph if ctx.opts.graph
                                                                                   is not None else ctx.is_cuda))},
-            "flops": bool(ctx.opts.speed and ctx.is_cuda)}
+            "flops": bool(ctx.opts.speed and ctx.is_cuda and side == "candidate")}  # the roofline floor
 
 
-def _run_base(ctx: _Ctx, base_sha: str, base_wt: Path) -> JobOutcome:
-    params = _side_params(ctx)
-    cache = None
-    if ctx.opts.cache_dir is not None and not ctx.opts.speed:
-        key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-" \
-              f"w{ctx.weight_seed}-s{'_'.join(map(str, ctx.seeds))}-{int(ctx.opts.engagement)}"
-        cache = Path(ctx.opts.cache_dir) / key / "outcome.json"
-        if cache.is_file():
-            d = json.loads(cache.read_text())
-            if all(Path(r["file"]).is_file() for r in d["result"].get("runs", [])):
-                ctx.say(f"base: reusing {cache.parent}")
-                return JobOutcome(**d)
-    job = ctx.job("validate_step", base_wt, base_sha, "base", params)
+def _base_cache(ctx: _Ctx, base_sha: str) -> Path | None:
+    if ctx.opts.cache_dir is None or ctx.opts.speed:
+        return None
+    key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-" \
+          f"w{ctx.weight_seed}-s{'_'.join(map(str, ctx.seeds))}-{int(ctx.opts.engagement)}"
+    return Path(ctx.opts.cache_dir) / key / "outcome.json"
+
+
+def _cached_base(cache: Path | None) -> JobOutcome | None:
+    if cache is None or not cache.is_file():
+        return None
+    d = json.loads(cache.read_text())
+    if not all(Path(r["file"]).is_file() for r in d["result"].get("runs", [])):
+        return None
+    return JobOutcome(**d)
+
+
+def _run_base(ctx: _Ctx, base_sha: str, base_wt: Path, cache: Path | None) -> JobOutcome:
+    job = ctx.job("validate_step", base_wt, base_sha, "base", _side_params(ctx, "base"))
     if cache is not None:
         job.out_dir = str(cache.parent)
     ctx.say(f"base {base_sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in a runner process")
@@ -194,20 +206,46 @@ def _health_probe(ctx: _Ctx, cand: Candidate) -> str:
     return f"DEVICE UNHEALTHY after the fault ({out.reason()}); later jobs on it cannot be trusted"
 
 
-def _cand_timeout(ctx: _Ctx, base_out: JobOutcome) -> float:
+def _cand_timeout(ctx: _Ctx, base_out: JobOutcome | None) -> float:
     if ctx.opts.timeout_s is not None:
         return ctx.opts.timeout_s
+    if base_out is None:
+        return DEFAULT_TIMEOUT_S
     # A candidate may be slower, but not by an order of magnitude: 5x the base's time, at least 2 min.
     return max(120.0, 5.0 * base_out.seconds)
 
 
+def tamper_lines(repo, base_sha: str, cand_sha: str) -> list[str]:
+    """Added lines of the stack's diff that reference optbot's runner, timing or result files."""
+    diff = repo.git.diff(base_sha, cand_sha, "--unified=0", "--no-color")
+    hits, path = [], ""
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else line[4:]
+        elif line.startswith("+") and TAMPER_RE.search(line):
+            hits.append(f"{path}: {line[1:].strip()[:160]}")
+    return hits
+
+
 def _run(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path) -> Verdict:
-    base_out = _run_base(ctx, base_sha, base_wt)
+    tamper = tamper_lines(ctx.target.checkout.repo, base_sha, cand.sha)
+    if tamper:
+        why = f"the diff reaches for the validator's own machinery: {tamper[0]}"
+        return _new_verdict(ctx, cand, "held", "implausible", why + " (held for a person to review)", implausible=why)
+    # The candidate runs FIRST: while it runs, the base's outputs for these fresh seeds and weights
+    # exist nowhere (not in its memory, not on disk), so there is no reference to copy. Only a
+    # caller-provided base cache (batch callers, tests) breaks that; docs/validate.md says so.
+    cache = _base_cache(ctx, base_sha)
+    base_out = _cached_base(cache)
+    if base_out is not None:
+        ctx.say(f"base: reusing {cache.parent}")
     cand_job = ctx.job("validate_step", cand.worktree, cand.sha, "candidate", _side_params(ctx))
-    ctx.say(f"candidate {cand.sha[:12]}: the same runs in its own process")
+    ctx.say(f"candidate {cand.sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in its own process")
     cand_out = run_job(cand_job, Path(cand_job.out_dir), timeout_s=_cand_timeout(ctx, base_out), name="candidate")
     if not cand_out.ok:
         return _crash_verdict(ctx, cand, cand_out, "candidate step")
+    if base_out is None:
+        base_out = _run_base(ctx, base_sha, base_wt, cache)
     env = cand_out.result.get("env", {})
 
     corr = _correctness(ctx, base_out.result, cand_out.result)
@@ -402,11 +440,11 @@ def _median(t) -> float | None:
 
 
 def _speed(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path, base1: dict, cand1: dict):
-    """Base and candidate in alternating processes (base, cand, base, cand): the first two are the
+    """Candidate and base in alternating processes (cand, base, cand, base): the first two are the
     correctness processes, then one more of each, timing only."""
     params = {"correctness": False, "timing": _side_params(ctx)["timing"]}
     runs = {"base": [base1], "candidate": [cand1]}
-    for side, wt, sha in (("base", base_wt, base_sha), ("candidate", cand.worktree, cand.sha)):
+    for side, wt, sha in (("candidate", cand.worktree, cand.sha), ("base", base_wt, base_sha)):
         job = ctx.job("validate_step", wt, sha, f"{side}-timing", params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
         ctx.say(f"{side}: second timed process")
         out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.timeout_s or 1800, name=f"{side}-timing")
@@ -492,3 +530,13 @@ def _implausible(speed: list[Speed], flops: dict | None) -> str:
                     f"({(flops['linear'] + flops['attention']) / 1e12:.2f} TFLOP at the measured "
                     f"{flops['peaks']['matmul_tflops']} TFLOP/s)")
     return ""
+
+
+def validate_workload(workload: str, candidate: str, *, base: str | None = None, engine: str | None = None,
+                      ref: str | None = None, preset: str | None = None, device: str | None = None,
+                      **options) -> Verdict:
+    """Convenience for callers that hold names rather than a Target (store check, agent tools):
+    ``validate_workload("flux2", "x.patch", preset="tiny", device="cpu", speed=False)``."""
+    from bot.target import resolve_target
+
+    return validate(resolve_target(workload, engine, ref, preset, device), candidate, base, Options(**options))

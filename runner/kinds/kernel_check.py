@@ -19,6 +19,7 @@ job.params: {"tests": [PATH, ...], "tolerance": {dtype: {"atol", "rtol"}}}.
 """
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import os
 import sys
@@ -90,6 +91,7 @@ def _compare(ref, out, atol: float, rtol: float) -> tuple[bool, str, dict]:
 
 
 def run(job) -> dict:
+    faulthandler.enable()  # a segfault in candidate code leaves its Python stack in the log tail
     if not job.device.startswith("cuda"):
         os.environ["TRITON_INTERPRET"] = "1"  # before any test module imports triton
     p = job.params

@@ -17,6 +17,7 @@ Result: {"ok", "runs": [...], "timing": {...}, "profile": {...}, "flops": {...},
 """
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 
 import torch
@@ -66,6 +67,7 @@ def input_changes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor
 
 
 def run(job) -> dict:
+    faulthandler.enable()  # a segfault in candidate code leaves its Python stack in the log tail
     p = job.params or {}
     built = build(job)
     out_dir = Path(job.out_dir)

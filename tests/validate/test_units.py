@@ -173,3 +173,21 @@ def test_cli_errors_are_one_line_exit_2(cli_runner, diffusers_engine, tmp_path):
     assert "does not apply" in str(r.exception)
     r = cli_runner.invoke(cli, ["validate", "--help"])
     assert r.exit_code == 0 and "Examples" in r.output and "held" in r.output
+
+
+def test_tamper_scan_flags_reaching_for_the_runner(tmp_path):
+    import git
+
+    from bot.validate import tamper_lines
+
+    repo = git.Repo.init(tmp_path)
+    (tmp_path / "m.py").write_text("x = 1\n")
+    repo.git.add("-A")
+    repo.git.commit("-qm", "base", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                         "GIT_COMMITTER_EMAIL": "t@t"})
+    base = repo.head.commit.hexsha
+    (tmp_path / "m.py").write_text("x = 1\ndef optbot_after_load(self): pass\nimport runner.timing as t\n")
+    repo.git.commit("-qam", "cand", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                         "GIT_COMMITTER_EMAIL": "t@t"})
+    hits = tamper_lines(repo, base, repo.head.commit.hexsha)
+    assert hits == ["m.py: import runner.timing as t"]
