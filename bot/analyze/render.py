@@ -19,7 +19,8 @@ def _loc(o: dict) -> str:
 def header(a: dict) -> list[str]:
     m = a["meta"]
     return [
-        f"optbot analyze {m['workload']} · preset {m['preset']} · engine {m['engine']} @ {m['engine_sha'][:12]} · shape {m['shape']}",
+        f"optbot analyze {m.get('workload', '?')} · preset {m.get('preset', '?')} · engine {m.get('engine', '?')} @ "
+        f"{str(m.get('engine_sha', ''))[:12]} · shape {m.get('shape', '?')}",
         f"profile measured on: {a['profile']['device']} · step {a['profile']['total_ms']:.3f} ms "
         f"({a['profile']['passes']} pass(es)) · source {a['profile']['source']}",
         f"graph captured on: {a['graph']['device']} · {a['graph']['ops']} aten ops · {a['graph']['passes']} pass(es) · "

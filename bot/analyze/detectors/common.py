@@ -8,11 +8,9 @@ from bot.analyze.graph import Graph, Op
 
 def region(path: str) -> str:
     """The repeated unit a module belongs to: the path up to its first numbered component
-    (transformer_blocks.3.attn.to_q -> transformer_blocks.3), else its first component."""
+    (transformer_blocks.3.attn.to_q -> transformer_blocks.3), else the module itself."""
     m = re.match(r"^(.*?\.\d+)(?:\.|$)", path)
-    if m:
-        return m.group(1)
-    return path.split(".")[0] if path else ""
+    return m.group(1) if m else path
 
 
 def describe_ops(g: Graph, ids) -> str:
