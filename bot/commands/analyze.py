@@ -54,6 +54,7 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
       optbot analyze qwen-image --json qwen-analysis.json
       optbot analyze flux2 --profile flux2-profile.json --kind merge-siblings
     """
+    profile = _read_profile(profile_path) if profile_path is not None else None
     t = resolve_target(workload, engine, ref, preset, device)
     wt = base_worktree(t)
     run_dir = new_run_dir("analyze")
@@ -63,13 +64,6 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
                 shapes=[{"resolution": list(shape.resolution), "text_tokens": shape.text_tokens, "batch": shape.batch}],
                 seeds=[0], weight_seed=0, out_dir=str(run_dir))
     if profile_path is not None:
-        try:
-            profile = json.loads(profile_path.read_text())
-        except json.JSONDecodeError as e:
-            raise OptbotError(f"{profile_path}: not a profile JSON ({e})") from None
-        for key in ("kernels", "total_ms"):
-            if key not in profile:
-                raise OptbotError(f"{profile_path}: key {key!r} missing: expected the JSON of `optbot profile --json`")
         source = str(profile_path)
     else:
         click.echo(f"profiling {t.workload.name} ({t.preset} preset, {t.device}, {t.dtype}) in a runner process; "
@@ -98,6 +92,19 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
         write_json(json_path, result)
         json_path.with_suffix(".md").write_text(markdown(result))
     click.echo(f"report: {run_dir / 'analysis.md'}", err=True)
+
+
+def _read_profile(path: Path) -> dict:
+    try:
+        profile = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OptbotError(f"{path}: not a profile JSON ({e}); expected the file `optbot profile --json` writes") from None
+    if not isinstance(profile, dict):
+        raise OptbotError(f"{path}: not a profile JSON: expected an object, got {type(profile).__name__}")
+    for key in ("kernels", "total_ms", "device"):
+        if key not in profile:
+            raise OptbotError(f"{path}: key {key!r} missing: expected the JSON of `optbot profile --json`")
+    return profile
 
 
 def _run(job: Job, run_dir: Path, timeout: int, name: str, t):
