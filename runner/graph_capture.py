@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ DEFAULT_ROLES = {
 }
 BASE_LABELS = ["weights", "const", "latents", "prompt", "text_mask", "timestep", "guidance", "pos_ids"]
 
+_COPY_NAMES = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::to_copy")
 _RANDOM_OPS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout")
 _DTYPE_SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64",
                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
@@ -260,8 +262,8 @@ class Recorder:
             rec["alias"] = True
         if not out_tensors and outs:
             rec["host"] = True  # returns a Python value: the host waits for the device
-        if any(t.device != o.device for t in in_tensors for o in out_tensors):
-            rec["xdev"] = True  # a copy between devices inside the step
+        if name in _COPY_NAMES and any(t.device != o.device for t in in_tensors for o in out_tensors):
+            rec["xdev"] = True  # a copy between devices inside the step (blocks CUDA-graph capture)
         self.ops.append(rec)
         if "attention" in name or "scaled_dot_product" in name:
             self._check_mask(rec, func, args, kwargs, arg_names)
@@ -366,13 +368,22 @@ def _content_digest(t: torch.Tensor) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _class_source(cls: type, root: str) -> str:
-    """file:line of a module class inside the engine (once per class: inspect parses the file)."""
-    import inspect
-
-    try:
-        f = inspect.getsourcefile(cls) or ""
-        line = inspect.getsourcelines(cls)[1]
-    except (TypeError, OSError):
+    """file:line of a module class inside the engine. A regex over the file, once per class:
+    inspect.getsourcelines parses the whole file into an AST, seconds per file on big modules."""
+    mod = sys.modules.get(cls.__module__)
+    f = getattr(mod, "__file__", None) or ""
+    if not f or not root:
         return ""
     f = str(Path(f).resolve())
-    return f"{f[len(root):]}:{line}" if root and f.startswith(root) else ""
+    if not f.startswith(root):
+        return ""
+    m = re.search(rf"^[ \t]*class[ \t]+{re.escape(cls.__name__)}\b", _file_text(f), re.M)
+    return f"{f[len(root):]}:{_file_text(f).count(chr(10), 0, m.start()) + 1}" if m else f[len(root):]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_text(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
