@@ -1,0 +1,50 @@
+"""cfg-invariant-cache: work of a later classifier-free-guidance pass that recomputes a value of the
+first pass because it does not depend on the prompt.
+
+An op of pass >= 2 qualifies when (1) its dependency set holds no prompt-side label (prompt,
+text_mask, or an input of unknown role), (2) it depends on some step input (timestep, latents,
+positions, guidance; work on weights alone is hoist-constant's), and (3) its value number was
+already computed in pass 1: the same op on inputs with the same content. Caching it for the later
+pass removes its whole time.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from bot.analyze.opportunity import Finding
+from bot.analyze.detectors.common import describe_ops, labels_of, region
+
+KIND = "cfg-invariant-cache"
+
+
+def detect(ctx) -> list[Finding]:
+    g, cost = ctx.graph, ctx.cost
+    if g.raw.get("passes", 1) < 2:
+        return []
+    prompt_side = g.label_mask("prompt", "text_mask") | sum(1 << i for i, n in enumerate(g.labels) if n.startswith("input:"))
+    static = g.label_mask("weights", "const")
+    first_vns = {g.values[v]["vn"] for o in g.ops if o.pass_idx == 0 for v in o.outputs}
+    by_region: dict[tuple[int, str], list] = defaultdict(list)
+    for o in g.ops:
+        if o.pass_idx < 1 or o.alias or not o.outputs or not ctx.free(o.id):
+            continue
+        d = g.op_deps(o)
+        if d & prompt_side or not (d & ~static):
+            continue
+        if not all(g.values[v]["vn"] in first_vns for v in o.outputs):
+            continue
+        by_region[(o.pass_idx, region(o.module))].append(o)
+    out = []
+    for (pidx, reg), ops in by_region.items():
+        ids = [o.id for o in ops]
+        labels = sorted({lab for o in ops for lab in labels_of(g, o)})
+        ms = cost.ms(ids)
+        ctx.claim(ids)
+        out.append(Finding(
+            KIND, "recomputed-in-later-pass", ids, ops[0].id, ms,
+            f"time of {len(ids)} ops of pass {pidx + 1} that recompute pass-1 values (value numbers match)",
+            0.9, f"they depend only on {', '.join(labels)}: not on the prompt", "store-replay",
+            signature="cfg", region=reg,
+            summary=f"pass {pidx + 1} recomputes prompt-independent work ({describe_ops(g, ids)[:110]}): cache it from pass 1",
+            facts={"depends_on": labels, "pass": pidx + 1}))
+    return out

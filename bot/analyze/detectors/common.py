@@ -1,0 +1,46 @@
+"""Helpers shared by detectors."""
+from __future__ import annotations
+
+import re
+
+from bot.analyze.graph import Graph, Op
+
+
+def region(path: str) -> str:
+    """The repeated unit a module belongs to: the path up to its first numbered component
+    (transformer_blocks.3.attn.to_q -> transformer_blocks.3), else the module itself."""
+    m = re.match(r"^(.*?\.\d+)(?:\.|$)", path)
+    return m.group(1) if m else path
+
+
+def describe_ops(g: Graph, ids) -> str:
+    names = []
+    for i in sorted(set(ids)):
+        o = g.ops[i]
+        if not o.alias:
+            names.append(o.name)
+    out, last, n = [], None, 0
+    for x in names + [None]:
+        if x == last:
+            n += 1
+            continue
+        if last is not None:
+            out.append(f"{last}x{n}" if n > 1 else last)
+        last, n = x, 1
+    return " -> ".join(out)
+
+
+def work_ops(g: Graph, ids) -> list[int]:
+    return sorted({i for i in ids if not g.ops[i].alias})
+
+
+def anchor_of(g: Graph, ids) -> int:
+    for i in sorted(ids):
+        if g.ops[i].src and not g.ops[i].alias:
+            return i
+    return min(ids) if ids else -1
+
+
+def labels_of(g: Graph, op: Op) -> list[str]:
+    d = g.op_deps(op)
+    return [n for i, n in enumerate(g.labels) if d >> i & 1]

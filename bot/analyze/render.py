@@ -1,0 +1,65 @@
+"""Render an analysis: terminal table (rich) and markdown. Every rendering names the device that
+measured the profile the estimates come from."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _loc(o: dict) -> str:
+    loc = o["location"]
+    s = loc["module_pattern"]
+    if loc["instances"] > 1:
+        s += f" (x{loc['instances']})"
+    if loc["engine_file"]:
+        s += f"\n{loc['engine_file']}:{loc['engine_line']}"
+    return s
+
+
+def header(a: dict) -> list[str]:
+    m = a["meta"]
+    return [
+        f"optbot analyze {m.get('workload', '?')} · preset {m.get('preset', '?')} · engine {m.get('engine', '?')} @ "
+        f"{str(m.get('engine_sha', ''))[:12]} · shape {m.get('shape', '?')}",
+        f"profile measured on: {a['profile']['device']} · step {a['profile']['total_ms']:.3f} ms "
+        f"({a['profile']['passes']} pass(es)) · source {a['profile']['source']}",
+        f"graph captured on: {a['graph']['device']} · {a['graph']['ops']} aten ops · {a['graph']['passes']} pass(es) · "
+        f"profile time placed on graph ops: {100 * a['profile']['coverage']:.1f}%",
+        f"{len(a['opportunities'])} opportunities · ops they touch take {a['claimed_ms']:.3f} ms "
+        f"({a['claimed_pct']:.1f}% of the step; each op counted once)",
+    ]
+
+
+def print_terminal(a: dict, top: int = 25, console: Console | None = None) -> None:
+    c = console or Console(width=None if Console().is_terminal else 160)
+    for line in header(a):
+        c.print(line, highlight=False)
+    t = Table(title=f"opportunities, ranked by estimated gain ({a['profile']['device']})")
+    for col in ("#", "kind", "location", "what", "gain ms", "% step", "conf", "generator"):
+        t.add_column(col, justify="right" if col in ("#", "gain ms", "% step", "conf") else "left", overflow="fold")
+    for i, o in enumerate(a["opportunities"][:top], 1):
+        t.add_row(str(i), f"{o['kind']}\n{o['detail']}", _loc(o), o["summary"], f"{o['gain_ms']:.4f}",
+                  f"{o['gain_pct']:.2f}", f"{o['confidence']:.2f}", o["generator"])
+    c.print(t)
+    if len(a["opportunities"]) > top:
+        c.print(f"... {len(a['opportunities']) - top} more in the JSON/markdown report")
+
+
+def markdown(a: dict) -> str:
+    lines = ["# optbot analyze", ""] + [f"- {h}" for h in header(a)] + [""]
+    lines += ["| # | kind | location | what | est. gain ms | % of step | confidence | generator |",
+              "|---|---|---|---|---:|---:|---:|---|"]
+    for i, o in enumerate(a["opportunities"], 1):
+        loc = _loc(o).replace("\n", "<br>")
+        lines.append(f"| {i} | {o['kind']} ({o['detail']}) | {loc} | {o['summary']} | {o['gain_ms']:.4f} | "
+                     f"{o['gain_pct']:.2f} | {o['confidence']:.2f} | {o['generator']} |")
+    lines += ["", "## Details", ""]
+    for i, o in enumerate(a["opportunities"], 1):
+        lines += [f"### {i}. {o['kind']} · {o['location']['module_pattern']} · `{o['id']}`", "",
+                  f"- {o['summary']}",
+                  f"- estimate: {o['estimate']['estimated_ms']:.4f} ms ({o['estimate']['estimated_pct']:.2f}% of the step), "
+                  f"measured on {o['estimate']['profile_device']}; basis: {o['estimate']['basis']}",
+                  f"- confidence {o['confidence']:.2f}: {o['confidence_reason']}",
+                  f"- examples: {', '.join(o['location']['examples']) or '-'}",
+                  f"- ops: {'; '.join(o['ops'][:10]) or '-'}", ""]
+    return "\n".join(lines) + "\n"

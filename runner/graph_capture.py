@@ -1,0 +1,389 @@
+"""Capture the op graph of one step: every aten op, the values it reads and writes, the module that
+ran it, the engine line that called it, and which step inputs each value depends on.
+
+Method (docs/analyze.md says more):
+- A TorchDispatchMode sees every aten op the step runs. Under ``torch.inference_mode`` (which the
+  harness uses) composite ops arrive whole: ``aten::linear``, ``aten::layer_norm``,
+  ``aten::rms_norm``, ``aten::scaled_dot_product_attention``, ``aten::to``.
+- Values: every tensor an op reads or writes gets a value id, tracked by tensor identity in a weak
+  map (so a freed tensor's recycled ``id()`` never aliases a live value). An in-place op gives the
+  tensor it mutates a new value id. Tensors first seen as an op input were made before the step:
+  parameters and buffers (named), or plain tensor attributes of modules (constants).
+- Dependencies (taint): each step input is labelled by its role (latents, prompt, text_mask,
+  timestep, guidance, pos_ids); parameters and buffers are "weights"; tensors created inside the
+  step from nothing (ones, arange) or found on modules are "const". An op's dependency set is the
+  union of its inputs' sets (a bit mask).
+- Value numbers: a hash of (op, scalar arguments, input value numbers), with step inputs numbered
+  by their content. Two ops with the same value number computed the same value, e.g. the
+  unconditional CFG pass recomputing the timestep modulation, or every block rebuilding one mask.
+- Module path: forward pre/post hooks keep a stack of the modules being run (the same paths as the
+  profiler's attribution). Engine line: the innermost Python frame inside the engine import root.
+- Aliases: an op all of whose outputs share storage with an input (view, reshape of a contiguous
+  tensor, ``to`` to the same dtype, chunk) moves no data; it is flagged so detectors skip it.
+- Attention ops: the mask argument's values are checked (all true, or an additive mask of zeros:
+  a mask that masks nothing), and kept so the job can time the op with and without it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+GRAPH_VERSION = 1
+
+# Roles of step inputs, by the keyword the family passes them under. A family module may define
+# INPUT_ROLES to extend this; an unknown keyword becomes its own label "input:<name>".
+DEFAULT_ROLES = {
+    "hidden_states": "latents", "x": "latents", "latents": "latents", "sample": "latents", "img": "latents",
+    "encoder_hidden_states": "prompt", "context": "prompt", "prompt_embeds": "prompt", "txt": "prompt",
+    "pooled_projections": "prompt", "y": "prompt",
+    "encoder_hidden_states_mask": "text_mask", "encoder_attention_mask": "text_mask", "attention_mask": "text_mask",
+    "txt_mask": "text_mask",
+    "timestep": "timestep", "timesteps": "timestep", "t": "timestep",
+    "guidance": "guidance",
+    "img_ids": "pos_ids", "txt_ids": "pos_ids", "position_ids": "pos_ids", "image_rotary_emb": "pos_ids",
+    "freqs_cis": "pos_ids",
+}
+BASE_LABELS = ["weights", "const", "latents", "prompt", "text_mask", "timestep", "guidance", "pos_ids"]
+
+_COPY_NAMES = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::to_copy")
+_RANDOM_OPS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout")
+_DTYPE_SHORT = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128"}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPE_SHORT[getattr(torch, _name)] = "f8"
+
+
+def dtype_short(dt: torch.dtype) -> str:
+    return _DTYPE_SHORT.get(dt, str(dt).replace("torch.", ""))
+
+
+def _scalar(v: Any):
+    """A JSON-able summary of a non-tensor argument, or None to leave it out."""
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, (torch.dtype,)):
+        return dtype_short(v)
+    if isinstance(v, torch.device):
+        return v.type
+    if isinstance(v, str) and len(v) <= 32:
+        return v
+    if isinstance(v, (list, tuple)) and len(v) <= 8 and all(isinstance(x, (int, float, bool)) for x in v):
+        return list(v)
+    if isinstance(v, torch.SymInt):
+        return int(v)
+    return None
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - sparse/meta tensors have no plain storage
+        return None
+
+
+@dataclass
+class Probe:
+    """An attention call whose mask masks nothing, kept to time it with and without the mask."""
+    op_id: int
+    func: Any
+    args: tuple
+    kwargs: dict
+    mask_pos: tuple  # ("arg", index) or ("kw", name)
+    signature: str
+
+
+@dataclass
+class Recorder:
+    engine_root: str
+    roles: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ROLES))
+    labels: list[str] = field(default_factory=lambda: list(BASE_LABELS))
+    values: list[dict] = field(default_factory=list)
+    ops: list[dict] = field(default_factory=list)
+    modules: list[list] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    probes: dict[str, Probe] = field(default_factory=dict)
+    pass_idx: int = -1
+    inputs: list[dict] = field(default_factory=list)
+    suspended: int = 0  # > 0 while the recorder itself runs ops (digests), which are not the step's
+
+    def __post_init__(self):
+        self._vid = WeakIdKeyDictionary()  # tensor -> current value id
+        self._keep: list[torch.Tensor] = []  # step inputs and weights stay alive (ids stay unique)
+        self._param_names: dict[int, str] = {}
+        self._mod_stack: list[int] = [-1]
+        self._mod_index: dict[str, int] = {}
+        self._src_index: dict[str, int] = {}
+        self._code_in_engine: dict[Any, bool] = {}
+        self._root = str(Path(self.engine_root).resolve()) + "/" if self.engine_root else ""
+        self._vn_content: dict[str, int] = {}
+
+    # ---- labels and values ---------------------------------------------------------------
+    def label_bit(self, name: str) -> int:
+        if name not in self.labels:
+            self.labels.append(name)
+        return 1 << self.labels.index(name)
+
+    def _new_value(self, t: torch.Tensor, origin: str, deps: int, vn: int) -> int:
+        vid = len(self.values)
+        self.values.append({
+            "shape": [int(s) for s in t.shape], "dtype": dtype_short(t.dtype), "dev": t.device.type,
+            "contig": bool(t.is_contiguous()), "origin": origin, "deps": deps, "vn": vn,
+        })
+        self._vid[t] = vid
+        return vid
+
+    def _lookup(self, t: torch.Tensor) -> int:
+        vid = self._vid.get(t)
+        if vid is not None:
+            return vid
+        name = self._param_names.get(id(t))
+        if name is not None:
+            return self._new_value(t, f"weight:{name}", self.label_bit("weights"), _h(("w", name)))
+        # a tensor made before the step and not registered as a parameter or buffer: a constant
+        # (RoPE tables kept as plain attributes, cached tensors); numbered by identity
+        self._keep.append(t)
+        return self._new_value(t, "const:external", self.label_bit("const"), _h(("ext", id(t), tuple(t.shape))))
+
+    def register_weights(self, model: torch.nn.Module) -> None:
+        for name, p in model.named_parameters(remove_duplicate=False):
+            self._param_names.setdefault(id(p), name)
+        for name, b in model.named_buffers(remove_duplicate=False):
+            self._param_names.setdefault(id(b), name)
+
+    def label_inputs(self, kwargs: dict, args: tuple) -> None:
+        """Called at the start of each forward pass of the root model."""
+        self.pass_idx += 1
+        self.suspended += 1
+        try:
+            self._label_inputs(kwargs, args)
+        finally:
+            self.suspended -= 1
+
+    def _label_inputs(self, kwargs: dict, args: tuple) -> None:
+        items = [(k, v) for k, v in kwargs.items()] + [(f"arg{i}", v) for i, v in enumerate(args)]
+        for key, val in items:
+            role = self.roles.get(key, f"input:{key}")
+            bit = self.label_bit(role)
+            leaves, _ = tree_flatten(val)
+            for j, t in enumerate(x for x in leaves if isinstance(x, torch.Tensor)):
+                digest = _content_digest(t)
+                vn = self._vn_content.setdefault(f"{role}:{digest}", _h(("in", role, digest)))
+                vid = self._new_value(t, f"input:{key}", bit, vn)
+                self._keep.append(t)
+                self.inputs.append({"pass": self.pass_idx, "key": key, "role": role, "value": vid, "digest": digest})
+
+    # ---- modules and sources -------------------------------------------------------------
+    def attach_module_hooks(self, model: torch.nn.Module) -> list:
+        handles = []
+        for path, mod in model.named_modules():
+            if not path:
+                continue
+            idx = len(self.modules)
+            self.modules.append([path, type(mod).__name__, _class_source(type(mod), self._root)])
+            self._mod_index[path] = idx
+
+            def pre(m, args, _idx=idx):
+                self._mod_stack.append(_idx)
+
+            def post(m, args, out, _idx=idx):
+                if len(self._mod_stack) > 1 and self._mod_stack[-1] == _idx:
+                    self._mod_stack.pop()
+
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post))
+        return handles
+
+    def _source(self) -> int:
+        if not self._root:
+            return -1
+        f = sys._getframe(2)
+        while f is not None:
+            code = f.f_code
+            inside = self._code_in_engine.get(code)
+            if inside is None:
+                inside = self._code_in_engine[code] = code.co_filename.startswith(self._root)
+            if inside:
+                key = f"{code.co_filename[len(self._root):]}:{f.f_lineno}"
+                idx = self._src_index.get(key)
+                if idx is None:
+                    idx = self._src_index[key] = len(self.sources)
+                    self.sources.append(key)
+                return idx
+            f = f.f_back
+        return -1
+
+    # ---- one op --------------------------------------------------------------------------
+    def record(self, func, args: tuple, kwargs: dict, out) -> None:
+        schema = func._schema
+        name = schema.name
+        arg_names = [a.name for a in schema.arguments]
+        in_vids, in_names, scalars = [], [], {}
+        deps = 0
+        in_tensors = []
+        for i, a in enumerate(args):
+            self._collect(a, arg_names[i] if i < len(arg_names) else f"arg{i}", in_vids, in_names, scalars, in_tensors)
+        for k, a in kwargs.items():
+            self._collect(a, k, in_vids, in_names, scalars, in_tensors)
+        for vid in in_vids:
+            deps |= self.values[vid]["deps"]
+        in_vns = tuple(self.values[v]["vn"] for v in in_vids)
+        random = any(r in name for r in _RANDOM_OPS) and not scalars.get("train") is False
+        op_id = len(self.ops)
+        if not in_vids:
+            deps = self.label_bit("const")
+        base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns,
+                      op_id if random else 0))
+        outs, _ = tree_flatten(out)
+        out_tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        in_storages = {_storage_key(t) for t in in_tensors}
+        alias = bool(out_tensors) and all(_storage_key(o) in in_storages for o in out_tensors)
+        out_vids = []
+        for j, o in enumerate(out_tensors):
+            out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
+        rec = {"id": op_id, "op": name, "m": self._mod_stack[-1], "s": self._source(), "p": self.pass_idx,
+               "in": in_vids, "an": in_names, "out": out_vids}
+        if scalars:
+            rec["sc"] = scalars
+        if alias:
+            rec["alias"] = True
+        if not out_tensors and outs:
+            rec["host"] = True  # returns a Python value: the host waits for the device
+        if name in _COPY_NAMES and any(t.device != o.device for t in in_tensors for o in out_tensors):
+            rec["xdev"] = True  # a copy between devices inside the step (blocks CUDA-graph capture)
+        self.ops.append(rec)
+        if "attention" in name or "scaled_dot_product" in name:
+            self._check_mask(rec, func, args, kwargs, arg_names)
+
+    def _collect(self, a, argname, in_vids, in_names, scalars, in_tensors) -> None:
+        if isinstance(a, torch.Tensor):
+            in_vids.append(self._lookup(a))
+            in_names.append(argname)
+            in_tensors.append(a)
+        elif isinstance(a, (list, tuple)) and a and any(isinstance(x, torch.Tensor) for x in a):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    in_vids.append(self._lookup(x))
+                    in_names.append(argname)
+                    in_tensors.append(x)
+        else:
+            s = _scalar(a)
+            if s is not None or a is None:
+                scalars[argname] = s
+
+    def _check_mask(self, rec, func, args, kwargs, arg_names) -> None:
+        pos, mask = None, None
+        for i, a in enumerate(args):
+            if i < len(arg_names) and arg_names[i] in ("attn_mask", "attn_bias", "mask") and isinstance(a, torch.Tensor):
+                pos, mask = ("arg", i), a
+        for k, a in kwargs.items():
+            if k in ("attn_mask", "attn_bias", "mask") and isinstance(a, torch.Tensor):
+                pos, mask = ("kw", k), a
+        if mask is None:
+            return
+        self.suspended += 1
+        try:
+            self._mask_facts(rec, func, args, kwargs, pos, mask)
+        finally:
+            self.suspended -= 1
+
+    def _mask_facts(self, rec, func, args, kwargs, pos, mask) -> None:
+        if mask.dtype == torch.bool:
+            noop, kind = bool(mask.all()), "bool"
+        elif mask.is_floating_point():
+            noop, kind = bool((mask == 0).all()), "additive"
+        else:
+            noop, kind = bool((mask != 0).all()), "int"
+        rec["mask"] = {"value": self._vid.get(mask), "kind": kind, "masks_nothing": noop,
+                       "shape": [int(s) for s in mask.shape]}
+        if noop:
+            shapes = tuple(tuple(t.shape) for t in args if isinstance(t, torch.Tensor))
+            sig = f"{rec['op']}{shapes}{mask.dtype}"
+            if sig not in self.probes:
+                self.probes[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), pos, sig)
+            rec["mask"]["probe"] = sig
+
+    def to_json(self) -> dict:
+        return {"version": GRAPH_VERSION, "labels": self.labels, "modules": self.modules, "sources": self.sources,
+                "inputs": self.inputs, "values": self.values, "ops": self.ops, "passes": self.pass_idx + 1}
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, rec: Recorder):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.rec.suspended:
+            self.rec.record(func, args, kwargs, out)
+        return out
+
+
+def capture(model: torch.nn.Module, step: Callable[[], object], engine_root: str,
+            roles: dict[str, str] | None = None) -> Recorder:
+    """Run `step` once under the recorder. The caller warms the step up first, so caches that a
+    model fills on its first call (RoPE tables behind lru_cache) look as they do in steady state."""
+    rec = Recorder(engine_root=engine_root)
+    if roles:
+        rec.roles.update(roles)
+    rec.register_weights(model)
+    handles = rec.attach_module_hooks(model)
+    handles.append(model.register_forward_pre_hook(lambda m, a, kw: rec.label_inputs(kw, a), with_kwargs=True))
+    try:
+        with _Mode(rec):
+            step()
+    finally:
+        for h in handles:
+            h.remove()
+    return rec
+
+
+def _h(obj) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _content_digest(t: torch.Tensor) -> str:
+    c = t.detach().to("cpu").contiguous()
+    if c.dtype in (torch.bfloat16, torch.float16):
+        c = c.view(torch.int16)
+    elif c.dtype == torch.bool:
+        c = c.to(torch.uint8)
+    return f"{tuple(c.shape)}:{c.dtype}:" + hashlib.sha256(c.numpy().tobytes()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _class_source(cls: type, root: str) -> str:
+    """file:line of a module class inside the engine. A regex over the file, once per class:
+    inspect.getsourcelines parses the whole file into an AST, seconds per file on big modules."""
+    mod = sys.modules.get(cls.__module__)
+    f = getattr(mod, "__file__", None) or ""
+    if not f or not root:
+        return ""
+    f = str(Path(f).resolve())
+    if not f.startswith(root):
+        return ""
+    m = re.search(rf"^[ \t]*class[ \t]+{re.escape(cls.__name__)}\b", _file_text(f), re.M)
+    return f"{f[len(root):]}:{_file_text(f).count(chr(10), 0, m.start()) + 1}" if m else f[len(root):]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_text(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""

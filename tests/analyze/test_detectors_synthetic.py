@@ -1,0 +1,280 @@
+"""Each detector on small models written here, where the right answer is known, with negative
+cases. The toy models' module and class names resemble no real model's (tests/analyze/toy_models.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from conftest import kinds
+from toy_models import Contraption, inputs
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# ---- merge-siblings ----------------------------------------------------------------------
+def test_merge_siblings_finds_three_projections_of_one_input(toy):
+    a, g = toy(Contraption(), [inputs()], only=["merge-siblings"])
+    qkv = [o for o in kinds(a, "merge-siblings") if o["facts"]["n_out"] == [32, 32, 32]]
+    assert qkv, [o["summary"] for o in a["opportunities"]]
+    o = qkv[0]
+    assert o["location"]["instances"] == 2  # two blocks
+    assert {m.rsplit(".", 1)[-1] for m in o["facts"]["members"]} == {"red", "green", "blue"}
+    assert o["location"]["engine_file"].endswith("toy_models.py") and o["location"]["engine_line"]
+    assert o["estimate"]["profile_device"].startswith("cpu")
+
+
+def test_merge_siblings_not_for_projections_of_different_values(toy):
+    a, _ = toy(Contraption(split_reads=True), [inputs()], only=["merge-siblings"])
+    assert not [o for o in kinds(a, "merge-siblings") if len(o["facts"]["n_out"]) == 3 and o["facts"]["n_out"][0] == 32]
+
+
+def test_merge_siblings_not_for_slices_of_one_tensor():
+    """Two GEMMs reading two halves of one tensor read different data: not siblings."""
+    from bot.analyze.graph import Graph
+
+    class Halves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p, self.r = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            a, b = x.chunk(2, dim=1)
+            return self.p(a) + self.r(b)
+
+    from runner.graph_capture import capture
+    from conftest import HERE
+    from bot.analyze.cost import CostModel
+    from bot.analyze.detectors import Context
+    from bot.analyze.detectors import merge_siblings
+
+    m = Halves().eval()
+    x = torch.randn(1, 6, 8)
+
+    def step():
+        with torch.inference_mode():
+            return m(x)
+
+    g = Graph.from_json({**capture(m, step, str(HERE)).to_json(), "probes": []})
+    cost = CostModel({o.id: 0.01 for o in g.ops}, "cpu", "", 1.0, 20.0, 0.2, 1.0)
+    assert merge_siblings.detect(Context(g, cost, {})) == []
+
+
+# ---- fuse-norm-consumer ------------------------------------------------------------------
+def test_norm_then_modulation_is_found(toy):
+    a, _ = toy(Contraption(), [inputs()], only=["fuse-norm-consumer"])
+    found = [o for o in kinds(a, "fuse-norm-consumer") if o["facts"]["norm"] == "op"]
+    assert len(found) == 2  # both norms of the block, each over the 2 blocks
+    assert all(o["facts"]["consumers"] == "mul -> add" for o in found)
+    assert {o["location"]["module_pattern"] for o in found} == {"stack_of.*.flatten_a", "stack_of.*.flatten_b"}
+    assert all(o["location"]["instances"] == 2 for o in found)
+
+
+def test_norm_feeding_a_gemm_directly_is_not_a_fusion(toy):
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n, self.l = nn.LayerNorm(16), nn.Linear(16, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            return self.l(self.n(pixels))
+
+    a, _ = toy(Plain(), [{"pixels": torch.randn(1, 8, 16)}], only=["fuse-norm-consumer"])
+    assert kinds(a, "fuse-norm-consumer") == []
+
+
+def test_hand_written_rms_norm_is_recognized_by_pattern():
+    from bot.analyze.graph import Graph
+    from runner.graph_capture import capture
+    from conftest import HERE
+    from toy_models import Squash
+
+    m = Squash(16).eval()
+    x = torch.randn(2, 5, 16)
+
+    def step():
+        with torch.inference_mode():
+            return m(x)
+
+    g = Graph.from_json({**capture(m, step, str(HERE)).to_json(), "probes": []})
+    assert [n.how for n in g.norm_groups] == ["rms-pattern"]
+    assert {g.ops[i].name for i in g.norm_groups[0].op_ids} >= {"pow", "mean", "rsqrt", "mul"}
+
+
+# ---- absorb-bias ---------------------------------------------------------------------------
+def test_gemm_gate_residual_and_standalone_bias(toy):
+    class Biased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 16) / 4)
+            self.b = nn.Parameter(torch.randn(16) / 10)
+            self.lin = nn.Linear(16, 16)
+            self.gate = nn.Parameter(torch.randn(16))
+
+        def forward(self, pixels, words=None, tau=None):
+            h = torch.matmul(pixels, self.w) + self.b  # bias by a separate add
+            return pixels + self.gate * self.lin(torch.relu(h))  # GEMM -> gate -> residual
+
+    a, _ = toy(Biased(), [{"pixels": torch.randn(1, 8, 16)}], only=["absorb-bias"])
+    details = {o["detail"] for o in kinds(a, "absorb-bias")}
+    assert "bias-add-after-gemm" in details
+    epi = kinds(a, "absorb-bias", "gemm-epilogue")
+    assert epi and epi[0]["facts"]["gemm_has_bias"] is True
+
+
+def test_gemm_into_activation_and_gemm_is_not_absorb_bias(toy):
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i, self.o = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            return self.o(F.gelu(self.i(pixels)))
+
+    a, _ = toy(Mlp(), [{"pixels": torch.randn(1, 8, 16)}], only=["absorb-bias"])
+    assert kinds(a, "absorb-bias") == []
+
+
+# ---- cfg-invariant-cache -------------------------------------------------------------------
+def test_timestep_only_modulation_recomputed_in_second_pass(toy):
+    a, g = toy(Contraption(), [inputs(0), inputs(0, prompt_seed=7)], only=["cfg-invariant-cache"])
+    found = kinds(a, "cfg-invariant-cache")
+    ops = {o for f in found for o in f["ops"]}
+    assert any("stack_of.*.knobs" in o for o in ops), ops  # the per-block modulation GEMM
+    assert all(g.ops[i].pass_idx == 1 for f in found for i in f["op_ids"])
+    assert all("prompt" not in f["facts"]["depends_on"] for f in found)
+
+
+def test_no_cfg_finding_with_one_pass_or_prompt_dependent_modulation(toy):
+    a, _ = toy(Contraption(), [inputs(0)], only=["cfg-invariant-cache"])
+    assert kinds(a, "cfg-invariant-cache") == []
+    a, _ = toy(Contraption(txt_in_mod=True), [inputs(0), inputs(0, prompt_seed=7)], only=["cfg-invariant-cache"])
+    assert not any("knobs" in o for f in kinds(a, "cfg-invariant-cache") for o in f["ops"])
+
+
+# ---- hoist-constant ---------------------------------------------------------------------------
+def test_constant_work_every_step_is_hoistable(toy):
+    a, _ = toy(Contraption(), [inputs()], only=["hoist-constant"])
+    load = kinds(a, "hoist-constant", "load-time")
+    assert load and any("exp" in o["summary"] for o in load)
+
+
+def test_no_hoist_when_everything_depends_on_the_latents(toy):
+    class Pure(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(16, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            return torch.tanh(self.l(pixels)) * pixels
+
+    a, _ = toy(Pure(), [{"pixels": torch.randn(1, 8, 16)}], only=["hoist-constant"])
+    assert kinds(a, "hoist-constant") == []
+
+
+# ---- fuse-elementwise-chain -------------------------------------------------------------------
+def test_gated_activation_and_long_chain(toy):
+    class Chains(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 64, bias=False), nn.Linear(32, 16, bias=False)
+
+        def forward(self, pixels, words=None, tau=None):
+            a, b = self.up(pixels).chunk(2, dim=-1)
+            h = self.down(F.silu(a) * b)
+            return torch.tanh(torch.sin(h) * 2.0 + 1.0)  # 4 pointwise ops in a row
+
+    a, _ = toy(Chains(), [{"pixels": torch.randn(1, 8, 16)}], only=["fuse-elementwise-chain"])
+    assert kinds(a, "fuse-elementwise-chain", "gated-activation")
+    chain = kinds(a, "fuse-elementwise-chain", "chain")
+    assert chain and chain[0]["facts"]["ops"].count("->") >= 2
+
+
+def test_two_independent_pointwise_ops_are_not_a_chain(toy):
+    class Short(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            return self.l2(torch.relu(self.l1(pixels)) * 2.0)
+
+    a, _ = toy(Short(), [{"pixels": torch.randn(1, 8, 16)}], only=["fuse-elementwise-chain"])
+    assert kinds(a, "fuse-elementwise-chain") == []
+
+
+# ---- attention-waste --------------------------------------------------------------------------
+def test_all_ones_mask_and_qk_norm_rope(toy):
+    s = 24  # 8 text + 16 image tokens
+    mask = torch.ones(1, 1, 1, s, dtype=torch.bool)
+    a, _ = toy(Contraption(), [inputs(mask=mask)], only=["attention-waste"])
+    assert kinds(a, "attention-waste", "mask-masks-nothing")
+    qk = kinds(a, "attention-waste", "qk-norm-rope")
+    assert qk and qk[0]["location"]["instances"] == 2
+
+
+def test_a_real_mask_and_plain_qk_are_not_waste(toy):
+    s = 24
+    mask = torch.ones(1, 1, 1, s, dtype=torch.bool)
+    mask[..., -3:] = False
+    a, _ = toy(Contraption(qk_norm=False, rope=False), [inputs(mask=mask)], only=["attention-waste"])
+    assert not kinds(a, "attention-waste", "mask-masks-nothing")
+    assert not [o for o in kinds(a, "attention-waste") if o["detail"].startswith(("qk", "rope"))]
+
+
+# ---- launch-bound ---------------------------------------------------------------------------
+def test_launch_bound_from_device_idle(toy):
+    a, _ = toy(Contraption(), [inputs()], only=["launch-bound"],
+               profile_extra={"device": "cuda", "idle_ms": 5.0, "total_ms": 10.0})
+    lb = kinds(a, "launch-bound")
+    assert lb and sum(o["gain_ms"] for o in lb) <= 5.0 + 1e-6
+    assert "stack_of.*" in {o["location"]["module_pattern"] for o in lb}
+    a, _ = toy(Contraption(), [inputs()], only=["launch-bound"],
+               profile_extra={"device": "cuda", "idle_ms": 0.0, "total_ms": 10.0})
+    assert kinds(a, "launch-bound") == []
+
+
+def test_host_sync_is_reported_as_graph_capture_blocker(toy):
+    class Syncs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(16, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            n = int(pixels.abs().sum().item() > 0)  # the host reads a device value
+            return self.l(pixels) * (n + 1)
+
+    a, _ = toy(Syncs(), [{"pixels": torch.randn(1, 8, 16)}], only=["launch-bound"],
+               profile_extra={"device": "cuda", "idle_ms": 5.0, "total_ms": 10.0})
+    lb = kinds(a, "launch-bound")
+    assert lb and any("host sync" in b for b in lb[0]["facts"]["blockers"])
+
+
+# ---- no name keying ---------------------------------------------------------------------------
+def test_same_structure_under_other_names_gives_the_same_findings(toy):
+    """Rename every module (and the block class): the findings must not change."""
+    a1, _ = toy(Contraption(), [inputs(0), inputs(0, prompt_seed=7)])
+
+    class Renamed(nn.Module):
+        def __init__(self, src):
+            super().__init__()
+            self.inner = src
+
+        def forward(self, **kw):
+            return self.inner(**kw)
+
+    m = Contraption()
+    for blk in m.stack_of:
+        blk.__class__ = type("TotallyDifferent", (type(blk),), {})
+    a2, _ = toy(Renamed(m), [inputs(0), inputs(0, prompt_seed=7)])
+
+    def sig(a):
+        return sorted((o["kind"], o["detail"], o["location"]["instances"]) for o in a["opportunities"]
+                      if o["kind"] != "launch-bound")
+
+    s1, s2 = sig(a1), sig(a2)
+    assert s1 == s2, (sorted(set(s1) - set(s2)), sorted(set(s2) - set(s1)))
