@@ -1,0 +1,69 @@
+"""The Candidate: what every generator (store replay, variant search, agent, compile region) hands
+to validation. A candidate IS an engine commit in its own worktree (DESIGN decision 5); its metadata
+lives in git trailers of the commit message so reviewers see it and the engine tree stays clean.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Trailer keys, in the order they are written (DESIGN decision 5).
+TRAILER_KEYS = ("Optbot-Opportunity", "Optbot-Kind", "Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Entry")
+
+
+@dataclass
+class Candidate:
+    id: str  # unique within a run, e.g. "replay-<entry>-<opportunity>"
+    opportunity_id: str  # Opportunity.id it acts on ("" when none, e.g. store check)
+    kind: str  # opportunity kind from the vocabulary (merge-siblings, fuse-norm-consumer, ...)
+    generator: str  # replay | variant-search | agent | compile-region
+    worktree: str  # absolute path of the candidate's engine worktree
+    commit_sha: str  # the candidate commit (on top of the base sha)
+    base_sha: str = ""
+    entry_id: str = ""  # kernel_store entry it came from / became ("" when none)
+    adds_kernels: list[str] = field(default_factory=list)
+    removes_kernels: list[str] = field(default_factory=list)
+    trailers: dict[str, str] = field(default_factory=dict)
+    title: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Candidate":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list[str], entry_id: str = "") -> dict[str, str]:
+    return {
+        "Optbot-Opportunity": opportunity_id or "none",
+        "Optbot-Kind": kind,
+        "Optbot-Adds-Kernels": ", ".join(adds) or "none",
+        "Optbot-Removes-Kernels": ", ".join(removes) or "none",
+        "Optbot-Entry": entry_id or "none",
+    }
+
+
+def commit_message(title: str, body: str, trailers: dict[str, str]) -> str:
+    """Title, blank line, body, blank line, trailers (git interpret-trailers format)."""
+    lines = [title.strip(), ""]
+    if body.strip():
+        lines += [body.strip(), ""]
+    lines += [f"{k}: {v}" for k, v in trailers.items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_trailers(message: str) -> dict[str, str]:
+    """The Optbot-* trailers of a commit message (last paragraph), as a dict."""
+    out: dict[str, str] = {}
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if not paragraphs:
+        return out
+    for line in paragraphs[-1].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().startswith("Optbot-"):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def split_kernels(value: str) -> list[str]:
+    return [] if value.strip() in ("", "none") else [k.strip() for k in value.split(",") if k.strip()]

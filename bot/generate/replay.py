@@ -1,0 +1,110 @@
+"""Store replay: kernel_store entries -> candidates for the current opportunities.
+
+An entry matches an opportunity when its pattern is the opportunity's kind, its engine is the
+engine in use and it lists the hardware (and, when the entry names workloads, the workload). Each
+matched entry is applied once (for the first, i.e. highest-ranked, opportunity it matches) in its
+own worktree with ``git apply --3way`` and committed with the Optbot-* trailers (DESIGN decision 5).
+A patch that does not apply is recorded as a typed ReplayResult with status "conflict" and the
+conflicted files; it never stops the run.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from bot.engine import BOT_ACTOR, EngineCheckout, add_worktree
+from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.knowledge.store import Entry, load_store
+
+
+@dataclass
+class ReplayResult:
+    entry_id: str
+    opportunity_id: str
+    status: str  # applied | conflict | error
+    reason: str = ""
+    worktree: str = ""
+    conflicts: list[str] = field(default_factory=list)
+    candidate: Candidate | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["candidate"] = self.candidate.to_json() if self.candidate else None
+        return d
+
+
+def _opp_field(opp: Any, name: str) -> str:
+    """Opportunities come from bot/analyze (dataclasses) or from JSON (dicts)."""
+    v = opp.get(name) if isinstance(opp, dict) else getattr(opp, name, None)
+    return "" if v is None else str(v)
+
+
+def match(entries: Iterable[Entry], opportunities: list, engine: str, hardware: str | None,
+          workload: str | None = None) -> list[tuple[Entry, str]]:
+    """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits."""
+    out = []
+    for e in entries:
+        if e.status == "rejected":
+            continue
+        if workload and e.workloads and workload not in e.workloads:
+            continue
+        for opp in opportunities:
+            if e.matches(_opp_field(opp, "kind"), engine, hardware):
+                out.append((e, _opp_field(opp, "id")))
+                break
+    return out
+
+
+def _git(wt: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=wt, capture_output=True, text=True)
+
+
+def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = "", name: str | None = None,
+                onto: str | None = None) -> ReplayResult:
+    """Apply entry's patch in a fresh worktree at `onto` (default: the base sha) and commit it."""
+    wt = add_worktree(checkout, name or f"replay-{entry.id}", onto)
+    res = ReplayResult(entry.id, opportunity_id, "error", worktree=str(wt))
+    proc = _git(wt, "apply", "--3way", "--whitespace=nowarn", str(entry.patch_path.resolve()))
+    if proc.returncode != 0:
+        unmerged = _git(wt, "diff", "--name-only", "--diff-filter=U").stdout.split()
+        res.status = "conflict"
+        res.conflicts = unmerged
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        res.reason = (f"patch {entry.patch_path} does not apply at {onto or checkout.base_sha[:12]}"
+                      + (f"; conflicts in {', '.join(unmerged)}" if unmerged else "")
+                      + (f": {msg[-1]}" if msg else ""))
+        _git(wt, "reset", "-q", "--hard")
+        _git(wt, "clean", "-qfd")
+        return res
+    trailers = make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels), entry.id)
+    body = (f"Replayed from kernel_store/{entry.id} ({entry.provenance.kind}"
+            + (f" by {entry.provenance.author}" if entry.provenance.author else "")
+            + (f", run {entry.provenance.run_id}" if entry.provenance.run_id else "") + ").\n\n" + entry.description)
+    msg = commit_message(f"optbot: {entry.title}", body, trailers)
+    _git(wt, "add", "-A")
+    env = {"GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
+           "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
+    import os
+
+    proc = subprocess.run(["git", "commit", "-q", "--no-gpg-sign", "--no-verify", "-F", "-"], cwd=wt, input=msg,
+                          capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode != 0:
+        res.reason = f"git commit failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+        return res
+    sha = _git(wt, "rev-parse", "HEAD").stdout.strip()
+    res.status, res.reason = "applied", f"applied at {onto or checkout.base_sha[:12]} as {sha[:12]}"
+    res.candidate = Candidate(
+        id=f"replay-{entry.id}", opportunity_id=opportunity_id, kind=entry.pattern, generator="replay",
+        worktree=str(wt), commit_sha=sha, base_sha=onto or checkout.base_sha, entry_id=entry.id,
+        adds_kernels=list(entry.adds_kernels), removes_kernels=list(entry.removes_kernels), trailers=trailers,
+        title=entry.title)
+    return res
+
+
+def replay(checkout: EngineCheckout, opportunities: list, engine: str, hardware: str | None,
+           workload: str | None = None, store_root: Path | None = None) -> list[ReplayResult]:
+    """The generator: every matching entry becomes a candidate commit, or a recorded conflict."""
+    pairs = match(load_store(store_root), opportunities, engine, hardware, workload)
+    return [apply_entry(checkout, e, opp_id, name=f"replay-{e.id}") for e, opp_id in pairs]

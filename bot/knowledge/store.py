@@ -1,0 +1,261 @@
+"""kernel_store/<entry-id>/: one reusable optimization per folder (docs/store.md).
+
+    entry.yaml     what it is and where it applies (parsed into Entry below)
+    patch.diff     against the engine at engine.base_sha; applies with `git apply --3way`
+    <op>.py        kernel sources: Triton kernel(s) + torch reference (byte-identical to the file
+                   the patch adds to the engine, so the tested kernel is the one the engine runs)
+    test_<op>.py   the kernel test contract: reference(*inputs), kernel(*inputs),
+                   make_inputs(shape, dtype, device, seed), SHAPES, CASES [(dtype, atol, rtol)]
+    bench.json     micro and end-to-end numbers with their environment (only measured numbers)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bot.errors import ConfigError, OptbotError
+from bot.knowledge import OPPORTUNITY_KINDS
+from bot.paths import REPO_ROOT
+
+STORE_DIR = REPO_ROOT / "kernel_store"
+STATUSES = ("candidate", "validated-cpu", "validated-gpu", "rejected")
+PROVENANCE_KINDS = ("authored", "generated")
+DTYPES = ("float32", "bfloat16", "float16")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class PatchedSite:
+    file: str  # path inside the engine repository
+    function: str  # function / method (Class.method) the patch changes
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    name: str  # engine name as the workloads spell it: diffusers | sglang
+    source: str  # e.g. pypi-sdist:diffusers==0.42.1
+    base_sha: str  # the commit patch.diff was made against
+    patches: tuple[PatchedSite, ...]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    kind: str  # authored | generated
+    author: str = ""  # a person (authored)
+    agent: str = ""  # generator/agent name (generated)
+    run_id: str = ""  # the optbot run that produced it (generated)
+    date: str = ""
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    title: str
+    pattern: str  # opportunity kind
+    engine: EngineRef
+    workloads: tuple[str, ...]
+    shapes: tuple[dict, ...]  # workload shapes it was made for ({} = the workload's own)
+    hardware: tuple[str, ...]  # e.g. ("cpu", "h200"): where it is meant to run
+    dtypes: tuple[str, ...]
+    status: str
+    provenance: Provenance
+    adds_kernels: tuple[str, ...]  # names the validator's engagement check looks for in the profile
+    removes_kernels: tuple[str, ...]  # names that must be gone from the patched step's profile
+    config_space: dict[str, list] = field(default_factory=dict)  # Triton configs for variant search
+    description: str = ""
+    path: Path = Path()
+
+    @property
+    def patch_path(self) -> Path:
+        return self.path / "patch.diff"
+
+    @property
+    def bench_path(self) -> Path:
+        return self.path / "bench.json"
+
+    def test_files(self) -> list[Path]:
+        return sorted(self.path.glob("test_*.py"))
+
+    def kernel_files(self) -> list[Path]:
+        return sorted(p for p in self.path.glob("*.py") if not p.name.startswith("test_"))
+
+    def bench(self) -> dict:
+        if not self.bench_path.is_file():
+            return {}
+        try:
+            return json.loads(self.bench_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(self.bench_path, "(json)", str(e), "valid JSON") from None
+
+    def matches(self, kind: str, engine: str | None = None, hardware: str | None = None) -> bool:
+        return (self.pattern == kind and (engine is None or self.engine.name == engine)
+                and (hardware is None or hardware in self.hardware or "any" in self.hardware))
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing helpers: every error names the file and the dotted field
+
+
+def _req(d: dict, key: str, file: Path, prefix: str = "", typ=str, expected: str = "") -> Any:
+    dotted = f"{prefix}{key}"
+    if key not in d or d[key] is None:
+        raise ConfigError(file, dotted, None, f"{expected or typ.__name__} (field is required)")
+    v = d[key]
+    if typ is not None and not isinstance(v, typ):
+        raise ConfigError(file, dotted, v, expected or typ.__name__)
+    return v
+
+
+def _str_list(d: dict, key: str, file: Path, prefix: str = "", required: bool = True, choices=None) -> tuple[str, ...]:
+    dotted = f"{prefix}{key}"
+    v = d.get(key)
+    if v is None:
+        if required:
+            raise ConfigError(file, dotted, None, "a list of strings (field is required)")
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(file, dotted, v, "a list of strings")
+    if choices is not None:
+        for x in v:
+            if x not in choices:
+                raise ConfigError(file, dotted, x, f"one of {', '.join(choices)}")
+    return tuple(v)
+
+
+def _choice(d: dict, key: str, file: Path, choices, prefix: str = "") -> str:
+    v = _req(d, key, file, prefix, str, f"one of {', '.join(choices)}")
+    if v not in choices:
+        raise ConfigError(file, f"{prefix}{key}", v, f"one of {', '.join(choices)}")
+    return v
+
+
+def parse_entry(data: Any, file: Path) -> Entry:
+    if not isinstance(data, dict):
+        raise ConfigError(file, "(top level)", type(data).__name__, "a mapping of entry fields")
+    known = {"id", "title", "pattern", "engine", "workloads", "shapes", "hardware", "dtype", "status",
+             "provenance", "kernels", "config_space", "description"}
+    for k in data:
+        if k not in known:
+            raise ConfigError(file, str(k), data[k], f"a known field ({', '.join(sorted(known))})")
+    eid = _req(data, "id", file)
+    if not ID_RE.match(eid):
+        raise ConfigError(file, "id", eid, "lowercase letters, digits, '.', '_' or '-'")
+    if file.parent.name != eid:
+        raise ConfigError(file, "id", eid, f"the folder name {file.parent.name!r}")
+    pattern = _choice(data, "pattern", file, OPPORTUNITY_KINDS)
+    eng = _req(data, "engine", file, typ=dict, expected="a mapping with name, source, base_sha, patches")
+    patches_raw = _req(eng, "patches", file, "engine.", list, "a list of {file, function}")
+    if not patches_raw:
+        raise ConfigError(file, "engine.patches", patches_raw, "at least one {file, function}")
+    sites = []
+    for i, p in enumerate(patches_raw):
+        pre = f"engine.patches[{i}]."
+        if not isinstance(p, dict):
+            raise ConfigError(file, pre[:-1], p, "a mapping {file, function}")
+        sites.append(PatchedSite(_req(p, "file", file, pre), _req(p, "function", file, pre)))
+    base_sha = _req(eng, "base_sha", file, "engine.")
+    if not re.fullmatch(r"[0-9a-f]{7,40}", base_sha):
+        raise ConfigError(file, "engine.base_sha", base_sha, "a git commit sha (hex)")
+    engine = EngineRef(_req(eng, "name", file, "engine."), _req(eng, "source", file, "engine."), base_sha, tuple(sites))
+    shapes = data.get("shapes") or []
+    if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
+        raise ConfigError(file, "shapes", shapes, "a list of shape mappings ({resolution, text_tokens, batch})")
+    prov = _req(data, "provenance", file, typ=dict, expected="a mapping with kind (authored | generated)")
+    pkind = _choice(prov, "kind", file, PROVENANCE_KINDS, "provenance.")
+    provenance = Provenance(pkind, str(prov.get("author", "")), str(prov.get("agent", "")),
+                            str(prov.get("run_id", "")), str(prov.get("date", "")))
+    if pkind == "authored" and not provenance.author:
+        raise ConfigError(file, "provenance.author", None, "the person who wrote it (authored entries)")
+    if pkind == "generated" and not provenance.run_id:
+        raise ConfigError(file, "provenance.run_id", None, "the run id that generated it (generated entries)")
+    kernels = data.get("kernels") or {}
+    if not isinstance(kernels, dict):
+        raise ConfigError(file, "kernels", kernels, "a mapping {adds: [...], removes: [...]}")
+    cs = data.get("config_space") or {}
+    if not isinstance(cs, dict) or not all(isinstance(v, list) and v for v in cs.values()):
+        raise ConfigError(file, "config_space", cs, "a mapping name -> non-empty list of values")
+    return Entry(
+        id=eid, title=str(data.get("title", eid)), pattern=pattern, engine=engine,
+        workloads=_str_list(data, "workloads", file), shapes=tuple(shapes),
+        hardware=_str_list(data, "hardware", file), dtypes=_str_list(data, "dtype", file, choices=DTYPES),
+        status=_choice(data, "status", file, STATUSES), provenance=provenance,
+        adds_kernels=_str_list(kernels, "adds", file, "kernels.", required=False),
+        removes_kernels=_str_list(kernels, "removes", file, "kernels.", required=False),
+        config_space=cs, description=str(data.get("description", "")).strip(), path=file.parent,
+    )
+
+
+def load_entry(folder: Path) -> Entry:
+    folder = Path(folder)
+    file = folder / "entry.yaml"
+    if not file.is_file():
+        raise ConfigError(file, "(file)", None, "an entry.yaml in every kernel_store/<entry-id>/ folder")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(file, "(yaml)", str(e).splitlines()[0], "valid YAML") from None
+    entry = parse_entry(data, file)
+    if not entry.patch_path.is_file():
+        raise ConfigError(entry.patch_path, "(file)", None, "patch.diff next to entry.yaml")
+    return entry
+
+
+def load_store(root: Path | None = None) -> list[Entry]:
+    root = Path(root or STORE_DIR)
+    if not root.is_dir():
+        return []
+    return [load_entry(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith((".", "_"))]
+
+
+def get_entry(entry_id: str, root: Path | None = None) -> Entry:
+    root = Path(root or STORE_DIR)
+    folder = root / entry_id
+    if not folder.is_dir():
+        known = [e.id for e in load_store(root)]
+        raise OptbotError(f"kernel store {root}: no entry {entry_id!r} (entries: {', '.join(known) or 'none'})")
+    return load_entry(folder)
+
+
+def find_entries(kind: str, engine: str | None = None, hardware: str | None = None,
+                 root: Path | None = None, include_rejected: bool = False) -> list[Entry]:
+    """Retrieval by pattern, engine and hardware (the replay generator's and the agent's query)."""
+    return [e for e in load_store(root) if e.matches(kind, engine, hardware)
+            and (include_rejected or e.status != "rejected")]
+
+
+def patch_added_files(patch_text: str) -> list[str]:
+    """Paths of the files a unified diff creates (``--- /dev/null``)."""
+    out, prev_null = [], False
+    for line in patch_text.splitlines():
+        if line.startswith("--- "):
+            prev_null = line.strip() == "--- /dev/null"
+        elif line.startswith("+++ ") and prev_null:
+            path = line[4:].strip()
+            out.append(path[2:] if path.startswith("b/") else path)
+            prev_null = False
+    return out
+
+
+def added_file_content(patch_text: str, path: str) -> str | None:
+    """The full content of a file the patch creates, rebuilt from its '+' lines."""
+    lines = patch_text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("+++ ") and line[4:].strip() in (f"b/{path}", path) and i and lines[i - 1].strip() == "--- /dev/null":
+            body = []
+            for ln in lines[i + 1:]:
+                if ln.startswith("diff --git") or ln.startswith("--- "):
+                    break
+                if ln.startswith("+"):
+                    body.append(ln[1:])
+                elif ln.startswith("\\"):
+                    if body:
+                        body[-1] = body[-1].rstrip("\n")
+            return "".join(body)
+    return None

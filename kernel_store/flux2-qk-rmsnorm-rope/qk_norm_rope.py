@@ -1,0 +1,109 @@
+"""Fused QK RMSNorm + RoPE: one read and one write of q (or k) instead of four passes.
+
+    out = rope(rms_norm(x) * weight)        x: [B, S, H, D] (any strides, D contiguous)
+    rope pairs interleaved channels (2j, 2j+1), as diffusers' apply_rotary_emb(use_real=True,
+    use_real_unbind_dim=-1): out[2j] = n[2j] cos[2j] - n[2j+1] sin[2j]; out[2j+1] = n[2j+1] cos[2j+1] + n[2j] sin[2j+1]
+
+The normalized value is rounded to x's dtype before the rotation, where the unfused code rounds it,
+so bf16 results match the unfused path up to the reduction order of the mean square.
+Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the interpreter);
+else the torch reference (the exact ops of the unfused code). Imports only torch (and triton if present).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU machine without triton: the torch path only
+    triton = None
+
+_last_path = ""  # "triton" | "torch": which path the last call took (tests prove the kernel ran)
+
+
+def last_path() -> str:
+    return _last_path
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over D, then interleaved RoPE over S; the same ops as the unfused engine code."""
+    n = F.rms_norm(x, (x.shape[-1],), weight, eps)  # [B, S, H, D], x.dtype
+    c, s = cos[None, :, None, :], sin[None, :, None, :]  # [1, S, 1, D]
+    re, im = n.reshape(*n.shape[:-1], -1, 2).unbind(-1)  # [B, S, H, D/2] each
+    rot = torch.stack([-im, re], dim=-1).flatten(3)
+    return (n.float() * c + rot.float() * s).to(x.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _qk_rmsnorm_rope_kernel(X, W, COS, SIN, OUT, n_rows, S, H,
+                                sxb, sxs, sxh, sob, sos, soh, scs, eps,
+                                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+                                HAS_W: tl.constexpr, ROUND: tl.constexpr):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)  # flattened (b, s, h)
+        rmask = rows < n_rows
+        h = rows % H
+        s = (rows // H) % S
+        b = rows // (H * S)
+        j = tl.arange(0, BLOCK_HALF)  # pair index: channels 2j (even) and 2j+1 (odd)
+        cmask = j < HALF
+        m2 = rmask[:, None] & cmask[None, :]
+        xp = X + (b * sxb + s * sxs + h * sxh)[:, None] + 2 * j[None, :]
+        xe = tl.load(xp, mask=m2, other=0.0).to(tl.float32)
+        xo = tl.load(xp + 1, mask=m2, other=0.0).to(tl.float32)
+        ms = (tl.sum(xe * xe, axis=1) + tl.sum(xo * xo, axis=1)) / (2 * HALF)
+        r = 1.0 / tl.sqrt(ms + eps)
+        ne = xe * r[:, None]
+        no = xo * r[:, None]
+        if HAS_W:
+            ne = ne * tl.load(W + 2 * j, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            no = no * tl.load(W + 2 * j + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        if ROUND:  # the unfused code stores the normalized tensor in x's dtype before RoPE
+            ne = ne.to(OUT.dtype.element_ty).to(tl.float32)
+            no = no.to(OUT.dtype.element_ty).to(tl.float32)
+        cp = (s * scs)[:, None] + 2 * j[None, :]
+        ce = tl.load(COS + cp, mask=m2, other=0.0)
+        co = tl.load(COS + cp + 1, mask=m2, other=0.0)
+        se = tl.load(SIN + cp, mask=m2, other=0.0)
+        so = tl.load(SIN + cp + 1, mask=m2, other=0.0)
+        op = OUT + (b * sob + s * sos + h * soh)[:, None] + 2 * j[None, :]
+        tl.store(op, (ne * ce - no * se).to(OUT.dtype.element_ty), mask=m2)
+        tl.store(op + 1, (no * co + ne * so).to(OUT.dtype.element_ty), mask=m2)
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def qk_rmsnorm_rope(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                    out: torch.Tensor | None = None, block_m: int = 16, num_warps: int = 4) -> torch.Tensor:
+    """x: [B, S, H, D]; cos, sin: [S, D] (fp32); out: [B, S, H, D] or None (may be a strided view)."""
+    global _last_path
+    B, S, H, D = x.shape
+    if out is None:
+        out = torch.empty((B, S, H, D), dtype=x.dtype, device=x.device)
+    if not _use_triton(x) or D % 2:
+        _last_path = "torch"
+        out.copy_(reference(x, weight, cos, sin, eps))
+        return out
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos = cos.to(device=x.device, dtype=torch.float32).contiguous()
+    sin = sin.to(device=x.device, dtype=torch.float32).contiguous()
+    assert out.stride(-1) == 1 and cos.shape == (S, D), "out must have a contiguous last dim; cos/sin [S, D]"
+    n_rows = B * S * H
+    half = D // 2
+    grid = (triton.cdiv(n_rows, block_m),)
+    _qk_rmsnorm_rope_kernel[grid](
+        x, weight if weight is not None else x, cos, sin, out, n_rows, S, H,
+        x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), cos.stride(0), float(eps),
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_M=block_m,
+        HAS_W=weight is not None, ROUND=x.dtype != torch.float32, num_warps=num_warps)
+    _last_path = "triton"
+    return out

@@ -1,0 +1,42 @@
+"""Fixtures for the kernel store tests: a tiny-model runner for base and patched engines."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TINY = Path(__file__).with_name("run_tiny.py")
+
+
+def run_tiny(workload: str, engine_root: Path, out: Path, interpret: bool) -> dict:
+    """One tiny-preset step (both workload shapes) in a child process; returns outputs + kernel paths."""
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(engine_root), str(ROOT)])
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, str(RUN_TINY), workload, str(engine_root), str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads(Path(str(out) + ".json").read_text())
+    return {"outputs": torch.load(str(out) + ".pt"), **meta}
+
+
+@pytest.fixture(scope="session")
+def tiny_base(base_worktree, tmp_path_factory):
+    """Base-engine tiny outputs per workload, computed once per session."""
+    cache: dict[str, dict] = {}
+
+    def get(workload: str) -> dict:
+        if workload not in cache:
+            d = tmp_path_factory.mktemp(f"base-{workload}")
+            cache[workload] = run_tiny(workload, base_worktree / "src", d / "out", interpret=False)
+        return cache[workload]
+
+    return get

@@ -1,0 +1,39 @@
+"""Test helper, run as a child process: one tiny-preset step of a workload from an engine import
+root, outputs saved to OUT.pt, and which path each optbot kernel module took written to OUT.json.
+
+    PYTHONPATH=<engine_root>:<optbot root> python tests/store/run_tiny.py WORKLOAD ENGINE_ROOT OUT
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from bot.workload import load_workload
+from runner.harness import build, make_step
+from runner.job import Job
+
+
+def main(workload: str, engine_root: str, out: str) -> None:
+    wl = load_workload(workload)
+    pre = wl.preset("tiny")
+    shapes = [pre.shapes, *pre.extra_shapes]
+    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
+              engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class,
+              shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch} for s in shapes])
+    built = build(job)
+    outs = {}
+    for si, shape in enumerate(job.shapes):
+        step, _ = make_step(built, job, shape, seed=si)
+        for k, v in step().items():
+            outs[f"{si}.{k}"] = v.detach().clone()
+    torch.save(outs, out + ".pt")
+    paths = {name: mod.last_path() for name, mod in sys.modules.items()
+             if name.startswith("diffusers.models.optbot_kernels.") and hasattr(mod, "last_path")}
+    Path(out + ".json").write_text(json.dumps({"kernel_paths": paths, "engine_file": built.engine_file}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,73 @@
+"""Store replay on real git worktrees of the diffusers engine: commits with trailers, stacking,
+and a conflict that is recorded, not raised."""
+from __future__ import annotations
+
+import subprocess
+
+import git
+
+from bot.engine import add_worktree
+from bot.generate.candidate import TRAILER_KEYS, parse_trailers, split_kernels
+from bot.generate.replay import apply_entry, match, replay
+from bot.knowledge.store import get_entry, load_store
+
+OPPS = [
+    {"id": "opp-3", "kind": "fuse-elementwise-chain"},
+    {"id": "opp-1", "kind": "attention-waste"},
+    {"id": "opp-2", "kind": "attention-waste"},
+    {"id": "opp-9", "kind": "launch-bound"},
+]
+
+
+def test_match_by_kind_engine_hardware_workload():
+    pairs = {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "flux2")}
+    assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1")}
+    assert match(load_store(), OPPS, "sglang", "h200") == []
+    assert {e.id for e, _ in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {"qwen-image-drop-all-ones-mask"}
+
+
+def test_replay_commits_candidates_with_trailers(diffusers_engine):
+    results = replay(diffusers_engine, OPPS, "diffusers", "h200", workload="flux2")
+    assert [r.status for r in results] == ["applied", "applied"], [r.reason for r in results]
+    for r in results:
+        c = r.candidate
+        repo = git.Repo(c.worktree)
+        head = repo.head.commit
+        assert head.hexsha == c.commit_sha and head.parents[0].hexsha == diffusers_engine.base_sha
+        trailers = parse_trailers(head.message)
+        assert list(trailers) == list(TRAILER_KEYS)
+        assert trailers["Optbot-Entry"] == r.entry_id == c.entry_id
+        assert trailers["Optbot-Opportunity"] == c.opportunity_id
+        assert split_kernels(trailers["Optbot-Adds-Kernels"]) == list(get_entry(r.entry_id).adds_kernels)
+        assert not repo.is_dirty(untracked_files=True)
+        assert any(p.startswith("src/diffusers/models/optbot_kernels/") for p in head.stats.files)
+
+
+def test_seed_patches_stack(diffusers_engine):
+    """The three FLUX.2 entries apply on top of each other (imports at distinct anchors)."""
+    onto = None
+    for eid in ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate"):
+        r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-stack-{eid}", onto=onto)
+        assert r.status == "applied", r.reason
+        onto = r.candidate.commit_sha
+    log = git.Repo(r.worktree).git.log("--format=%s", f"{diffusers_engine.base_sha}..{onto}").splitlines()
+    assert len(log) == 3
+
+
+def test_conflict_is_recorded_not_fatal(diffusers_engine):
+    # A base where someone else already rewrote Flux2SwiGLU.forward differently.
+    wt = add_worktree(diffusers_engine, "test-conflict-base")
+    f = wt / "src/diffusers/models/transformers/transformer_flux2.py"
+    text = f.read_text()
+    old = "        x = self.gate_fn(x[..., :half]) * x[..., half:]\n"
+    assert old in text
+    f.write_text(text.replace(old, "        x = torch.nn.functional.silu(x[..., :half]) * x[..., half:]  # changed upstream\n"))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "upstream change"], cwd=wt, check=True)
+    onto = git.Repo(wt).head.commit.hexsha
+    r = apply_entry(diffusers_engine, get_entry("flux2-swiglu"), "opp-3", name="test-conflict", onto=onto)
+    assert r.status == "conflict" and r.candidate is None
+    assert "src/diffusers/models/transformers/transformer_flux2.py" in r.conflicts
+    assert "does not apply" in r.reason
+    repo = git.Repo(r.worktree)
+    assert repo.head.commit.hexsha == onto and not repo.is_dirty(untracked_files=True)  # left clean
+    assert r.to_json()["status"] == "conflict"
