@@ -61,6 +61,7 @@ class ValidationContext:
     timeout_s: float = 900.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _base: dict | None = field(default=None, repr=False)
+    _by_tree: dict = field(default_factory=dict, repr=False)  # tree sha -> JobOutcome of its correctness run
 
     @classmethod
     def from_target(cls, target, base_worktree: Path, work_dir: Path, **kw) -> "ValidationContext":
@@ -108,6 +109,26 @@ def _run(ctx: ValidationContext, worktree: Path, sha: str, name: str, iters: int
     return run_job(ctx.job(worktree, sha, d, iters), d, timeout_s=ctx.timeout_s, name="step")
 
 
+def _tree(worktree: Path, sha: str) -> str:
+    import git
+    return git.Repo(worktree).commit(sha).tree.hexsha
+
+
+def _run_cached(ctx: ValidationContext, worktree: Path, sha: str, name: str, iters: int):
+    """Correctness runs keyed by the commit's tree: the same files give the same outputs, so a snapshot
+    and the final commit of the same edits share one run. Timing runs are never reused."""
+    if iters:
+        return _run(ctx, worktree, sha, name, iters)
+    key = _tree(worktree, sha)
+    with ctx._lock:
+        hit = ctx._by_tree.get(key)
+    if hit is None:
+        hit = _run(ctx, worktree, sha, name, iters)
+        with ctx._lock:
+            ctx._by_tree[key] = hit
+    return hit
+
+
 def _base_outputs(ctx: ValidationContext):
     with ctx._lock:  # agents in threads share one base run
         if ctx._base is None:
@@ -142,7 +163,7 @@ def _fallback_correctness(ctx: ValidationContext, worktree: Path, sha: str) -> C
     base = _base_outputs(ctx)
     if not base.ok:
         return Check("error", f"the base engine itself failed: {base.reason()}", device=ctx.device)
-    cand = _run(ctx, worktree, sha, f"cand-{sha[:12]}", 0)
+    cand = _run_cached(ctx, worktree, sha, f"cand-{sha[:12]}", 0)
     if cand.status == "timeout":
         return Check("rejected", f"timeout: {cand.reason()}", {"log_tail": cand.log_tail[-800:]}, ctx.device)
     if not cand.ok:
