@@ -9,6 +9,7 @@ import git
 import pytest
 
 HERE = Path(__file__).resolve().parent
+collect_ignore = ["kernels"]  # kernel modules used as data by the variant-search tests
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
