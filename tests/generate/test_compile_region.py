@@ -60,9 +60,12 @@ def test_generate_commit_on_flux2(diffusers_engine):
 
 
 @pytest.mark.slow
-def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree, tmp_path):
-    """Inductor on CPU (gcc): the compiled step's outputs stay within the workload's fp32 tolerance."""
+def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree, tmp_path, monkeypatch):
+    """Inductor on CPU (gcc): the compiled step's outputs stay within the workload's fp32 tolerance,
+    and inductor really compiled (its cache folder, which the runner child inherits, fills up)."""
     torch = pytest.importorskip("torch")
+    inductor_dir = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
     from bot.jobs import run_job
     from runner.job import Job
 
@@ -79,6 +82,7 @@ def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree,
         out = run_job(job, tmp_path / name, timeout_s=900, name="step")
         assert out.ok, out.log_tail
         outs[name] = torch.load(out.result["outputs"][0]["file"])["noise_pred"]
+    assert any(inductor_dir.rglob("*.py")), "inductor wrote no generated code: the region was not compiled"
     tol = wl.tolerance["float32"]
     a, b = outs["cand"], outs["base"]
     assert torch.isfinite(a).all()
