@@ -1,8 +1,10 @@
 """The agent's one way into validation: ``check_candidate`` (the single adapter).
 
 DESIGN decision 6 says the CLI, the agent's tools, `store check` and `optimize` all go through one
-validator. Until the validator (branch `validate`, bot/validate) is wired here, this module uses a
-clearly labelled FALLBACK built on the runner's `step` job (bot/jobs.run_job):
+validator. When bot/validate.py (branch `validate`: ``validate(target, candidate, base, opts) ->
+Verdict``) is importable and the context carries the Target, that validator is called and its Verdict
+mapped to a Check (``_via_validator``). Otherwise this module uses a clearly labelled FALLBACK built
+on the runner's `step` job (bot/jobs.run_job):
 - correctness: the base and the candidate run the same shapes (the preset's shape and its extra
   shapes) and seeds in separate runner processes; their output digests must be equal and finite.
   That is a bit-exact rule, stricter than the workload's tolerance, because the bot process cannot
@@ -21,6 +23,8 @@ from bot.jobs import run_job
 from runner.job import Job
 
 FALLBACK = "fallback: runner step job, bit-exact output digests (the validator is not wired yet)"
+VALIDATOR = "validator (bot/validate.py)"
+_validator_lock = threading.Lock()  # the validator adds shared base worktrees: one validation at a time
 
 
 @dataclass
@@ -59,15 +63,18 @@ class ValidationContext:
     work_dir: Path
     seeds: tuple[int, ...] = (101, 202, 303)
     timeout_s: float = 900.0
+    target: object = None  # bot.target.Target: when set and bot/validate.py exists, the real validator runs
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _base: dict | None = field(default=None, repr=False)
     _by_tree: dict = field(default_factory=dict, repr=False)  # tree sha -> JobOutcome of its correctness run
+    _checks: dict = field(default_factory=dict, repr=False)  # (tree sha, mode) -> Check
 
     @classmethod
     def from_target(cls, target, base_worktree: Path, work_dir: Path, **kw) -> "ValidationContext":
         return cls(workload=target.workload.to_json(), preset=target.preset, device=target.device, dtype=target.dtype,
                    model_class=target.model_class, import_root=target.checkout.import_root,
-                   base_worktree=Path(base_worktree), base_sha=target.checkout.base_sha, work_dir=Path(work_dir), **kw)
+                   base_worktree=Path(base_worktree), base_sha=target.checkout.base_sha, work_dir=Path(work_dir),
+                   target=target, **kw)
 
     def shapes(self) -> list[dict]:
         pr = self.workload["presets"][self.preset]
@@ -88,16 +95,69 @@ def _shape(s: dict) -> dict:
 def check_candidate(ctx: ValidationContext, worktree: Path, sha: str, mode: str = "correctness") -> Check:
     """THE adapter: validate commit `sha` (checked out in `worktree`) against the base.
 
-    mode: "correctness", "speed" or "full" (correctness, then speed when correct).
-    LEAD: when bot/validate lands, call it here (one call) and map its Verdict to Check.
+    mode: "correctness", "speed" or "full" (correctness, then speed when correct). Results are kept
+    per (tree, mode) for the run: a snapshot and the final commit of the same files share one verdict.
     """
+    key = (_tree(worktree, sha), mode)
+    with ctx._lock:
+        hit = ctx._checks.get(key)
+    if hit is not None:
+        return Check(**{**hit.to_json(), "numbers": {**hit.numbers, "same_tree_as": hit.numbers.get("commit", "")}})
+    validator = _validator_api() if ctx.target is not None else None
+    chk = _via_validator(validator, ctx, sha, mode) if validator else _fallback(ctx, Path(worktree), sha, mode)
+    chk.numbers.setdefault("commit", sha)
+    with ctx._lock:
+        ctx._checks[key] = chk
+    return chk
+
+
+def _validator_api():
     try:
-        from bot import validate as _validator  # noqa: F401  (branch `validate`)
+        from bot import validate as v  # branch `validate`
     except ImportError:
-        _validator = None
-    if _validator is not None and hasattr(_validator, "check_for_agent"):
-        return _validator.check_for_agent(ctx, worktree, sha, mode)  # the validator's own adapter, if it offers one
-    return _fallback(ctx, Path(worktree), sha, mode)
+        return None
+    # Only the validator of this same checkout: its runner job kinds live in this checkout's runner/
+    # (an editable install can resolve bot.validate to another tree whose runner differs).
+    from bot.paths import REPO_ROOT
+    if not Path(v.__file__).resolve().is_relative_to(REPO_ROOT):
+        return None
+    return v if hasattr(v, "validate") and hasattr(v, "Options") else None
+
+
+def _via_validator(v, ctx: ValidationContext, sha: str, mode: str) -> Check:
+    from bot.errors import OptbotError
+
+    opts = v.Options(speed=mode != "correctness", run_dir=ctx.work_dir / "validation" / f"{mode}-{sha[:12]}",
+                     cache_dir=ctx.work_dir / "validation" / "base-cache")
+    try:
+        with _validator_lock:
+            verdict = v.validate(ctx.target, sha, base=ctx.base_sha, opts=opts)
+    except OptbotError as e:
+        return Check("error", f"validator error: {e}", device=ctx.device, by=VALIDATOR, mode=mode)
+    return check_from_verdict(verdict, mode)
+
+
+def check_from_verdict(verdict, mode: str = "full") -> Check:
+    """A bot/verdict.Verdict as the agent's Check (reason first, then the validator's summary)."""
+    numbers: dict = {"candidate_sha": verdict.candidate_sha, "run_dir": verdict.run_dir}
+    c = verdict.correctness
+    if c is not None:
+        worst = c.worst()
+        numbers.update({"seeds": c.seeds, "shapes": c.shapes, "rule": c.rule,
+                        "failures": [f"{ch.label}: {ch.reason}" for ch in c.checks if not ch.ok] + list(c.inputs_modified)})
+        if worst is not None:
+            numbers.update({"worst_rel_l2": worst.rel_l2, "worst_max_abs": worst.max_abs})
+    if verdict.engagement is not None:
+        numbers["engagement"] = verdict.engagement.reason
+    for sp in verdict.speed:
+        suffix = "" if sp.mode == "eager" else f"_{sp.mode}"
+        numbers[f"speedup{suffix}"] = sp.speedup
+        numbers[f"speed_outcome{suffix}"] = f"{sp.outcome} ({sp.device})"
+        numbers[f"noise_pct{suffix}"] = sp.noise_pct
+    if verdict.implausible:
+        numbers["implausible"] = verdict.implausible
+    reason = (f"{verdict.reason.replace('-', ' ')}: " if verdict.reason else "") + verdict.summary
+    return Check(verdict.status, reason, numbers, verdict.device, VALIDATOR, mode)
 
 
 # ----------------------------------------------------------------------------------------------

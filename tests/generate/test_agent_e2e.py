@@ -16,13 +16,16 @@ from bot.agent.config import AgentConfig
 from bot.agent.loop import AgentTask, outcome_of
 from bot.agent.parallel import generate
 from bot.agent.transcript import Transcript
-from bot.agent.validation import ValidationContext
+from bot.agent.validation import FALLBACK, VALIDATOR, ValidationContext
+from bot.target import resolve_target
 from bot.workload import load_workload
 from messages_standin import MessagesStandin
 
 FILE = "src/diffusers/models/transformers/transformer_flux2.py"
 SWIGLU = "x = self.gate_fn(x[..., :half]) * x[..., half:]"
-HONEST = "x = x[..., half:] * self.gate_fn(x[..., :half])"  # same products, bit-exact (multiplication commutes)
+# Same values (chunk gives the same two views as the slices), bit-exact, and engaged: the step's op
+# histogram changes (split instead of two slices), which the validator's engagement check looks for.
+HONEST = "gate, value = x.chunk(2, dim=-1)\n        x = self.gate_fn(gate) * value"
 WRONG = "x = self.gate_fn(x[..., :half]) * x[..., :half]"  # gates the wrong half: a wrong kernel
 
 
@@ -55,18 +58,18 @@ SCRIPT = {"conversations": [
     ]},
     {"name": "refine", "match": "Strategy: refine", "turns": [
         {"expect": "", "content": [tu("read_file", path=FILE, start_line=295, end_line=298)]},
-        {"expect": "x[..., half:] * self.gate_fn", "content": [text("Already minimal.")], "stop_reason": "end_turn"},
+        {"expect": "self.gate_fn(gate) * value", "content": [text("Already minimal.")], "stop_reason": "end_turn"},
     ]},
 ]}
 
 
 @pytest.mark.slow
 def test_agent_generation_validation_and_learning(api_env, diffusers_engine, base_worktree, tmp_path):
-    wl = load_workload("flux2")
     run_dir = tmp_path / "run"
-    vctx = ValidationContext(workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
-                             model_class=wl.engine(None).model_class, import_root="src", base_worktree=base_worktree,
-                             base_sha=diffusers_engine.base_sha, work_dir=run_dir)
+    # With bot/validate.py present (after the merge) the real validator judges; without it, the fallback.
+    target = resolve_target("flux2", None, None, "tiny", "cpu")
+    assert target.checkout.base_sha == diffusers_engine.base_sha
+    vctx = ValidationContext.from_target(target, base_worktree, run_dir)
     store, lessons = tmp_path / "kernel_store", tmp_path / "lessons"
     profile = {"device": "cpu", "total_ms": 20.0, "kernels": [{"name": "aten::silu", "module": "transformer_blocks.0.ff.act_fn",
                                                                 "ms": 1.0, "calls": 2, "category": "elementwise"}]}
@@ -85,7 +88,10 @@ def test_agent_generation_validation_and_learning(api_env, diffusers_engine, bas
 
     fuse, bad, idle = by["fuse"], by["restructure"], by["tile-tune"]
     assert fuse.check.status == "accepted", fuse.check
-    assert "bit-identical" in fuse.check.reason and fuse.check.numbers["outputs_compared"] == 6
+    if fuse.check.by == FALLBACK:
+        assert "bit-identical" in fuse.check.reason and fuse.check.numbers["outputs_compared"] == 6
+    else:
+        assert fuse.check.by == VALIDATOR and len(fuse.check.numbers["shapes"]) >= 2
     assert bad.check.status == "rejected" and bad.check.reason.startswith("correctness:"), bad.check
     assert idle.candidate is None and idle.stop == "done (end_turn)"
     assert gen.best is not None and gen.best.check.status == "accepted"
@@ -120,7 +126,7 @@ def test_agent_generation_validation_and_learning(api_env, diffusers_engine, bas
     assert chk.returncode == 0, chk.stderr
     caveat = learned["restructure"].lesson_path.read_text()
     assert "kind: caveat" in caveat and "Root cause: the candidate computes something different" in caveat
-    assert "differs from the base" in caveat
+    assert ("differs from the base" in caveat) if bad.check.by == FALLBACK else ("max abs" in caveat)
     pattern_lesson = learned["fuse"].lesson_path.read_text()
     assert "kind: pattern" in pattern_lesson and entry_dir.name in pattern_lesson
     try:  # when the store helper's loaders are present, they must accept what learning wrote
