@@ -1,0 +1,95 @@
+"""Budgets of an agent run: turns, billed tokens and USD. Cost is computed from the usage fields each
+response returns (bot/agent/prices.py); the USD budget is shared by every agent of a generation, so it
+is guarded by a lock (agents run in threads)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from bot.agent.prices import Price, cost_usd, usage_dict
+
+
+@dataclass
+class Spend:
+    """What one agent (or a whole generation) used."""
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def billed_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+    def add(self, usage: dict, cost: float) -> None:
+        self.turns += 1
+        for k, v in usage.items():
+            setattr(self, k, getattr(self, k) + v)
+        self.cost_usd += cost
+
+    def to_json(self) -> dict:
+        return {"turns": self.turns, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cache_creation_input_tokens": self.cache_creation_input_tokens,
+                "cache_read_input_tokens": self.cache_read_input_tokens,
+                "billed_tokens": self.billed_tokens, "cost_usd": round(self.cost_usd, 6)}
+
+    def line(self) -> str:
+        return (f"{self.turns} turns, {self.billed_tokens:,} tokens (in {self.input_tokens:,}, out {self.output_tokens:,}, "
+                f"cache write {self.cache_creation_input_tokens:,}, cache read {self.cache_read_input_tokens:,}), "
+                f"${self.cost_usd:.4f}")
+
+
+@dataclass
+class CostPool:
+    """The USD budget shared by all agents of one generation."""
+    max_cost_usd: float
+    spent: Spend = field(default_factory=Spend)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def charge(self, usage: dict, cost: float) -> None:
+        with self._lock:
+            self.spent.add(usage, cost)
+
+    def left(self) -> float:
+        with self._lock:
+            return self.max_cost_usd - self.spent.cost_usd
+
+
+class Budget:
+    """Per-agent limits (turns, tokens) plus the shared USD pool."""
+
+    def __init__(self, price: Price, max_turns: int, max_tokens: int, pool: CostPool, max_output_tokens: int):
+        self.price, self.max_turns, self.max_tokens, self.pool = price, max_turns, max_tokens, pool
+        self.max_output_tokens = max_output_tokens
+        self.spent = Spend()
+
+    def stop_reason(self) -> str | None:
+        """Why no further request may be sent, or None."""
+        if self.spent.turns >= self.max_turns:
+            return f"turn budget reached ({self.spent.turns} of {self.max_turns} turns)"
+        if self.spent.billed_tokens >= self.max_tokens:
+            return f"token budget reached ({self.spent.billed_tokens:,} of {self.max_tokens:,} tokens)"
+        left = self.pool.left()
+        if left <= 0:
+            return f"cost budget reached (${self.pool.spent.cost_usd:.4f} of ${self.pool.max_cost_usd:.4f})"
+        # The next response's output alone must fit in the money left; otherwise stop now rather than
+        # overshoot by a whole response.
+        if self.output_cap() < 256:
+            return f"cost budget nearly spent (${left:.4f} left buys under 256 output tokens)"
+        return None
+
+    def output_cap(self) -> int:
+        """max_tokens for the next request: bounded by the per-response cap, the token budget left and
+        the dollars left at the output price."""
+        by_cost = int(self.pool.left() / self.price.output * 1e6) if self.price.output > 0 else self.max_output_tokens
+        by_tokens = self.max_tokens - self.spent.billed_tokens
+        return max(0, min(self.max_output_tokens, by_cost, by_tokens))
+
+    def charge(self, usage_obj) -> tuple[dict, float]:
+        usage = usage_dict(usage_obj)
+        cost = cost_usd(self.price, usage)
+        self.spent.add(usage, cost)
+        self.pool.charge(usage, cost)
+        return usage, cost

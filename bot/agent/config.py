@@ -1,0 +1,74 @@
+"""Agent settings: model, budgets, strategies. Read from the environment, overridable in code.
+
+  ANTHROPIC_API_KEY        required; without it the agent is off (one line says so)
+  ANTHROPIC_BASE_URL       optional; the anthropic client's own variable (tests point it at the stand-in)
+  OPTBOT_AGENT_MODEL       model id (default below)
+  OPTBOT_AGENT_MAX_TURNS   model calls per agent (default 30)
+  OPTBOT_AGENT_MAX_TOKENS  billed tokens per agent: input + output + cache writes + cache reads (default 2,000,000)
+  OPTBOT_AGENT_MAX_COST    USD for the whole generation (all agents, all rounds; default 5.0)
+  OPTBOT_AGENT_STRATEGIES  comma-separated strategy names run in parallel (default fuse,tile-tune,restructure)
+  OPTBOT_AGENT_ROUNDS      refinement rounds on the strongest candidate after the first (default 1)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from bot.agent.prices import Price, price_for
+from bot.errors import ConfigError
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+DEFAULT_STRATEGIES = ("fuse", "tile-tune", "restructure")
+OFF_MESSAGE = "agent generator off: ANTHROPIC_API_KEY is not set (set it to let the Anthropic agent write candidates)"
+
+
+def api_key_present() -> bool:
+    return bool(os.environ.get("ANTHROPIC_API_KEY", "").strip())
+
+
+def _env_num(name: str, default, cast):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        val = cast(raw)
+    except ValueError:
+        raise ConfigError("environment", name, raw, f"a {cast.__name__}") from None
+    if val <= 0:
+        raise ConfigError("environment", name, raw, "a positive number")
+    return val
+
+
+@dataclass
+class AgentConfig:
+    model: str = DEFAULT_MODEL
+    max_turns: int = 30
+    max_tokens: int = 2_000_000
+    max_cost_usd: float = 5.0
+    max_output_tokens: int = 8192  # per response
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    rounds: int = 1
+    parallel: int = 3  # agents at once
+    max_retries: int = 2  # the anthropic client's own retries on 429/5xx/529
+    timeout_s: float = 600.0  # per request
+    job_timeout_s: float = 900.0  # per validation job the agent starts
+    price: Price = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.price is None:
+            self.price = price_for(self.model)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "AgentConfig":
+        kw = dict(
+            model=os.environ.get("OPTBOT_AGENT_MODEL") or DEFAULT_MODEL,
+            max_turns=_env_num("OPTBOT_AGENT_MAX_TURNS", 30, int),
+            max_tokens=_env_num("OPTBOT_AGENT_MAX_TOKENS", 2_000_000, int),
+            max_cost_usd=_env_num("OPTBOT_AGENT_MAX_COST", 5.0, float),
+            rounds=int(os.environ.get("OPTBOT_AGENT_ROUNDS", "1") or 1),
+        )
+        strat = os.environ.get("OPTBOT_AGENT_STRATEGIES")
+        if strat:
+            kw["strategies"] = tuple(s.strip() for s in strat.split(",") if s.strip())
+        kw.update(overrides)
+        return cls(**kw)

@@ -1,0 +1,117 @@
+"""Compile-region generator: wrap the hot repeated region of the model in torch.compile, as a candidate
+commit like any other (its own worktree, one commit with Optbot-* trailers, validated the same way).
+
+Which region: from the profile, kernel time is summed per *repeated container*, the part of a module
+path before a block index (``transformer_blocks.3.attn.to_q`` -> ``transformer_blocks``). Containers
+holding at least ``min_share`` of the step's kernel time are compiled; nothing is keyed on a model's
+names. This is regional compilation: each block of a container is compiled in place with
+``nn.Module.compile()``, so the blocks share one compiled graph, the state-dict keys do not change
+(weights load as before), and the non-repeated glue stays eager.
+
+Where the patch goes: the model class's ``__init__`` (found with ast in the engine worktree), after its
+last statement, so the engine's real construction path carries it.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.agent.candidates import GeneratedCandidate, commit_candidate, make_trailers
+from bot.errors import OptbotError
+
+INDEXED = re.compile(r"^(?P<container>[A-Za-z_][\w.]*?)\.(?P<idx>\d+)(?:\.|$)")
+
+
+@dataclass
+class Region:
+    container: str  # attribute path of the repeated container, e.g. "transformer_blocks"
+    ms: float
+    share: float  # of the step's kernel time
+    blocks: int  # distinct indices seen in the profile
+
+
+def choose_regions(profile: dict, min_share: float = 0.10) -> list[Region]:
+    kernels = profile.get("kernels") or []
+    total = sum(float(k.get("ms") or 0.0) for k in kernels) or float(profile.get("total_ms") or 0.0)
+    if total <= 0:
+        return []
+    ms: dict[str, float] = {}
+    idx: dict[str, set] = {}
+    for k in kernels:
+        m = INDEXED.match(k.get("module") or "")
+        if not m:
+            continue
+        c = m["container"]
+        ms[c] = ms.get(c, 0.0) + float(k.get("ms") or 0.0)
+        idx.setdefault(c, set()).add(m["idx"])
+    regions = [Region(c, v, v / total, len(idx[c])) for c, v in ms.items() if len(idx[c]) > 1 and v / total >= min_share]
+    return sorted(regions, key=lambda r: -r.ms)
+
+
+def model_source(worktree: Path, import_root: str, model_class: str) -> tuple[Path, str]:
+    mod, _, cls = model_class.rpartition(".")
+    base = Path(worktree) / import_root / Path(*mod.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p, cls
+    raise OptbotError(f"model class {model_class}: no source file {base}.py in {worktree}")
+
+
+def patch_source(text: str, class_name: str, containers: list[str], file: str = "<model>") -> str:
+    """Insert the regional-compile loop at the end of class_name.__init__."""
+    tree = ast.parse(text)
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        raise OptbotError(f"{file}: no class {class_name}")
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is None:
+        raise OptbotError(f"{file}: class {class_name} defines no __init__ to put the compile call in")
+    assigned = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    for c in containers:
+        if c.split(".")[0] not in assigned:
+            raise OptbotError(f"{file}: {class_name}.__init__ does not assign self.{c.split('.')[0]}")
+    lines = text.splitlines(keepends=True)
+    first = init.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and len(init.body) > 1:
+        first = init.body[1]  # skip a docstring for the indentation
+    indent = re.match(r"\s*", lines[first.lineno - 1])[0]
+    end = init.body[-1].end_lineno
+    members = ", ".join(f"*self.{c}" for c in containers)
+    block = [
+        f"{indent}# optbot compile-region: regional torch.compile of the repeated blocks ({', '.join(containers)}).\n",
+        f"{indent}# Each block compiles in place (nn.Module.compile), so blocks share one graph and the\n",
+        f"{indent}# state-dict keys are unchanged.\n",
+        f"{indent}for _optbot_block in ({members},):\n",
+        f"{indent}    _optbot_block.compile()\n",
+    ]
+    new = "".join(lines[:end] + block + lines[end:])
+    ast.parse(new)  # the patched file must still parse
+    return new
+
+
+def generate(checkout, base_sha: str, profile: dict, model_class: str, import_root: str, run_id: str,
+             opportunity: dict | None = None, min_share: float = 0.10) -> GeneratedCandidate | None:
+    """A compile-region candidate in its own worktree, or None when no repeated region is hot enough."""
+    from bot.engine import add_worktree
+
+    regions = choose_regions(profile, min_share)
+    if not regions:
+        return None
+    containers = [r.container for r in regions]
+    wt = add_worktree(checkout, f"compile-region-{run_id}", ref=base_sha)
+    src, cls = model_source(wt, import_root, model_class)
+    src.write_text(patch_source(src.read_text(), cls, containers, str(src)))
+    opp = opportunity or {}
+    kind = str(opp.get("kind") or "launch-bound")
+    trailers = make_trailers(str(opp.get("id") or "none"), kind, "compile-region", run_id)
+    title = f"torch.compile the repeated blocks: {', '.join(containers)}"
+    body = "Regions chosen from the profile (share of the step's kernel time):\n" + "\n".join(
+        f"- {r.container}: {r.ms:.3f} ms ({100 * r.share:.1f}%, {r.blocks} blocks seen)" for r in regions)
+    sha = commit_candidate(wt, base_sha, title, body, trailers)
+    return GeneratedCandidate(id=f"compile-region-{sha[:8]}", opportunity_id=str(opp.get("id") or "none"), kind=kind,
+                              generator="compile-region", worktree=str(wt), commit_sha=sha, base_sha=base_sha,
+                              trailers=trailers, title=title)

@@ -1,0 +1,338 @@
+"""Learning: after validation, turn outcomes into knowledge the next run starts from.
+
+- An accepted candidate becomes a kernel_store entry (entry.yaml, patch.diff, the kernel sources it
+  adds, bench.json with the numbers that accepted it) with provenance "generated" by its generator in
+  this run, and a *pattern* lesson.
+- Every rejected attempt becomes a *caveat* lesson whose body gives its root cause, taken from the
+  verdict's reason and numbers.
+- Retrieval by pattern (opportunity kind), engine and hardware feeds the next run's matching and the
+  agent's prompt (``prompt_context``).
+
+Formats are the store helper's (bot/knowledge on branch `store`, DESIGN "Formats"); where that
+package is importable its loaders are used for reading, else the small readers below.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bot.paths import REPO_ROOT
+
+STORE_DIR = REPO_ROOT / "kernel_store"
+LESSONS_DIR = REPO_ROOT / "lessons"
+
+
+@dataclass
+class Outcome:
+    """One validated attempt, whatever generated it."""
+    candidate_id: str
+    kind: str  # opportunity kind (pattern)
+    generator: str  # e.g. agent/fuse, compile-region, variant-search
+    run_id: str
+    status: str  # accepted | rejected | held | error
+    reason: str
+    numbers: dict
+    device: str  # what measured it: cpu | cuda
+    hardware: str  # cpu | h200 | ...
+    engine: str  # engine name: diffusers | sglang
+    engine_source: str
+    base_sha: str
+    commit_sha: str
+    title: str
+    patch: str  # unified diff against base_sha
+    changed_files: list[str] = field(default_factory=list)
+    added_files: dict[str, str] = field(default_factory=dict)  # path -> content of files the patch adds
+    workload: str = ""
+    shapes: list[dict] = field(default_factory=list)
+    dtype: str = ""
+    adds_kernels: list[str] = field(default_factory=list)
+    removes_kernels: list[str] = field(default_factory=list)
+    validated_by: str = ""
+
+
+@dataclass
+class Learned:
+    entry_dir: Path | None
+    lesson_path: Path
+
+
+def hardware_name(device: str, device_name: str = "") -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", device_name or "")
+    return m[1].lower() if m else (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "cuda")
+
+
+def _slug(*parts: str) -> str:
+    s = "-".join(p for p in parts if p)
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", s.lower())).strip("-")[:90]
+
+
+# Root causes: a verdict reason's first word -> why it failed, in words a reader (and the agent) can act on.
+ROOT_CAUSES = {
+    "correctness": "the candidate computes something different from the base: its outputs left the tolerance",
+    "crashed": "the candidate's code raised or killed the process (see the log tail)",
+    "timeout": "the candidate ran past the job's time limit (a hang, or far slower work)",
+    "slower": "the candidate is correct but slower than the base",
+    "no change": "the candidate is correct but its speed is inside the measurement noise",
+    "not engaged": "the candidate's kernels did not run inside the step (dead code or wrong call path)",
+    "implausible": "the speedup is beyond what the hardware allows; held for a person",
+}
+
+
+def root_cause(reason: str) -> str:
+    r = reason.lower()
+    for key, why in ROOT_CAUSES.items():
+        if r.startswith(key) or f"{key}:" in r:
+            return why
+    return "see the verdict's reason"
+
+
+def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path | None = None) -> Learned:
+    store_dir = Path(store_dir or STORE_DIR)
+    lessons_dir = Path(lessons_dir or LESSONS_DIR)
+    entry_dir = None
+    if outcome.status == "accepted":
+        entry_dir = write_entry(outcome, store_dir)
+    lesson = write_outcome_lesson(outcome, lessons_dir, entry_dir.name if entry_dir else "")
+    return Learned(entry_dir, lesson)
+
+
+def write_entry(o: Outcome, store_dir: Path) -> Path:
+    eid = _slug("gen", o.kind, o.run_id[-12:], o.commit_sha[:8])
+    d = store_dir / eid
+    if d.exists():
+        shutil.rmtree(d)  # the same commit learned twice (a resumed run): rewrite, never duplicate
+    d.mkdir(parents=True)
+    on_gpu = o.device.startswith("cuda")
+    entry = {
+        "id": eid,
+        "title": o.title,
+        "pattern": o.kind,
+        "engine": {"name": o.engine, "source": o.engine_source, "base_sha": o.base_sha,
+                   "patches": [{"file": f, "function": _functions_touched(o.patch, f)} for f in o.changed_files]
+                   or [{"file": "(none)", "function": "(none)"}]},
+        "workloads": [o.workload] if o.workload else [],
+        "shapes": o.shapes,
+        "hardware": [o.hardware],
+        "dtype": [o.dtype] if o.dtype else [],
+        "status": "validated-gpu" if on_gpu else "validated-cpu",
+        "provenance": {"kind": "generated", "agent": o.generator, "run_id": o.run_id,
+                       "date": time.strftime("%Y-%m-%d", time.gmtime())},
+        "kernels": {"adds": o.adds_kernels, "removes": o.removes_kernels},
+        "description": f"Generated by {o.generator} in run {o.run_id} (engine commit {o.commit_sha[:12]}); "
+                       f"validated on {o.device}: {o.reason}",
+    }
+    (d / "entry.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
+    (d / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
+    for path, content in o.added_files.items():
+        if path.endswith(".py"):
+            (d / Path(path).name).write_text(content)
+    bench = {"validated_by": o.validated_by, "device": o.device, "hardware": o.hardware, "verdict": o.status,
+             "reason": o.reason, "numbers": o.numbers, "engine_sha": o.commit_sha, "base_sha": o.base_sha,
+             "run_id": o.run_id}
+    (d / "bench.json").write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    return d
+
+
+def _functions_touched(patch: str, file: str) -> str:
+    """The function names git puts in the hunk headers of `file` (@@ ... @@ def name)."""
+    names, in_file = [], False
+    for line in patch.splitlines():
+        if line.startswith("diff --git"):
+            in_file = line.endswith(f" b/{file}")
+        elif in_file and line.startswith("@@"):
+            m = re.search(r"@@.*@@\s*(?:async\s+)?(?:def|class)\s+(\w+)", line)
+            if m and m[1] not in names:
+                names.append(m[1])
+    return ", ".join(names) or "(module level)"
+
+
+def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> Path:
+    accepted = o.status == "accepted"
+    kind = "pattern" if accepted else "caveat"
+    slug = _slug(o.kind, kind, o.generator, o.run_id[-12:], o.commit_sha[:8])
+    nums = ", ".join(f"{k}={v}" for k, v in o.numbers.items() if not isinstance(v, (list, dict)) and k != "log_tail")
+    tried = f"{o.title} ({o.generator}; files: {', '.join(o.changed_files) or 'none'})"
+    if accepted:
+        body = (f"# Worked: {o.title}\n\n"
+                f"Tried: {tried}.\n\n"
+                f"Happened: accepted on {o.device} ({o.hardware}): {o.reason}." + (f" Numbers: {nums}." if nums else "") + "\n\n"
+                f"Why it holds: validated by {o.validated_by or 'the validator'}; reusable as kernel_store entry "
+                f"`{entry_id}`.\n")
+        confidence = "medium" if o.device.startswith("cuda") else "low"
+    else:
+        failures = o.numbers.get("failures") or []
+        detail = ("\n".join(f"- {f}" for f in failures[:5]) + "\n\n") if failures else ""
+        body = (f"# Failed: {o.title}\n\n"
+                f"Tried: {tried}.\n\n"
+                f"Happened: {o.status} on {o.device} ({o.hardware}): {o.reason}." + (f" Numbers: {nums}." if nums else "") + "\n\n"
+                + detail +
+                f"Root cause: {root_cause(o.reason)}.\n")
+        confidence = "medium"
+    evidence = [f"run:{o.run_id}", f"commit:{o.commit_sha[:12]}"] + ([f"entry:{entry_id}"] if entry_id else [])
+    applies = {"pattern": o.kind, "engine": o.engine, "hardware": o.hardware}
+    lessons_dir.mkdir(parents=True, exist_ok=True)
+    kn = _knowledge_lessons()
+    if kn is not None and hasattr(kn, "write_lesson"):
+        return kn.write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body)
+    file = lessons_dir / f"{slug}.md"
+    meta = {"kind": kind, "applies-to": applies, "evidence": evidence, "confidence": confidence}
+    file.write_text("---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body.strip() + "\n")
+    return file
+
+
+# ------------------------------------------------------------------------------------------------
+# retrieval
+
+
+def _knowledge_lessons():
+    try:
+        from bot.knowledge import lessons  # type: ignore[import-not-found]  (branch `store`)
+        return lessons
+    except ImportError:
+        return None
+
+
+def _knowledge_store():
+    try:
+        from bot.knowledge import store  # type: ignore[import-not-found]
+        return store
+    except ImportError:
+        return None
+
+
+@dataclass
+class LessonView:
+    slug: str
+    kind: str
+    applies_to: dict
+    confidence: str
+    body: str
+
+    @property
+    def title(self) -> str:
+        return self.body.strip().splitlines()[0].lstrip("# ").strip() if self.body.strip() else self.slug
+
+
+@dataclass
+class EntryView:
+    id: str
+    title: str
+    pattern: str
+    engine: str
+    hardware: list[str]
+    status: str
+    provenance: str
+    path: Path
+
+
+def _read_lesson(p: Path) -> LessonView | None:
+    m = re.match(r"^---\s*\n(.*?)\n---\s*\n?(.*)$", p.read_text(), re.S)
+    if not m:
+        return None
+    try:
+        meta = yaml.safe_load(m[1]) or {}
+    except yaml.YAMLError:
+        return None
+    if not isinstance(meta, dict):
+        return None
+    return LessonView(p.stem, str(meta.get("kind", "")), dict(meta.get("applies-to") or {}),
+                      str(meta.get("confidence", "")), m[2].strip())
+
+
+def _applies(applies: dict, pattern, engine, hardware) -> bool:
+    for key, want in (("pattern", pattern), ("engine", engine), ("hardware", hardware)):
+        have = applies.get(key)
+        if want is not None and have not in (None, "any", want):
+            return False
+    return True
+
+
+def find_lessons(pattern: str | None = None, engine: str | None = None, hardware: str | None = None,
+                 query: str = "", lessons_dir: Path | None = None) -> list[LessonView]:
+    """Lessons that apply to (pattern, engine, hardware), best query match first; caveats before patterns
+    at equal score, since a known failure is the costlier thing to repeat."""
+    root = Path(lessons_dir or LESSONS_DIR)
+    if not root.is_dir():
+        return []
+    words = [w for w in re.findall(r"[\w.+-]+", (query or "").lower()) if w]
+    scored = []
+    for p in sorted(root.glob("*.md")):
+        if p.name.lower() == "readme.md":
+            continue
+        lv = _read_lesson(p)
+        if lv is None or not _applies(lv.applies_to, pattern, engine, hardware):
+            continue
+        hay = (lv.body + " " + " ".join(map(str, lv.applies_to.values()))).lower()
+        score = sum(hay.count(w) for w in words)
+        if words and score == 0:
+            continue
+        scored.append((-score, 0 if lv.kind == "caveat" else 1, lv.slug, lv))
+    return [t[-1] for t in sorted(scored, key=lambda t: t[:3])]
+
+
+def find_entries(pattern: str | None = None, engine: str | None = None, hardware: str | None = None,
+                 store_dir: Path | None = None) -> list[EntryView]:
+    root = Path(store_dir or STORE_DIR)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        f = d / "entry.yaml"
+        if not f.is_file():
+            continue
+        try:
+            e = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        eng = (e.get("engine") or {}).get("name", "")
+        hw = e.get("hardware") or []
+        hw = [hw] if isinstance(hw, str) else list(hw)
+        if pattern is not None and e.get("pattern") != pattern:
+            continue
+        if engine is not None and eng != engine:
+            continue
+        if hardware is not None and hardware not in hw and "any" not in hw:
+            continue
+        if e.get("status") == "rejected":
+            continue
+        prov = e.get("provenance") or {}
+        out.append(EntryView(str(e.get("id", d.name)), str(e.get("title", "")), str(e.get("pattern", "")), eng, hw,
+                             str(e.get("status", "")), f"{prov.get('kind', '')} {prov.get('agent') or prov.get('author') or ''}".strip(), d))
+    return out
+
+
+def prompt_context(pattern: str | None, engine: str | None, hardware: str | None, *, lessons_dir: Path | None = None,
+                   store_dir: Path | None = None, max_chars: int = 12_000) -> str:
+    """The knowledge block of the agent's (cached) system prompt: matching lessons, then store entries."""
+    parts = []
+    lessons = find_lessons(pattern, engine, hardware, lessons_dir=lessons_dir)
+    if lessons:
+        parts.append("## Lessons from earlier runs (caveats first)")
+        for lv in lessons:
+            parts.append(f"### [{lv.kind}, confidence {lv.confidence}] {lv.slug}\n{lv.body}")
+    entries = find_entries(pattern, engine, hardware, store_dir=store_dir)
+    if entries:
+        parts.append("## Kernel-store entries for this pattern (validated optimizations; read_store shows a patch)")
+        for e in entries:
+            parts.append(f"- {e.id}: {e.title} [{e.status}; {e.provenance}; hardware {', '.join(e.hardware)}]")
+    text = "\n\n".join(parts) if parts else "No lessons or store entries match this pattern, engine and hardware yet."
+    return text if len(text) <= max_chars else text[:max_chars] + "\n... (truncated; use read_lessons/read_store)"
+
+
+def store_entry_text(entry_id: str, store_dir: Path | None = None, max_chars: int = 30_000) -> str:
+    root = Path(store_dir or STORE_DIR)
+    d = (root / entry_id).resolve()
+    if root.resolve() not in d.parents or not (d / "entry.yaml").is_file():
+        return f"no store entry {entry_id!r}"
+    text = "entry.yaml:\n" + (d / "entry.yaml").read_text()
+    if (d / "patch.diff").is_file():
+        text += "\npatch.diff:\n" + (d / "patch.diff").read_text()
+    return text[:max_chars]

@@ -1,0 +1,123 @@
+"""Variant search worker: check (and on a GPU, time) a slice of a Triton kernel's config space.
+
+Job.params:
+  test_module   path of a kernel test module (the kernel test contract, docs/store.md):
+                make_inputs(shape, dtype, device, seed), reference(*inputs), SHAPES, CASES
+                [(dtype, atol, rtol)], optionally BENCH_SHAPES (used for timing on GPU) and
+                kernel_path() (must say "triton" after a call, proving the Triton path ran); the
+                config is passed as keyword arguments to kernel_with_config(*inputs, **config) if the
+                module defines it, else to kernel(*inputs, **config)
+  configs       list of config dicts (names -> values) this worker checks
+  shapes        optional list of shapes (default: SHAPES; on GPU timing uses BENCH_SHAPES if given)
+Job.seeds are the input seeds of the correctness check; Job.device picks the device (cuda:N).
+
+On CPU, Triton kernels run under TRITON_INTERPRET=1 (set here before triton is imported): correctness
+only, and the result says "speed needs a GPU". On CUDA every correct config is timed against the
+reference with runner/timing.time_interleaved (the one timing routine), interleaved per shape.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+
+from runner.job import Job
+
+
+def _load(path: str):
+    p = Path(path).resolve()
+    sys.path.insert(0, str(p.parent))  # the module imports its kernel from its own folder
+    spec = importlib.util.spec_from_file_location(f"optbot_variant_{p.stem}", p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _caller(mod):
+    fn = getattr(mod, "kernel_with_config", None)
+    if fn is not None:
+        return fn
+    fn = getattr(mod, "kernel")
+    params = inspect.signature(fn).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) and \
+            not any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params):
+        raise TypeError(f"{mod.__file__}: kernel(*inputs) takes no config keywords; define "
+                        "kernel_with_config(*inputs, **config) for variant search")
+    return fn
+
+
+def _label(cfg: dict) -> str:
+    return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
+
+
+def run(job: Job) -> dict:
+    on_cuda = job.device.startswith("cuda")
+    if not on_cuda:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from runner import env as envmod
+    from runner.timing import time_interleaved
+
+    mod = _load(job.params["test_module"])
+    call = _caller(mod)
+    configs: list[dict] = job.params["configs"]
+    cases = [tuple(c) for c in mod.CASES]
+    if not on_cuda:
+        cases = [c for c in cases if c[0] == "float32"] or cases[:1]  # the interpreter: fp32 is what it checks well
+    else:
+        cases = [c for c in cases if c[0] == job.dtype] or cases
+        torch.cuda.set_device(torch.device(job.device))
+    shapes = [tuple(s) for s in (job.params.get("shapes") or mod.SHAPES)]
+    rows = []
+    good: dict[str, bool] = {}
+    for cfg in configs:
+        label = _label(cfg)
+        ok, worst, reason = True, 0.0, "ok"
+        for shape in shapes:
+            for dtype, atol, rtol in cases:
+                for seed in job.seeds:
+                    inputs = mod.make_inputs(shape, dtype, job.device, seed)
+                    try:
+                        out = call(*inputs, **cfg)
+                    except Exception as e:  # noqa: BLE001 - a config that fails to compile/launch is a result
+                        ok, reason = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                        break
+                    path = mod.kernel_path() if hasattr(mod, "kernel_path") else "triton"
+                    if path != "triton":
+                        ok, reason = False, f"the Triton path did not run (kernel_path() = {path!r})"
+                        break
+                    ref = mod.reference(*inputs)
+                    err = (out.float() - ref.float()).abs()
+                    bad = ~torch.isclose(out.float(), ref.float(), atol=atol, rtol=rtol)
+                    worst = max(worst, float(err.max()) if err.numel() else 0.0)
+                    if not torch.isfinite(out).all() or bad.any():
+                        idx = tuple(int(i) for i in bad.nonzero()[0]) if bad.any() else ()
+                        ok, reason = False, (f"shape {shape} {dtype} seed {seed}: max abs err {worst:.3g} "
+                                             f"(atol {atol}, rtol {rtol}) first at {idx}")
+                        break
+                if not ok:
+                    break
+            if not ok:
+                break
+        good[label] = ok
+        rows.append({"config": cfg, "label": label, "correct": ok, "max_abs_err": worst, "reason": reason})
+    timings: dict[str, dict] = {}
+    note = ""
+    if on_cuda:
+        bench_shapes = [tuple(s) for s in (job.params.get("shapes") or getattr(mod, "BENCH_SHAPES", None) or mod.SHAPES)]
+        dtype = cases[0][0]
+        for shape in bench_shapes:
+            inputs = mod.make_inputs(shape, dtype, job.device, job.seeds[0])
+            fns = {"reference": (lambda inp=inputs: mod.reference(*inp))}
+            for cfg in configs:
+                if good[_label(cfg)]:
+                    fns[_label(cfg)] = (lambda inp=inputs, c=cfg: call(*inp, **c))
+            res = time_interleaved(fns, job.device, warmup=max(job.warmup, 3), iters=max(job.iters, 20))
+            timings[str(list(shape))] = {k: (v.to_json() if not isinstance(v, str) else v) for k, v in res.items()}
+    else:
+        note = "speed needs a GPU: configs were checked for correctness under TRITON_INTERPRET=1 on CPU, not timed"
+    return {"ok": True, "device": job.device, "dtype": cases[0][0], "rows": rows, "timings": timings, "note": note,
+            "shapes": [list(s) for s in shapes], "env": envmod.capture(job.device, job.engine_sha, "")}
