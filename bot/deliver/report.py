@@ -275,9 +275,9 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
         blocks.append(P(f"Profiled on {prof.get('device')} ({env.get('device_name', '')}); unprofiled step median "
                         f"{_ms(total)} ms."))
         blocks.append(Details("Time per category and top kernels", [
-            Table(["category", "ms", "measured on"],
+            Table(["category", "ms (under the profiler)", "measured on"],
                   [[k, _ms(v), prof.get("device", "")] for k, v in sorted(prof["categories"].items(), key=lambda x: -x[1])]),
-            Table(["kernel / op", "category", "module", "calls", "ms"],
+            Table(["kernel / op", "category", "module", "calls", "ms (under the profiler)"],
                   [[k.get("name", ""), k.get("category", ""), k.get("module", ""), str(k.get("calls", "")), _ms(k.get("ms"))]
                    for k in prof.get("top_kernels", [])])]))
     if ana.get("opportunities"):
