@@ -400,58 +400,95 @@ class Stages:
 
     # 4 -------------------------------------------------------------------------------------------
     def analyze(self, ctx: RunContext) -> AnalyzeResult:
-        # WIRE (analyze helper): expected `bot.analyze.find_opportunities(profile: dict, target, worktree)
-        # -> list[Opportunity]`; Opportunity is a dataclass (kind, location, ops, est. gain, confidence, generator).
-        fn = _piece("bot.analyze", "find_opportunities")
-        if fn is None:
-            return AnalyzeResult("skipped", "analysis not available (bot.analyze.find_opportunities is not installed)")
+        # analyze helper: runner `graph` job -> bot.analyze.graph.Graph -> bot.analyze.run.analyze(graph, profile)
+        run_analysis = _piece("bot.analyze.run", "analyze")
+        graph_cls = _piece("bot.analyze.graph", "Graph")
+        from runner.job import job_kinds
+        if run_analysis is None or graph_cls is None or "graph" not in job_kinds():
+            return AnalyzeResult("skipped", "analysis not available (bot.analyze.run.analyze or the runner "
+                                            "`graph` job kind is not installed)")
         import json
-        profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
         wt = Path(ctx.results["checkout"]["base_worktree"])
-        opps = [as_dict(o) for o in fn(profile, self.target(ctx), wt)]
-        return AnalyzeResult("done", f"{len(opps)} opportunities", opps)
+        out_dir = ctx.jobs_dir() / "graph"
+        out = run_job(self._job(ctx, "graph", wt, out_dir, 0), out_dir, timeout_s=3600, name="graph")
+        if not out.ok:
+            raise RunnerError(f"graph job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+        profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
+        co = ctx.results["checkout"]
+        analysis = run_analysis(graph_cls.load(out.result["graph"]), profile,
+                                meta={"workload": co["workload"], "preset": co["preset"], "engine": co["engine"]},
+                                profile_source=ctx.results["profile"]["profile_file"])
+        from bot.optimize.state import write_json_atomic
+        write_json_atomic(ctx.run_dir / "analysis.full.json", analysis)
+        opps = [as_dict(o) for o in analysis.get("opportunities", [])]
+        claimed = analysis.get("claimed_ms")
+        return AnalyzeResult("done", f"{len(opps)} opportunities"
+                             + (f", {claimed:.3f} ms claimed ({analysis['profile'].get('device')})" if claimed else ""),
+                             opps)
 
     # 5 -------------------------------------------------------------------------------------------
     def generate(self, ctx: RunContext) -> GenerateResult:
-        # WIRE (generate helper): expected `bot.generate.generate(opportunities, target, run_dir, budget=...,
-        # new_worktree=callable) -> list[Candidate]` (bot/generate/candidate.py: a commit in its own worktree).
-        fn = _piece("bot.generate", "generate")
-        if fn is None:
-            return GenerateResult("skipped", "candidate generation not available (bot.generate.generate is not installed)")
-        if not ctx.results.get("analyze", {}).get("opportunities"):
+        opps = ctx.results.get("analyze", {}).get("opportunities") or []
+        if not opps:
             why = ctx.results.get("analyze", {}).get("reason", "no opportunities")
             return GenerateResult("skipped", f"nothing to generate from: {why}")
         t = self.target(ctx)
+        notes: list[str] = []
+        recs: list[CandidateRecord] = []
+        hardware = self._hardware(ctx)
+        # store replay (store helper): every matching kernel_store entry -> a commit in its own worktree
+        replay = _piece("bot.generate.replay", "replay")
+        if replay is None:
+            notes.append("store replay: not available (bot.generate.replay is not installed)")
+        else:
+            for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware,
+                            t.workload.name):
+                if r.candidate is None:
+                    notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
+                    continue
+                recs.append(self._candidate_record(t, r.candidate, len(recs), opps))
+                notes.append(f"store replay {r.entry_id}: {r.reason}")
+        # the other generators: say what ran and what did not
+        import os
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            notes.append("agent: off (no ANTHROPIC_API_KEY)")
+        else:
+            notes.append("agent: not wired into optimize yet (bot.agent.parallel.generate takes an AgentTask)")
+        for gen_name, mod in (("variant search", "bot.generate.variants"), ("compile region", "bot.generate.compile_region")):
+            if _piece(mod, "generate") is None:
+                notes.append(f"{gen_name}: not available ({mod} is not installed)")
+        if ctx.budget.exhausted():
+            notes.append("wall-time budget spent during generation")
+        return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
 
-        def new_worktree(name: str) -> Path:
-            return add_worktree(t.checkout, f"cand-{t.checkout.base_sha[:12]}-{name}")
-
-        cands = fn(ctx.results["analyze"]["opportunities"], t, ctx.run_dir, budget=ctx.budget,
-                   new_worktree=new_worktree)
-        recs = [self._candidate_record(t, c, i) for i, c in enumerate(cands)]
-        cost = sum(float(getattr(c, "cost_usd", 0.0) or 0.0) for c in cands)
-        return GenerateResult("done", f"{len(recs)} candidates", recs, agent_cost_usd=cost)
+    def _hardware(self, ctx: RunContext) -> str:
+        t = self.target(ctx)
+        env = ctx.results.get("baseline", {}).get("env", {})
+        hw = _piece("bot.learn", "hardware_name")
+        if hw is not None:
+            return hw(t.device, env.get("device_name", ""))
+        return "cpu" if not t.device.startswith("cuda") else (env.get("device_name") or "cuda").lower()
 
     @staticmethod
-    def _candidate_record(t: Target, c: Any, i: int) -> CandidateRecord:
+    def _candidate_record(t: Target, c: Any, i: int, opps: list | None = None) -> CandidateRecord:
         d = as_dict(c)
-        sha = d.get("sha") or d.get("commit")
+        sha = d.get("commit_sha") or d.get("sha")
         repo = t.checkout.repo
+        commit = repo.commit(sha)
         trailers = commit_trailers(repo, sha)
-        return CandidateRecord(id=str(d.get("id") or f"c{i + 1}"), title=d.get("title") or repo.commit(sha).summary,
+        opp_id = d.get("opportunity_id") or trailers.get("Optbot-Opportunity", "")
+        gain = next((o.get("gain_ms") for o in (opps or []) if o.get("id") == opp_id), None)
+        return CandidateRecord(id=str(d.get("id") or f"c{i + 1}"), title=d.get("title") or commit.summary,
                                sha=sha, worktree=str(d.get("worktree", "")), generator=str(d.get("generator", "")),
-                               kind=d.get("kind") or trailers.get("Optbot-Kind", ""),
-                               opportunity=d.get("opportunity") or trailers.get("Optbot-Opportunity", ""),
-                               description=d.get("description") or repo.commit(sha).message, trailers=trailers,
-                               estimated_gain_ms=d.get("estimated_gain_ms"))
+                               kind=d.get("kind") or trailers.get("Optbot-Kind", ""), opportunity=opp_id,
+                               description=commit.message, trailers=trailers, estimated_gain_ms=gain)
 
     # 6 -------------------------------------------------------------------------------------------
     def validate(self, ctx: RunContext) -> ValidateResult:
         cands = [CandidateRecord(**c) for c in ctx.results.get("generate", {}).get("candidates", [])]
         if not cands:
             return ValidateResult("skipped", "no candidates to validate")
-        fn = self._validator()
-        if fn is None:
+        if self._validator() is None:
             return ValidateResult("skipped", "validation not available (bot.validate.validate is not installed); "
                                              "no candidate can be accepted without it")
         t = self.target(ctx)
@@ -470,15 +507,19 @@ class Stages:
         return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
 
     def _validator(self):
-        # WIRE (validate helper): expected `bot.validate.validate(target, base: str, candidate: str, device=...,
-        # run_dir=...) -> Verdict` with status accepted|rejected|held, reason, and its numbers.
+        # validate helper: bot.validate.validate(target, candidate, base=None, opts=Options(...)) -> Verdict
         return _piece("bot.validate", "validate")
 
     def verdict_of(self, ctx: RunContext, ref: str, cid: str, device: str) -> VerdictRecord:
+        import dataclasses
         fn = self._validator()
         t = self.target(ctx)
-        v = as_dict(fn(t, t.checkout.base_sha, ref, device=device, run_dir=ctx.run_dir / "validate" / cid))
-        return verdict_from_dict(cid, v)
+        if device != t.device:
+            t = dataclasses.replace(t, device=device)
+        vopts_cls = _piece("bot.validate", "Options")
+        opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log) if vopts_cls else None
+        v = fn(t, ref, t.checkout.base_sha, opts)
+        return verdict_from_validator(cid, as_dict(v))
 
     # 7 -------------------------------------------------------------------------------------------
     def combine(self, ctx: RunContext) -> CombineResult:
@@ -505,47 +546,68 @@ class Stages:
         return res
 
     def ablate(self, ctx: RunContext, res: CombineResult) -> tuple[list[AblationRow], str]:
-        # WIRE (validate helper): expected `bot.validate.ablate(target, base: str, stack: str, run_dir=...)
-        # -> rows` with, per commit: sha, without_ms, contribution_ms, contribution_pct, device.
-        fn = _piece("bot.validate", "ablate")
+        # validate helper: bot.ablate.ablate(target, candidate, base, run_dir=...) -> Ablation (leave-one-out)
+        fn = _piece("bot.ablate", "ablate")
         if fn is None:
-            return [], "ablation skipped: bot.validate.ablate is not installed"
-        if len(res.commits) == 1:
-            v = res.stack_verdict
-            if v and v.base_eager and v.cand_eager:
-                gain = v.base_eager.median_ms - v.cand_eager.median_ms
-                c = res.commits[0]
-                return [AblationRow(c.candidate_id, c.subject, v.base_eager.median_ms, gain,
-                                    100.0 * gain / v.base_eager.median_ms, v.cand_eager.device)], \
-                    "one commit: its contribution is the stack's gain"
+            return [], "ablation skipped: bot.ablate.ablate is not installed"
         t = self.target(ctx)
-        rows = fn(t, res.base_sha, res.head_sha, run_dir=ctx.run_dir / "ablation")
+        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log))
         by_sha = {c.sha: c for c in res.commits}
         out = []
-        for r in rows:
-            d = as_dict(r)
+        for d in ab.get("rows", []):
             c = by_sha.get(d.get("sha", ""))
             out.append(AblationRow(c.candidate_id if c else d.get("sha", "")[:12], c.subject if c else d.get("subject", ""),
                                    d.get("without_ms"), d.get("contribution_ms"), d.get("contribution_pct"),
-                                   d.get("device", t.device)))
-        return out, "leave-one-out over the stack"
+                                   ab.get("device", t.device)))
+        note = (f"leave-one-out, {ab.get('mode', 'eager')}, {ab.get('rounds')} rounds on {ab.get('device')}; "
+                f"base {_f(ab.get('base_ms'))} ms, stack {_f(ab.get('stack_ms'))} ms, "
+                f"round-to-round noise {_f(ab.get('noise_pct'), 1)}%")
+        notes = [f"{(d.get('sha') or '')[:12]}: {d['note']}" for d in ab.get("rows", []) if d.get("note")]
+        return out, note + ("; " + "; ".join(notes) if notes else "")
 
     # 8 -------------------------------------------------------------------------------------------
     def learn(self, ctx: RunContext) -> LearnResult:
-        # WIRE (generate helper, bot/learn.py): expected `bot.learn.learn(candidates, verdicts, target, run_id,
-        # knowledge_root) -> result` with the written files (kernel_store entries, lessons) relative to knowledge_root.
-        fn = _piece("bot.learn", "learn")
-        if fn is None:
+        # generate helper: bot.learn.learn(Outcome, store_dir=, lessons_dir=) -> Learned(entry_dir, lesson_path)
+        learn_fn, outcome_cls = _piece("bot.learn", "learn"), _piece("bot.learn", "Outcome")
+        if learn_fn is None or outcome_cls is None:
             return LearnResult("skipped", "learning not available (bot.learn.learn is not installed)")
-        if not ctx.results.get("validate", {}).get("verdicts"):
+        verdicts = ctx.results.get("validate", {}).get("verdicts", [])
+        if not verdicts:
             return LearnResult("skipped", "nothing validated, nothing to learn")
         from bot.deliver.knowledge import knowledge_root
         root = knowledge_root(ctx.options)
-        out = as_dict(fn(ctx.results["generate"]["candidates"], ctx.results["validate"]["verdicts"],
-                         self.target(ctx), ctx.run_id, root))
-        return LearnResult("done", f"{len(out.get('entries', []))} entries, {len(out.get('lessons', []))} lessons",
-                           str(root), list(out.get("files", [])), list(out.get("entries", [])),
-                           list(out.get("lessons", [])))
+        t = self.target(ctx)
+        cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
+        repo = t.checkout.repo
+        base = t.checkout.base_sha
+        files, entries, lessons = [], [], []
+        for v in verdicts:
+            c = cands.get(v["candidate_id"])
+            if c is None:
+                continue
+            added = {f: repo.git.show(f"{c.sha}:{f}") for f in
+                     repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
+            kt = c.trailers
+            split = (lambda x: [] if not x or x == "none" else [k.strip() for k in x.split(",") if k.strip()])
+            o = outcome_cls(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id,
+                            status=v["status"], reason=v["reason"], numbers=v.get("raw", {}).get("speed_summary", {}),
+                            device=v.get("device") or t.device, hardware=self._hardware(ctx),
+                            engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
+                            base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
+                            changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
+                            workload=t.workload.name, dtype=t.dtype,
+                            adds_kernels=split(kt.get("Optbot-Adds-Kernels")),
+                            removes_kernels=split(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
+            learned = learn_fn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
+            ld = as_dict(learned)
+            if ld.get("entry_dir"):
+                ed = Path(ld["entry_dir"])
+                entries.append(str(ed.relative_to(root) / "entry.yaml"))
+                files += [str(p.relative_to(root)) for p in sorted(ed.rglob("*")) if p.is_file()]
+            lp = Path(ld["lesson_path"])
+            lessons.append(str(lp.relative_to(root)))
+            files.append(str(lp.relative_to(root)))
+        return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons", str(root), files, entries, lessons)
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:
@@ -568,6 +630,67 @@ def verdict_from_dict(cid: str, v: dict) -> VerdictRecord:
                          cand_graph=m("cand_graph"), graph_note=v.get("graph_note", ""),
                          correctness=list(v.get("correctness", [])), micro=list(v.get("micro", [])),
                          raw=v.get("raw", {}))
+
+
+def _f(x, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def verdict_from_validator(cid: str, v: dict) -> VerdictRecord:
+    """bot.verdict.Verdict (as a dict) -> VerdictRecord: speed per mode -> Measurements, correctness
+    checks -> rows (max abs, rel L2), kernel microbenchmarks -> rows; each labelled with its device."""
+    import statistics
+    env = v.get("env") or {}
+    dev_name = env.get("device_name", "")
+
+    def meas(ms: list, s: dict) -> Measurement | None:
+        if not ms:
+            return None
+        return Measurement(device=s.get("device", "?"), device_name=dev_name, mode=s.get("mode", "eager"),
+                           median_ms=float(statistics.median(ms)), min_ms=float(min(ms)), max_ms=float(max(ms)),
+                           stdev_ms=float(statistics.stdev(ms)) if len(ms) > 1 else 0.0,
+                           n=int(s.get("n", 0)) * len(ms), passes=int(s.get("passes", 1) or 1))
+
+    rec = VerdictRecord(candidate_id=cid, status=v.get("status", "held"),
+                        reason=(v.get("reason") or "accepted") + (f": {v['summary']}" if v.get("summary") else ""),
+                        device=env.get("device_kind") or v.get("device", ""))
+    notes = []
+    for s in v.get("speed", []):
+        b, c = meas(s.get("base_ms", []), s), meas(s.get("candidate_ms", []), s)
+        if s.get("mode") == "graph":
+            rec.base_graph, rec.cand_graph = b, c
+        else:
+            rec.base_eager, rec.cand_eager = b, c
+        if s.get("note"):
+            notes.append(f"{s.get('mode')}: {s['note']}")
+    if rec.base_graph is None:
+        notes.append("graph: not measured" + (" (CUDA graphs need a CUDA device)" if rec.device == "cpu" else ""))
+    rec.graph_note = "; ".join(notes)
+    corr = v.get("correctness") or {}
+    for ch in corr.get("checks", []):
+        label = ch.get("label", "")
+        shape, _, seed = label.partition(" seed ")
+        rec.correctness.append({"output": ch.get("output"), "shape": shape, "seed": seed, "max_abs": ch.get("max_abs"),
+                                "max_rel": ch.get("rel_l2"), "ok": ch.get("ok"), "device": rec.device})
+    for k in corr.get("kernels", []):
+        micro = k.get("micro")
+        if isinstance(micro, dict):
+            impls = {n: x for n, x in micro.items() if n != "shape" and isinstance(x, dict)}
+            names = list(impls)
+            if len(names) >= 2:
+                ref, ker = impls[names[0]], impls[names[1]]
+                rec.micro.append({"kernel": k.get("name"), "shape": micro.get("shape"), "base_ms": ref.get("median_ms"),
+                                  "cand_ms": ker.get("median_ms"),
+                                  "speedup": (ref["median_ms"] / ker["median_ms"]) if ker.get("median_ms") else None,
+                                  "n": ker.get("n", ""), "device": "cuda"})
+        elif isinstance(micro, str):
+            rec.micro.append({"kernel": k.get("name"), "shape": "", "base_ms": None, "cand_ms": None, "speedup": None,
+                              "n": "", "device": micro})
+    rec.raw = {"summary": v.get("summary"), "run_dir": v.get("run_dir"), "notes": v.get("notes", []),
+               "speed_summary": {s.get("mode"): {"speedup": s.get("speedup"), "device": s.get("device"),
+                                                  "outcome": s.get("outcome")} for s in v.get("speed", [])},
+               "seeds": corr.get("seeds"), "shapes": corr.get("shapes"), "rule": corr.get("rule")}
+    return rec
 
 
 def ensure(cond: bool, msg: str) -> None:

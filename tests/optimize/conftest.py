@@ -136,10 +136,10 @@ class FakeStages(Stages):
         return ValidateResult("done", "2 of 2 accepted", vs)
 
     def _validator(self):
-        def fn(target, base, ref, device, run_dir):
-            return {"status": "accepted", "reason": "stack test double", "device": "cpu",
-                    "base_eager": fake_measure(10.0), "cand_eager": fake_measure(8.2)}
-        return fn
+        return self.verdict_of  # "a validator is installed"
+
+    def verdict_of(self, ctx, ref, cid, device):
+        return VerdictRecord(cid, "accepted", "stack test double", "cpu", fake_measure(10.0), fake_measure(8.2))
 
     def ablate(self, ctx, res):
         return [], "ablation not run (test double)"
