@@ -226,6 +226,13 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
         blocks.append(P("No optimization was accepted in this run. " + _why_none(ana, gen, val)))
     if comb.get("dropped"):
         blocks.append(P("Dropped while stacking: " + "; ".join(comb["dropped"])))
+    if cands or gen.get("notes"):
+        vrows = [[cid, c.get("generator", ""), c.get("kind", ""), c.get("title", ""),
+                  verdicts.get(cid, {}).get("status", "not validated"), verdicts.get(cid, {}).get("reason", "")]
+                 for cid, c in cands.items()]
+        inner = [Table(["candidate", "generator", "kind", "what", "verdict", "reason"], vrows)] if vrows else []
+        inner += [P("Generators: " + "; ".join(gen.get("notes", [])))] if gen.get("notes") else []
+        blocks.append(Details(f"All candidates and verdicts ({len(cands)})", inner))
 
     blocks.append(H(3, "Contribution of each optimization (ablation)"))
     if comb.get("ablation"):
@@ -243,7 +250,7 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
                               str(c.get("max_abs", "n/a")), str(c.get("max_rel", "n/a")),
                               "ok" if c.get("ok") else "FAIL", str(c.get("device", v.get("device", "")))])
     if corr_rows:
-        blocks.append(Table(["candidate", "output", "shape", "seed", "max abs err", "max rel err", "within tolerance",
+        blocks.append(Table(["candidate", "output", "shape", "seed", "max abs err", "rel err (rel L2)", "within tolerance",
                              "device"], corr_rows))
     else:
         blocks.append(P("No candidate was compared with the base (" + (val.get("reason") or "validation not run") + ")."))
@@ -262,8 +269,8 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
             by_kernel.setdefault(m.get("kernel", cid), []).append(m)
         for k, ms in by_kernel.items():
             blocks.append(Details(f"{k} ({len(ms)} shapes)", [Table(
-                ["shape", "reference ms", "kernel ms", "speedup", "N", "measured on"],
-                [[str(m.get("shape", "")), _ms(m.get("base_ms")), _ms(m.get("cand_ms")),
+                ["shape", "reference ms", "reference again (A/A) ms", "kernel ms", "speedup", "N", "measured on"],
+                [[str(m.get("shape", "")), _ms(m.get("base_ms")), _ms(m.get("aa_ms")), _ms(m.get("cand_ms")),
                   f"{m['speedup']:.2f}x" if m.get("speedup") else "n/a", str(m.get("n", "")), str(m.get("device", ""))]
                  for m in ms])]))
     else:

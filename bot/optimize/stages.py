@@ -674,15 +674,14 @@ def verdict_from_validator(cid: str, v: dict) -> VerdictRecord:
                                 "max_rel": ch.get("rel_l2"), "ok": ch.get("ok"), "device": rec.device})
     for k in corr.get("kernels", []):
         micro = k.get("micro")
-        if isinstance(micro, dict):
-            impls = {n: x for n, x in micro.items() if n != "shape" and isinstance(x, dict)}
-            names = list(impls)
-            if len(names) >= 2:
-                ref, ker = impls[names[0]], impls[names[1]]
-                rec.micro.append({"kernel": k.get("name"), "shape": micro.get("shape"), "base_ms": ref.get("median_ms"),
-                                  "cand_ms": ker.get("median_ms"),
-                                  "speedup": (ref["median_ms"] / ker["median_ms"]) if ker.get("median_ms") else None,
-                                  "n": ker.get("n", ""), "device": "cuda"})
+        if isinstance(micro, dict) and isinstance(micro.get("reference"), dict) and isinstance(micro.get("kernel"), dict):
+            ref, ker = micro["reference"], micro["kernel"]
+            aa = micro.get("reference_aa") if isinstance(micro.get("reference_aa"), dict) else None
+            rec.micro.append({"kernel": k.get("name"), "shape": micro.get("shape"), "base_ms": ref.get("median_ms"),
+                              "cand_ms": ker.get("median_ms"),
+                              "speedup": (ref["median_ms"] / ker["median_ms"]) if ker.get("median_ms") else None,
+                              "aa_ms": aa.get("median_ms") if aa else None,
+                              "n": ker.get("n", ""), "device": ker.get("device", "cuda")})
         elif isinstance(micro, str):
             rec.micro.append({"kernel": k.get("name"), "shape": "", "base_ms": None, "cand_ms": None, "speedup": None,
                               "n": "", "device": micro})

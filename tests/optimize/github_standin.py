@@ -40,7 +40,8 @@ class Repo:
 
 
 class GitHubStandIn:
-    def __init__(self):
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix  # e.g. "/api/v3": GitHub Enterprise serves the API under it
         self.repos: dict[str, Repo] = {}
         self.issues_comments: dict[int, dict] = {}  # id -> comment (with "_issue": (repo, number))
         self.reactions: dict[int, list[dict]] = {}
@@ -49,7 +50,7 @@ class GitHubStandIn:
         self.lock = threading.Lock()
         self._next_id = 1000
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     # ---------------------------------------------------------------- test controls
@@ -181,6 +182,10 @@ class GitHubStandIn:
             def _handle(self, method: str):
                 url = urlparse(self.path)
                 path, query = url.path, parse_qs(url.query)
+                if standin.prefix:
+                    if not path.startswith(standin.prefix + "/"):
+                        return self._send(404, {"message": "Not Found"})
+                    path = path[len(standin.prefix):]
                 standin.requests.append((method, self.path))
                 for i, (m, rx, kind) in enumerate(standin.failures):
                     if m == method and rx.search(path):
