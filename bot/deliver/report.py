@@ -161,7 +161,10 @@ def chart_png(results: dict, path: Path, title: str) -> Path | None:
     bars = [(k, v) for k, v in data.items() if v]
     if not bars:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a bare GPU box: the report says there is no chart rather than failing
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+try:  # rich draws the progress and the table; a bare GPU box without it gets plain lines
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # pragma: no cover - exercised only where rich is missing
+    from bot.optimize.plain import Console, Table
 
 from bot.errors import OptbotError
 from bot.optimize.stages import Budget, Options, RunContext, Stages
