@@ -61,6 +61,8 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
     else:
         if options is None:
             raise OptbotError("optimize: give WORKLOAD or --resume RUN_ID")
+        from bot.workload import load_workload
+        load_workload(options.workload)  # a bad name or file fails here, before a run directory exists
         run_dir = new_run_dir("optimize")
         state = RunState(run_id=run_dir.name, workload=options.workload, options=to_jsonable(options),
                          created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -89,7 +91,7 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
             state.record_failure(step, time.monotonic() - t0, f"{type(e).__name__}: {e}"[:500])
             _react(ctx, "confused", console)
             if isinstance(e, OptbotError):
-                raise OptbotError(f"step {step} failed: {e} (resume with: optbot optimize --resume {state.run_id})") from e
+                raise OptbotError(f"step {step} failed: {e} (resume with: optbot optimize {state.workload} --resume {state.run_id})") from e
             raise
         secs = time.monotonic() - t0
         summary = _summary(step, result)

@@ -122,7 +122,7 @@ def test_failure_reacts_confused_and_records(standin, forge_env):
         def generate(self, ctx):
             raise OptbotError("generator exploded")
 
-    with pytest.raises(OptbotError, match="step generate failed: generator exploded .*--resume"):
+    with pytest.raises(OptbotError, match="step generate failed: generator exploded .*optimize flux2 --resume"):
         run_optimize(_opts(env), stages=Broken(env["knowledge"].working_tree_dir))
     contents = sorted(r["content"] for r in standin.reactions[env["trigger_comment"]])
     assert contents == ["confused", "eyes"]
