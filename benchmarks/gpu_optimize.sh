@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `optbot optimize flux2 --preset full` on the H200, as one self-contained command (issue 6).
+#
+# Usage on the device machine (repo root, .whl/ carried as for benchmarks/h200.sh):
+#   bash benchmarks/gpu_optimize.sh [WORKLOAD] [RUN_ID]
+# The run directory lives in ./.optbot/runs (kept on a warm machine); the command stops itself after
+# $LIMIT seconds (default 560) so a device call never runs past 10 minutes, and prints the RUN_ID to
+# continue with on the next call:  bash benchmarks/gpu_optimize.sh flux2 <RUN_ID>
+# --dry-run: no pushes and no PRs from the GPU box; the local forge leaves the branch and the report.
+# Results (report.md/.html, latency.png, every <step>.json, wall time) go under $OUT.
+set -uo pipefail
+wl="${1:-flux2}"
+resume="${2:-}"
+OUT="${OUT:-benchmarks/results/h200-optimize-$(date +%Y%m%d)}"
+LIMIT="${LIMIT:-560}"
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OPTBOT_HOME=/tmp/optbot-home PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="$PWD/.optbot/runs"
+export OPTBOT_KNOWLEDGE_PATH="$PWD"
+mkdir -p "$OPTBOT_HOME/downloads" && cp .whl/diffusers-*.tar.gz "$OPTBOT_HOME/downloads/"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
+start=$(date +%s)
+if [[ -n "$resume" ]]; then
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --json "$OUT/optimize-$wl.json" \
+    2>&1 | tee -a "$OUT/optimize-$wl.txt"
+else
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --preset full --device cuda --dry-run --budget "$((LIMIT - 60))s" \
+    --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
+fi
+rc=${PIPESTATUS[0]}
+echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"
+run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
+if [[ -n "$run" ]]; then
+  mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$run"/latency.png "$OUT/run/" 2>/dev/null
+  python3 - "$run" <<'PY'
+import json, sys, pathlib
+st = json.loads((pathlib.Path(sys.argv[1]) / "state.json").read_text())
+total = sum(s["seconds"] for s in st["steps"].values())
+print(f"run {st['run_id']}: finished={st['finished']} attempts={st['attempts']} step seconds total={total:.0f}")
+for name, s in st["steps"].items():
+    print(f"  {name:<9} {s['status']:<8} {s['seconds']:8.1f} s  {s['summary'][:110]}")
+if not st["finished"]:
+    print(f"continue with: bash benchmarks/gpu_optimize.sh {st['workload']} {st['run_id']}")
+PY
+fi
+exit $rc

@@ -1,0 +1,109 @@
+"""`optbot optimize`: the product's main job, end to end, resumable, delivered as pull requests."""
+from __future__ import annotations
+
+import re
+
+import click
+
+from bot.commands.common import command_line, workload_options, write_json
+from bot.errors import OptbotError
+
+BUDGET_TIME = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+BUDGET_COST = re.compile(r"^\$(\d+(?:\.\d+)?)$|^(\d+(?:\.\d+)?)\s*usd$", re.I)
+
+
+def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
+    """("30m", "$5") or ("30m,5usd",) -> (wall seconds, USD)."""
+    wall = cost = None
+    for v in [p.strip() for val in values for p in val.split(",") if p.strip()]:
+        c = BUDGET_COST.match(v)
+        t = BUDGET_TIME.match(v)
+        if c:
+            cost = float(c.group(1) or c.group(2))
+        elif t and any(t.groups()):
+            h, m, s = (float(x) if x else 0.0 for x in t.groups())
+            wall = h * 3600 + m * 60 + s
+        else:
+            raise click.BadParameter(f"{v!r}: expected a wall time like 30m, 1h30m, 90s or a cost like $5 or 5usd",
+                                     param_hint="--budget")
+    return wall, cost
+
+
+@click.command("optimize")
+@workload_options
+@click.option("--resume", "resume", metavar="RUN_ID", default=None,
+              help="Continue the run RUN_ID (a folder of .optbot/runs/) at the step where it stopped.")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Validate candidates in parallel over this many GPUs (cuda:0..N-1).")
+@click.option("--budget", multiple=True, metavar="30m|$5",
+              help="Wall-time budget (30m, 1h30m, 90s) and/or agent cost budget in USD ($5, 5usd); "
+                   "repeat or separate with commas.")
+@click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
+@click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
+@click.option("--repo", envvar="OPTBOT_ENGINE_REPO", metavar="OWNER/NAME", default=None,
+              help="The engine's GitHub repository (where the engine PR opens and the trigger PR lives).")
+@click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
+              help="The bot's GitHub repository, for the knowledge PR (kernel_store + lessons).")
+@click.option("--knowledge-path", envvar="OPTBOT_KNOWLEDGE_PATH", type=click.Path(file_okay=False), default=None,
+              help="Local git repository holding kernel_store/ and lessons/ (default: optbot's own checkout).")
+@click.option("--engine-remote", envvar="OPTBOT_ENGINE_REMOTE", default=None,
+              help="Git remote (URL or name) the optimization branch is pushed to (default: the engine's origin).")
+@click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
+              help="Git remote the knowledge branch is pushed to (default: the knowledge repository's origin).")
+@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
+              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
+@click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
+def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, dry_run, iters, repo,
+            knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
+            trigger_comment):
+    """Optimize WORKLOAD end to end and deliver the result as pull requests.
+
+    \b
+    Nine steps, each recorded in .optbot/runs/<run-id>/ (state.json + <step>.json):
+      1 checkout   engine repo at --ref -> base worktree
+      2 baseline   per-step latency, output digests, environment (runner `step` job)
+      3 profile    kernel table, categories, roofline (runner `profile` job)
+      4 analyze    ranked opportunities
+      5 generate   candidates: one commit each, in its own worktree
+      6 validate   accepted | rejected + reason | held, per candidate
+      7 combine    accepted commits on branch optbot/<workload>/<base-sha12>; stack re-validated, ablated
+      8 learn      kernel_store entries and lessons
+      9 deliver    engine PR + knowledge PR + reply on the triggering PR; with no GitHub token (or
+                   --dry-run): local branches and a report (markdown + HTML) in the run directory
+    A killed run continues with --resume RUN_ID and ends with the same branches and pull requests,
+    never duplicates.
+
+    \b
+    GitHub: token from OPTBOT_GITHUB_TOKEN or GITHUB_TOKEN; GitHub Enterprise via --github-api-url.
+
+    \b
+    Examples:
+      optbot optimize flux2                               # CPU: tiny preset, local forge
+      optbot optimize flux2 --preset full --device cuda --gpus 4 --budget 30m,$5
+      optbot optimize qwen-image --dry-run --json run.json
+      optbot optimize flux2 --resume 20261129-191200-optimize-1a2b3c
+      GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
+          --trigger-pr 42 --trigger-comment 1234567
+    """
+    from bot.optimize.orchestrator import run_optimize
+    from bot.optimize.stages import Options
+    from bot.optimize.state import RunState
+
+    wall, cost = parse_budget(budget)
+    if resume:
+        saved = RunState.load(resume)
+        if saved.workload != workload:
+            raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
+        state = run_optimize(resume=resume)
+    else:
+        opts = Options(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
+                       budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
+                       trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,
+                       knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
+                       github_api_url=github_api_url, iters=iters, command=command_line())
+        state = run_optimize(opts)
+    if json_path is not None:
+        from bot.optimize.state import STEPS
+        write_json(json_path, {"run_id": state.run_id, "run_dir": str(state.run_dir), "finished": state.finished,
+                               **{s: state.result(s) for s in STEPS}})

@@ -1,0 +1,136 @@
+"""Runs the nine steps of one optimization run, in order, recording each one's typed result.
+
+A step's result is recorded (bot/optimize/state.py) before the next step starts, so a run that
+dies resumes at the first unrecorded step (``optbot optimize --resume RUN_ID``). Steps with side
+effects outside the run directory are idempotent: combine rebuilds the same branch with the same
+commits; deliver finds pull requests and replies by head branch and marker before making any.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+try:  # rich draws the progress and the table; a bare GPU box without it gets plain lines
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # pragma: no cover - exercised only where rich is missing
+    from bot.optimize.plain import Console, Table
+
+from bot.errors import OptbotError
+from bot.optimize.stages import Budget, Options, RunContext, Stages
+from bot.optimize.state import STEPS, InjectedAbort, RunState, maybe_abort, to_jsonable
+from bot.paths import new_run_dir
+
+
+def _summary(step: str, r: Any) -> str:
+    d = to_jsonable(r)
+    if step == "checkout":
+        return f"{d['engine']} @ {d['base_sha'][:12]}; {d['preset']} preset on {d['device']}, {d['dtype']}, {d['shape']}"
+    if step == "baseline":
+        e = d.get("eager")
+        return f"{e['median_ms']:.3f} ms/step eager (median of {e['n']}, {e['device']})" if e else "no timing"
+    if step == "profile":
+        cats = d.get("categories") or {}
+        top = max(cats, key=cats.get) if cats else "?"
+        return f"{d['total_ms']:.3f} ms/step ({d['device']}); most time in {top}"
+    if step == "combine":
+        return f"{d['branch']}: {len(d['commits'])} commit(s); {d['stack_note']}; {d['ablation_note']}"
+    if step == "deliver":
+        return f"{d['forge']} forge: engine PR {d['engine_pr']['action']}, knowledge PR {d['knowledge_pr']['action']}"
+    return str(d.get("reason", ""))
+
+
+def _status(r: Any) -> str:
+    return "skipped" if getattr(r, "status", "done") == "skipped" else "done"
+
+
+def run_optimize(options: Options | None = None, resume: str | None = None, stages: Stages | None = None,
+                 console: Console | None = None) -> RunState:
+    console = console or Console(stderr=True)
+    stages = stages or Stages()
+    if resume:
+        state = RunState.load(resume)
+        if state.finished:
+            console.print(f"run {resume} already finished; nothing to resume")
+            print_summary(state, console)
+            return state
+        state.attempts += 1
+        state.save()
+        options = Options(**state.options)
+        console.print(f"resuming run {state.run_id} at step {state.next_step()} (attempt {state.attempts})")
+    else:
+        if options is None:
+            raise OptbotError("optimize: give WORKLOAD or --resume RUN_ID")
+        from bot.workload import load_workload
+        load_workload(options.workload)  # a bad name or file fails here, before a run directory exists
+        run_dir = new_run_dir("optimize")
+        state = RunState(run_id=run_dir.name, workload=options.workload, options=to_jsonable(options),
+                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        state.save()
+    console.print(f"run {state.run_id}: directory {state.run_dir}")
+    ctx = RunContext(run_id=state.run_id, run_dir=state.run_dir, options=options,
+                     budget=Budget(options.budget_wall_s, options.budget_cost_usd),
+                     results={s: state.result(s) for s in STEPS if state.is_done(s)},
+                     log=lambda m: console.print(m))
+    from bot.deliver.deliver import make_forge
+    ctx.forge = make_forge(ctx)
+    _react(ctx, "eyes", console)
+    for i, step in enumerate(STEPS, 1):
+        if state.is_done(step):
+            continue
+        if step == "deliver":
+            ctx.results["_command"] = options.command
+            ctx.results["_steps"] = [to_jsonable(s) for s in state.steps.values()]
+        t0 = time.monotonic()
+        try:
+            with console.status(f"[{i}/{len(STEPS)}] {step} ...", spinner="dots"):
+                result = getattr(stages, step)(ctx)
+        except InjectedAbort:
+            raise
+        except Exception as e:  # recorded, reacted to, then shown to the user
+            state.record_failure(step, time.monotonic() - t0, f"{type(e).__name__}: {e}"[:500])
+            _react(ctx, "confused", console)
+            if isinstance(e, OptbotError):
+                raise OptbotError(f"step {step} failed: {e} (resume with: optbot optimize {state.workload} --resume {state.run_id})") from e
+            raise
+        secs = time.monotonic() - t0
+        summary = _summary(step, result)
+        state.record(step, _status(result), result, secs, summary)
+        ctx.results[step] = to_jsonable(result)
+        console.print(f"[{i}/{len(STEPS)}] {step}: {_status(result)} in {secs:.1f} s — {summary}")
+        maybe_abort(step)
+    state.finished = True
+    state.save()
+    _react(ctx, "rocket", console)
+    print_summary(state, console)
+    return state
+
+
+def _react(ctx: RunContext, content: str, console: Console) -> None:
+    try:
+        ctx.forge.react(content)
+    except OptbotError as e:  # a reaction is courtesy; it never fails a run
+        console.print(f"could not react {content}: {e}")
+
+
+def print_summary(state: RunState, console: Console) -> None:
+    t = Table(title=f"optbot optimize {state.workload} — run {state.run_id}")
+    for col in ("step", "status", "seconds", "result"):
+        t.add_column(col, overflow="fold")
+    for s in STEPS:
+        rec = state.steps.get(s)
+        if rec is None:
+            t.add_row(s, "not run", "", "")
+        else:
+            t.add_row(s, rec.status, f"{rec.seconds:.1f}", rec.summary)
+    console.print(t)
+    d = state.result("deliver")
+    if d:
+        console.print(f"optimization branch: {d['engine_branch']} @ {d['engine_head'][:12]} "
+                      f"(engine repository {state.result('checkout').get('repo_path')})")
+        if d.get("knowledge_branch"):
+            console.print(f"knowledge branch: {d['knowledge_branch']}")
+        for what in ("engine_pr", "knowledge_pr", "trigger_reply"):
+            pr = d[what]
+            console.print(f"{what.replace('_', ' ')}: {pr['action']} {pr.get('url') or ''} {pr.get('note') or ''}")
+        console.print(f"report: {d['report_md']} · {d['report_html']}")

@@ -1,0 +1,697 @@
+"""The nine steps of `optbot optimize`, each a method of ``Stages`` returning a typed result.
+
+This module is THE adapter between the orchestrator and the pieces built elsewhere:
+  analyze   bot.analyze   (opportunities)           -> Stages.analyze
+  generate  bot.generate  (store replay, variant search, agent, compile region) -> Stages.generate
+  validate  bot.validate  (validate -> Verdict, ablation)                     -> Stages.validate / combine
+  learn     bot.learn     (store entries, lessons)                            -> Stages.learn
+Each adapter looks its piece up with ``_piece`` and converts what comes back into the dataclasses
+below. Where a piece is not installed, the step is recorded as "skipped" with the reason; it never
+makes up a result. checkout, baseline and profile use the foundation's own code (bot/target,
+runner `step` and `profile` jobs through bot/jobs.run_job).
+
+Every result is a dataclass that bot/optimize/state.py writes as <step>.json in the run directory.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import importlib
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import git
+
+from bot.engine import add_worktree
+from bot.errors import OptbotError, RunnerError
+from bot.jobs import run_job
+from bot.target import Target, base_worktree, resolve_target
+from runner.job import Job
+
+# ------------------------------------------------------------------------------------------------
+# typed results
+
+
+@dataclass
+class Measurement:
+    """One latency measurement and THE device that measured it."""
+    device: str  # cpu | cuda: which clock
+    device_name: str
+    mode: str  # eager | graph
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    stdev_ms: float
+    n: int
+    passes: int = 1
+
+    @property
+    def per_pass_ms(self) -> float:
+        return self.median_ms / max(self.passes, 1)
+
+    @classmethod
+    def from_timing(cls, t: dict | None, device_name: str, passes: int) -> "Measurement | None":
+        if not t or not isinstance(t, dict) or "median_ms" not in t:
+            return None
+        return cls(device=t.get("device", "?"), device_name=device_name, mode=t.get("mode", "eager"),
+                   median_ms=float(t["median_ms"]), min_ms=float(t.get("min_ms", t["median_ms"])),
+                   max_ms=float(t.get("max_ms", t["median_ms"])), stdev_ms=float(t.get("stdev_ms", 0.0)),
+                   n=int(t.get("n", 1)), passes=passes)
+
+
+@dataclass
+class CheckoutResult:
+    workload: str
+    engine: str
+    repo_path: str
+    base_sha: str
+    ref: str
+    import_root: str
+    model_class: str
+    base_worktree: str
+    preset: str
+    device: str
+    dtype: str
+    shape: str
+
+
+@dataclass
+class BaselineResult:
+    status: str
+    eager: Measurement | None
+    graph: Measurement | None
+    graph_note: str
+    outputs: list[dict]
+    env: dict
+    log: str
+
+
+@dataclass
+class ProfileResult:
+    status: str
+    device: str
+    total_ms: float
+    categories: dict[str, float]
+    top_kernels: list[dict]
+    launches: int | None
+    profile_file: str
+    env: dict
+
+
+@dataclass
+class AnalyzeResult:
+    status: str  # done | skipped
+    reason: str
+    opportunities: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class CandidateRecord:
+    id: str
+    title: str
+    sha: str
+    worktree: str
+    generator: str = ""
+    kind: str = ""
+    opportunity: str = ""
+    description: str = ""
+    trailers: dict[str, str] = field(default_factory=dict)
+    estimated_gain_ms: float | None = None
+
+
+@dataclass
+class GenerateResult:
+    status: str
+    reason: str
+    candidates: list[CandidateRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    agent_cost_usd: float = 0.0
+
+
+@dataclass
+class VerdictRecord:
+    candidate_id: str
+    status: str  # accepted | rejected | held
+    reason: str
+    device: str = ""
+    base_eager: Measurement | None = None
+    cand_eager: Measurement | None = None
+    base_graph: Measurement | None = None
+    cand_graph: Measurement | None = None
+    graph_note: str = ""
+    correctness: list[dict] = field(default_factory=list)  # output, shape, seed, max_abs, max_rel, ok
+    micro: list[dict] = field(default_factory=list)  # kernel, shape, base_ms, cand_ms, speedup, device
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.base_eager and self.cand_eager and self.cand_eager.median_ms:
+            return self.base_eager.median_ms / self.cand_eager.median_ms
+        return None
+
+
+@dataclass
+class ValidateResult:
+    status: str
+    reason: str
+    verdicts: list[VerdictRecord] = field(default_factory=list)
+
+
+@dataclass
+class StackCommit:
+    candidate_id: str
+    sha: str
+    subject: str
+
+
+@dataclass
+class AblationRow:
+    candidate_id: str
+    title: str
+    without_ms: float | None
+    contribution_ms: float | None
+    contribution_pct: float | None
+    device: str
+
+
+@dataclass
+class CombineResult:
+    status: str
+    branch: str
+    base_sha: str
+    head_sha: str
+    commits: list[StackCommit] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    stack_verdict: VerdictRecord | None = None
+    stack_note: str = ""
+    ablation: list[AblationRow] = field(default_factory=list)
+    ablation_note: str = ""
+
+
+@dataclass
+class LearnResult:
+    status: str
+    reason: str
+    knowledge_root: str = ""
+    files: list[str] = field(default_factory=list)  # relative to knowledge_root
+    entries: list[str] = field(default_factory=list)
+    lessons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PullRequestRef:
+    action: str  # opened | updated | closed-by-person | merged | local | none | skipped
+    number: int | None = None
+    url: str = ""
+    note: str = ""
+
+
+@dataclass
+class DeliverResult:
+    forge: str  # local | github
+    dry_run: bool
+    engine_branch: str
+    engine_head: str
+    engine_pr: PullRequestRef
+    knowledge_branch: str
+    knowledge_pr: PullRequestRef
+    trigger_reply: PullRequestRef
+    report_md: str
+    report_html: str
+    chart_png: str
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# run options and context
+
+
+@dataclass
+class Budget:
+    wall_s: float | None = None
+    cost_usd: float | None = None
+    started: float = field(default_factory=time.time)
+
+    def remaining_s(self) -> float | None:
+        return None if self.wall_s is None else self.wall_s - (time.time() - self.started)
+
+    def exhausted(self) -> bool:
+        r = self.remaining_s()
+        return r is not None and r <= 0
+
+
+@dataclass
+class Options:
+    workload: str
+    engine: str | None = None
+    ref: str | None = None
+    preset: str | None = None
+    device: str | None = None
+    gpus: int = 1
+    budget_wall_s: float | None = None
+    budget_cost_usd: float | None = None
+    dry_run: bool = False
+    repo: str | None = None  # GitHub OWNER/NAME of the engine (and of the triggering PR)
+    trigger_pr: int | None = None
+    trigger_comment: int | None = None
+    knowledge_repo: str | None = None  # GitHub OWNER/NAME of the bot's repository
+    knowledge_path: str | None = None  # local git repository holding kernel_store/ and lessons/
+    engine_remote: str | None = None
+    knowledge_remote: str | None = None
+    github_api_url: str | None = None
+    iters: int | None = None
+    command: str = ""
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    run_dir: Path
+    options: Options
+    budget: Budget
+    results: dict[str, dict]  # step name -> its recorded JSON result (from state)
+    log: Callable[[str], None] = print
+    target: Target | None = None
+    forge: Any = None
+
+    def jobs_dir(self) -> Path:
+        d = self.run_dir / "jobs"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+def _piece(module: str, attr: str):
+    """A function of another part of optbot, or None when that part is not installed."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            return None
+        raise
+    return getattr(mod, attr, None)
+
+
+def as_dict(obj: Any) -> dict:
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if is_dataclass(obj):
+        return asdict(obj)
+    return dict(vars(obj))
+
+
+def branch_name(workload: str, base_sha: str) -> str:
+    return f"optbot/{workload}/{base_sha[:12]}"
+
+
+def knowledge_branch_name(workload: str, base_sha: str) -> str:
+    return f"optbot/knowledge/{workload}/{base_sha[:12]}"
+
+
+def commit_trailers(repo: git.Repo, sha: str) -> dict[str, str]:
+    """Git trailers of a commit (DESIGN decision 5), e.g. {"Optbot-Kind": "merge-siblings"}."""
+    out = repo.git.log("-1", "--format=%(trailers:only,unfold)", sha)
+    trailers = {}
+    for line in out.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            trailers[k.strip()] = v.strip()
+    return trailers
+
+
+# ------------------------------------------------------------------------------------------------
+# the stages
+
+
+class Stages:
+    """The default stages. Tests of the forge and resume logic subclass this to replace measuring
+    stages; the end-to-end test uses it as is."""
+
+    # 1 -------------------------------------------------------------------------------------------
+    def checkout(self, ctx: RunContext) -> CheckoutResult:
+        t = self.target(ctx)
+        wt = base_worktree(t)
+        shape = t.workload.preset(t.preset).shapes
+        return CheckoutResult(workload=t.workload.name, engine=t.checkout.name, repo_path=str(t.checkout.repo_path),
+                              base_sha=t.checkout.base_sha, ref=t.checkout.ref, import_root=t.checkout.import_root,
+                              model_class=t.model_class, base_worktree=str(wt), preset=t.preset, device=t.device,
+                              dtype=t.dtype, shape=shape.label())
+
+    def target(self, ctx: RunContext) -> Target:
+        """Resolve once per process; on resume the base sha recorded by checkout pins the ref."""
+        if ctx.target is None:
+            o = ctx.options
+            co = ctx.results.get("checkout") or {}
+            ctx.target = resolve_target(o.workload, o.engine, co.get("base_sha") or o.ref,
+                                        co.get("preset") or o.preset, co.get("device") or o.device)
+        return ctx.target
+
+    def _job(self, ctx: RunContext, kind: str, worktree: Path, out_dir: Path, iters: int, **kw) -> Job:
+        t = self.target(ctx)
+        shape = t.workload.preset(t.preset).shapes
+        return Job(kind=kind, workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
+                   engine_root=t.engine_root(worktree), engine_sha=git.Repo(worktree).head.commit.hexsha,
+                   model_class=t.model_class,
+                   shapes=[{"resolution": list(shape.resolution), "text_tokens": shape.text_tokens, "batch": shape.batch}],
+                   seeds=kw.pop("seeds", [0]), weight_seed=0, warmup=kw.pop("warmup", 2), iters=iters,
+                   out_dir=str(out_dir), **kw)
+
+    def _iters(self, ctx: RunContext) -> int:
+        t = self.target(ctx)
+        return ctx.options.iters or (20 if t.device.startswith("cuda") else 5)
+
+    # 2 -------------------------------------------------------------------------------------------
+    def baseline(self, ctx: RunContext) -> BaselineResult:
+        wt = Path(ctx.results["checkout"]["base_worktree"])
+        out_dir = ctx.jobs_dir() / "baseline"
+        job = self._job(ctx, "step", wt, out_dir, self._iters(ctx), seeds=[0])
+        out = run_job(job, out_dir, timeout_s=3600, name="baseline")
+        if not out.ok:
+            raise RunnerError(f"baseline step job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+        r = out.result
+        env = r.get("env", {})
+        eager = Measurement.from_timing(r.get("latency"), env.get("device_name", ""), r.get("passes", 1))
+        return BaselineResult(status="done", eager=eager, graph=None,
+                              graph_note="the runner's step job times eager mode only; CUDA-graph numbers come "
+                                         "from the validator's end-to-end check of the stack",
+                              outputs=r.get("outputs", []), env=env, log=out.log_path)
+
+    # 3 -------------------------------------------------------------------------------------------
+    def profile(self, ctx: RunContext) -> ProfileResult:
+        wt = Path(ctx.results["checkout"]["base_worktree"])
+        out_dir = ctx.jobs_dir() / "profile"
+        job = self._job(ctx, "profile", wt, out_dir, max(3, self._iters(ctx) // 2))
+        out = run_job(job, out_dir, timeout_s=3600, name="profile")
+        if not out.ok:
+            raise RunnerError(f"profile job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+        p = out.result
+        full = out_dir / "profile.full.json"
+        from bot.optimize.state import write_json_atomic
+        write_json_atomic(full, p)
+        kernels = sorted(p.get("kernels", []), key=lambda k: -float(k.get("ms", 0)))[:15]
+        return ProfileResult(status="done", device=p.get("device", "?"), total_ms=float(p.get("total_ms", 0.0)),
+                             categories=p.get("categories", {}), top_kernels=kernels,
+                             launches=p.get("launches") or p.get("launch_count"), profile_file=str(full),
+                             env=p.get("env", {}))
+
+    # 4 -------------------------------------------------------------------------------------------
+    def analyze(self, ctx: RunContext) -> AnalyzeResult:
+        # analyze helper: runner `graph` job -> bot.analyze.graph.Graph -> bot.analyze.run.analyze(graph, profile)
+        run_analysis = _piece("bot.analyze.run", "analyze")
+        graph_cls = _piece("bot.analyze.graph", "Graph")
+        from runner.job import job_kinds
+        if run_analysis is None or graph_cls is None or "graph" not in job_kinds():
+            return AnalyzeResult("skipped", "analysis not available (bot.analyze.run.analyze or the runner "
+                                            "`graph` job kind is not installed)")
+        import json
+        wt = Path(ctx.results["checkout"]["base_worktree"])
+        out_dir = ctx.jobs_dir() / "graph"
+        out = run_job(self._job(ctx, "graph", wt, out_dir, 0), out_dir, timeout_s=3600, name="graph")
+        if not out.ok:
+            raise RunnerError(f"graph job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+        profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
+        co = ctx.results["checkout"]
+        analysis = run_analysis(graph_cls.load(out.result["graph"]), profile,
+                                meta={"workload": co["workload"], "preset": co["preset"], "engine": co["engine"]},
+                                profile_source=ctx.results["profile"]["profile_file"])
+        from bot.optimize.state import write_json_atomic
+        write_json_atomic(ctx.run_dir / "analysis.full.json", analysis)
+        opps = [as_dict(o) for o in analysis.get("opportunities", [])]
+        claimed = analysis.get("claimed_ms")
+        return AnalyzeResult("done", f"{len(opps)} opportunities"
+                             + (f", {claimed:.3f} ms claimed ({analysis['profile'].get('device')})" if claimed else ""),
+                             opps)
+
+    # 5 -------------------------------------------------------------------------------------------
+    def generate(self, ctx: RunContext) -> GenerateResult:
+        opps = ctx.results.get("analyze", {}).get("opportunities") or []
+        if not opps:
+            why = ctx.results.get("analyze", {}).get("reason", "no opportunities")
+            return GenerateResult("skipped", f"nothing to generate from: {why}")
+        t = self.target(ctx)
+        notes: list[str] = []
+        recs: list[CandidateRecord] = []
+        hardware = self._hardware(ctx)
+        # store replay (store helper): every matching kernel_store entry -> a commit in its own worktree
+        replay = _piece("bot.generate.replay", "replay")
+        if replay is None:
+            notes.append("store replay: not available (bot.generate.replay is not installed)")
+        else:
+            for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware,
+                            t.workload.name):
+                if r.candidate is None:
+                    notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
+                    continue
+                recs.append(self._candidate_record(t, r.candidate, len(recs), opps))
+                notes.append(f"store replay {r.entry_id}: {r.reason}")
+        # the other generators: say what ran and what did not
+        import os
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            notes.append("agent: off (no ANTHROPIC_API_KEY)")
+        else:
+            notes.append("agent: not wired into optimize yet (bot.agent.parallel.generate takes an AgentTask)")
+        for gen_name, mod in (("variant search", "bot.generate.variants"), ("compile region", "bot.generate.compile_region")):
+            if _piece(mod, "generate") is None:
+                notes.append(f"{gen_name}: not available ({mod} is not installed)")
+        if ctx.budget.exhausted():
+            notes.append("wall-time budget spent during generation")
+        return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
+
+    def _hardware(self, ctx: RunContext) -> str:
+        t = self.target(ctx)
+        env = ctx.results.get("baseline", {}).get("env", {})
+        hw = _piece("bot.learn", "hardware_name")
+        if hw is not None:
+            return hw(t.device, env.get("device_name", ""))
+        return "cpu" if not t.device.startswith("cuda") else (env.get("device_name") or "cuda").lower()
+
+    @staticmethod
+    def _candidate_record(t: Target, c: Any, i: int, opps: list | None = None) -> CandidateRecord:
+        d = as_dict(c)
+        sha = d.get("commit_sha") or d.get("sha")
+        repo = t.checkout.repo
+        commit = repo.commit(sha)
+        trailers = commit_trailers(repo, sha)
+        opp_id = d.get("opportunity_id") or trailers.get("Optbot-Opportunity", "")
+        gain = next((o.get("gain_ms") for o in (opps or []) if o.get("id") == opp_id), None)
+        return CandidateRecord(id=str(d.get("id") or f"c{i + 1}"), title=d.get("title") or commit.summary,
+                               sha=sha, worktree=str(d.get("worktree", "")), generator=str(d.get("generator", "")),
+                               kind=d.get("kind") or trailers.get("Optbot-Kind", ""), opportunity=opp_id,
+                               description=commit.message, trailers=trailers, estimated_gain_ms=gain)
+
+    # 6 -------------------------------------------------------------------------------------------
+    def validate(self, ctx: RunContext) -> ValidateResult:
+        cands = [CandidateRecord(**c) for c in ctx.results.get("generate", {}).get("candidates", [])]
+        if not cands:
+            return ValidateResult("skipped", "no candidates to validate")
+        if self._validator() is None:
+            return ValidateResult("skipped", "validation not available (bot.validate.validate is not installed); "
+                                             "no candidate can be accepted without it")
+        t = self.target(ctx)
+        gpus = max(1, ctx.options.gpus)
+        devices = [f"cuda:{i}" for i in range(gpus)] if t.device.startswith("cuda") and gpus > 1 else [t.device]
+
+        def one(i_c):
+            i, c = i_c
+            if ctx.budget.exhausted():
+                return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
+            return self.verdict_of(ctx, c.sha, c.id, devices[i % len(devices)])
+
+        with futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
+            verdicts = list(pool.map(one, enumerate(cands)))
+        n_ok = sum(v.status == "accepted" for v in verdicts)
+        return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+
+    def _validator(self):
+        # validate helper: bot.validate.validate(target, candidate, base=None, opts=Options(...)) -> Verdict
+        return _piece("bot.validate", "validate")
+
+    def verdict_of(self, ctx: RunContext, ref: str, cid: str, device: str) -> VerdictRecord:
+        import dataclasses
+        fn = self._validator()
+        t = self.target(ctx)
+        if device != t.device:
+            t = dataclasses.replace(t, device=device)
+        vopts_cls = _piece("bot.validate", "Options")
+        opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log) if vopts_cls else None
+        v = fn(t, ref, t.checkout.base_sha, opts)
+        return verdict_from_validator(cid, as_dict(v))
+
+    # 7 -------------------------------------------------------------------------------------------
+    def combine(self, ctx: RunContext) -> CombineResult:
+        from bot.optimize.stack import build_stack
+
+        t = self.target(ctx)
+        cands = {c["id"]: CandidateRecord(**c) for c in ctx.results.get("generate", {}).get("candidates", [])}
+        verdicts = {v["candidate_id"]: verdict_from_dict(v["candidate_id"], v)
+                    for v in ctx.results.get("validate", {}).get("verdicts", [])}
+        accepted = [cands[cid] for cid, v in verdicts.items() if v.status == "accepted" and cid in cands]
+        branch = branch_name(t.workload.name, t.checkout.base_sha)
+        commits, dropped, head = build_stack(t.checkout, branch, accepted, verdicts, ctx)
+        res = CombineResult("done", branch, t.checkout.base_sha, head, commits, dropped)
+        if not commits:
+            res.stack_note = "no accepted optimization: the branch equals the base"
+            res.ablation_note = "nothing to ablate"
+            return res
+        if self._validator() is None:
+            res.stack_note = "stack re-validation skipped: validation not available"
+        else:
+            res.stack_verdict = self.verdict_of(ctx, head, "stack", t.device)
+            res.stack_note = f"stack re-validated: {res.stack_verdict.status} ({res.stack_verdict.reason})"
+        res.ablation, res.ablation_note = self.ablate(ctx, res)
+        return res
+
+    def ablate(self, ctx: RunContext, res: CombineResult) -> tuple[list[AblationRow], str]:
+        # validate helper: bot.ablate.ablate(target, candidate, base, run_dir=...) -> Ablation (leave-one-out)
+        fn = _piece("bot.ablate", "ablate")
+        if fn is None:
+            return [], "ablation skipped: bot.ablate.ablate is not installed"
+        t = self.target(ctx)
+        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log))
+        by_sha = {c.sha: c for c in res.commits}
+        out = []
+        for d in ab.get("rows", []):
+            c = by_sha.get(d.get("sha", ""))
+            out.append(AblationRow(c.candidate_id if c else d.get("sha", "")[:12], c.subject if c else d.get("subject", ""),
+                                   d.get("without_ms"), d.get("contribution_ms"), d.get("contribution_pct"),
+                                   ab.get("device", t.device)))
+        note = (f"leave-one-out, {ab.get('mode', 'eager')}, {ab.get('rounds')} rounds on {ab.get('device')}; "
+                f"base {_f(ab.get('base_ms'))} ms, stack {_f(ab.get('stack_ms'))} ms, "
+                f"round-to-round noise {_f(ab.get('noise_pct'), 1)}%")
+        notes = [f"{(d.get('sha') or '')[:12]}: {d['note']}" for d in ab.get("rows", []) if d.get("note")]
+        return out, note + ("; " + "; ".join(notes) if notes else "")
+
+    # 8 -------------------------------------------------------------------------------------------
+    def learn(self, ctx: RunContext) -> LearnResult:
+        # generate helper: bot.learn.learn(Outcome, store_dir=, lessons_dir=) -> Learned(entry_dir, lesson_path)
+        learn_fn, outcome_cls = _piece("bot.learn", "learn"), _piece("bot.learn", "Outcome")
+        if learn_fn is None or outcome_cls is None:
+            return LearnResult("skipped", "learning not available (bot.learn.learn is not installed)")
+        verdicts = ctx.results.get("validate", {}).get("verdicts", [])
+        if not verdicts:
+            return LearnResult("skipped", "nothing validated, nothing to learn")
+        from bot.deliver.knowledge import knowledge_root
+        root = knowledge_root(ctx.options)
+        t = self.target(ctx)
+        cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
+        repo = t.checkout.repo
+        base = t.checkout.base_sha
+        files, entries, lessons = [], [], []
+        for v in verdicts:
+            c = cands.get(v["candidate_id"])
+            if c is None:
+                continue
+            added = {f: repo.git.show(f"{c.sha}:{f}") for f in
+                     repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
+            kt = c.trailers
+            split = (lambda x: [] if not x or x == "none" else [k.strip() for k in x.split(",") if k.strip()])
+            o = outcome_cls(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id,
+                            status=v["status"], reason=v["reason"], numbers=v.get("raw", {}).get("speed_summary", {}),
+                            device=v.get("device") or t.device, hardware=self._hardware(ctx),
+                            engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
+                            base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
+                            changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
+                            workload=t.workload.name, dtype=t.dtype,
+                            adds_kernels=split(kt.get("Optbot-Adds-Kernels")),
+                            removes_kernels=split(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
+            learned = learn_fn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
+            ld = as_dict(learned)
+            if ld.get("entry_dir"):
+                ed = Path(ld["entry_dir"])
+                entries.append(str(ed.relative_to(root) / "entry.yaml"))
+                files += [str(p.relative_to(root)) for p in sorted(ed.rglob("*")) if p.is_file()]
+            lp = Path(ld["lesson_path"])
+            lessons.append(str(lp.relative_to(root)))
+            files.append(str(lp.relative_to(root)))
+        return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons", str(root), files, entries, lessons)
+
+    # 9 -------------------------------------------------------------------------------------------
+    def deliver(self, ctx: RunContext) -> DeliverResult:
+        from bot.deliver import deliver
+        return deliver.deliver(ctx)
+
+
+def verdict_from_dict(cid: str, v: dict) -> VerdictRecord:
+    """Accepts our own VerdictRecord JSON, or the validate helper's Verdict as a dict."""
+    def m(key: str) -> Measurement | None:
+        x = v.get(key)
+        if isinstance(x, Measurement) or x is None:
+            return x
+        if "median_ms" in x and "mode" in x and "device_name" in x:
+            return Measurement(**{k: x[k] for k in Measurement.__dataclass_fields__ if k in x})
+        return Measurement.from_timing(x, x.get("device_name", ""), x.get("passes", 1))
+    status = v.get("status") or v.get("verdict") or "held"
+    return VerdictRecord(candidate_id=cid, status=status, reason=v.get("reason", ""), device=v.get("device", ""),
+                         base_eager=m("base_eager"), cand_eager=m("cand_eager"), base_graph=m("base_graph"),
+                         cand_graph=m("cand_graph"), graph_note=v.get("graph_note", ""),
+                         correctness=list(v.get("correctness", [])), micro=list(v.get("micro", [])),
+                         raw=v.get("raw", {}))
+
+
+def _f(x, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def verdict_from_validator(cid: str, v: dict) -> VerdictRecord:
+    """bot.verdict.Verdict (as a dict) -> VerdictRecord: speed per mode -> Measurements, correctness
+    checks -> rows (max abs, rel L2), kernel microbenchmarks -> rows; each labelled with its device."""
+    import statistics
+    env = v.get("env") or {}
+    dev_name = env.get("device_name", "")
+
+    def meas(ms: list, s: dict) -> Measurement | None:
+        if not ms:
+            return None
+        return Measurement(device=s.get("device", "?"), device_name=dev_name, mode=s.get("mode", "eager"),
+                           median_ms=float(statistics.median(ms)), min_ms=float(min(ms)), max_ms=float(max(ms)),
+                           stdev_ms=float(statistics.stdev(ms)) if len(ms) > 1 else 0.0,
+                           n=int(s.get("n", 0)) * len(ms), passes=int(s.get("passes", 1) or 1))
+
+    rec = VerdictRecord(candidate_id=cid, status=v.get("status", "held"),
+                        reason=(v.get("reason") or "accepted") + (f": {v['summary']}" if v.get("summary") else ""),
+                        device=env.get("device_kind") or v.get("device", ""))
+    notes = []
+    for s in v.get("speed", []):
+        b, c = meas(s.get("base_ms", []), s), meas(s.get("candidate_ms", []), s)
+        if s.get("mode") == "graph":
+            rec.base_graph, rec.cand_graph = b, c
+        else:
+            rec.base_eager, rec.cand_eager = b, c
+        if s.get("note"):
+            notes.append(f"{s.get('mode')}: {s['note']}")
+    if rec.base_graph is None:
+        notes.append("graph: not measured" + (" (CUDA graphs need a CUDA device)" if rec.device == "cpu" else ""))
+    rec.graph_note = "; ".join(notes)
+    corr = v.get("correctness") or {}
+    for ch in corr.get("checks", []):
+        label = ch.get("label", "")
+        shape, _, seed = label.partition(" seed ")
+        rec.correctness.append({"output": ch.get("output"), "shape": shape, "seed": seed, "max_abs": ch.get("max_abs"),
+                                "max_rel": ch.get("rel_l2"), "ok": ch.get("ok"), "device": rec.device})
+    for k in corr.get("kernels", []):
+        micro = k.get("micro")
+        if isinstance(micro, dict) and isinstance(micro.get("reference"), dict) and isinstance(micro.get("kernel"), dict):
+            ref, ker = micro["reference"], micro["kernel"]
+            aa = micro.get("reference_aa") if isinstance(micro.get("reference_aa"), dict) else None
+            rec.micro.append({"kernel": k.get("name"), "shape": micro.get("shape"), "base_ms": ref.get("median_ms"),
+                              "cand_ms": ker.get("median_ms"),
+                              "speedup": (ref["median_ms"] / ker["median_ms"]) if ker.get("median_ms") else None,
+                              "aa_ms": aa.get("median_ms") if aa else None,
+                              "n": ker.get("n", ""), "device": ker.get("device", "cuda")})
+        elif isinstance(micro, str):
+            rec.micro.append({"kernel": k.get("name"), "shape": "", "base_ms": None, "cand_ms": None, "speedup": None,
+                              "n": "", "device": micro})
+    rec.raw = {"summary": v.get("summary"), "run_dir": v.get("run_dir"), "notes": v.get("notes", []),
+               "speed_summary": {s.get("mode"): {"speedup": s.get("speedup"), "device": s.get("device"),
+                                                  "outcome": s.get("outcome")} for s in v.get("speed", [])},
+               "seeds": corr.get("seeds"), "shapes": corr.get("shapes"), "rule": corr.get("rule")}
+    return rec
+
+
+def ensure(cond: bool, msg: str) -> None:
+    if not cond:
+        raise OptbotError(msg)

@@ -1,0 +1,133 @@
+"""Run state of `optbot optimize`: which steps are done, and where each step's typed result lies.
+
+The run directory (.optbot/runs/<run-id>/) holds:
+  state.json         this file's RunState: options, step records (status, seconds, summary)
+  <step>.json        each step's typed result (a dataclass of bot/optimize/stages.py, as JSON)
+  jobs/, logs        runner jobs' JSON, results and logs
+  report.md/.html    the rendered report (deliver)
+
+A step is recorded as done only after its result file is written (atomically), so a run killed at
+any instant resumes at the first step without a record, and a step's side effects (branches,
+pull requests) are made idempotent by the step itself (bot/deliver/).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from bot.errors import OptbotError
+from bot.paths import runs_dir
+
+STEPS = ("checkout", "baseline", "profile", "analyze", "generate", "validate", "combine", "learn", "deliver")
+
+
+def to_jsonable(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {k: to_jsonable(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_jsonable(data), indent=2, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass
+class StepRecord:
+    name: str
+    status: str  # done | skipped | failed
+    seconds: float = 0.0
+    summary: str = ""
+    result_file: str = ""
+    finished_at: str = ""
+
+
+@dataclass
+class RunState:
+    run_id: str
+    workload: str
+    options: dict[str, Any]
+    created_at: str
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    finished: bool = False
+    attempts: int = 1  # 1 + number of resumes
+
+    # ---------------------------------------------------------------- persistence
+    @property
+    def run_dir(self) -> Path:
+        return runs_dir() / self.run_id
+
+    def save(self) -> None:
+        write_json_atomic(self.run_dir / "state.json", self)
+
+    @classmethod
+    def load(cls, run_id: str) -> "RunState":
+        path = runs_dir() / run_id / "state.json"
+        if not path.is_file():
+            known = sorted(p.name for p in runs_dir().glob("*-optimize-*")) if runs_dir().is_dir() else []
+            hint = f"; known optimize runs: {', '.join(known[-5:])}" if known else ""
+            raise OptbotError(f"--resume {run_id}: no run state at {path}{hint}")
+        try:
+            data = json.loads(path.read_text())
+            steps = {k: StepRecord(**v) for k, v in data.pop("steps", {}).items()}
+            return cls(steps=steps, **data)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise OptbotError(f"{path}: not a run state written by this optbot ({e})") from None
+
+    # ---------------------------------------------------------------- steps
+    def is_done(self, step: str) -> bool:
+        rec = self.steps.get(step)
+        return rec is not None and rec.status in ("done", "skipped")
+
+    def next_step(self) -> str | None:
+        for s in STEPS:
+            if not self.is_done(s):
+                return s
+        return None
+
+    def record(self, step: str, status: str, result: Any, seconds: float, summary: str) -> None:
+        result_file = self.run_dir / f"{step}.json"
+        write_json_atomic(result_file, result)  # the result first: a record always has its file
+        self.steps[step] = StepRecord(step, status, round(seconds, 2), summary, str(result_file),
+                                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.save()
+
+    def record_failure(self, step: str, seconds: float, message: str) -> None:
+        self.steps[step] = StepRecord(step, "failed", round(seconds, 2), message, "",
+                                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.save()
+
+    def result(self, step: str) -> dict:
+        rec = self.steps.get(step)
+        if rec is None or not rec.result_file:
+            return {}
+        return json.loads(Path(rec.result_file).read_text())
+
+
+class InjectedAbort(BaseException):
+    """Raised at an abort point named by $OPTBOT_ABORT_AFTER (tests of resume). A BaseException, so
+    that nothing on the way up treats it as a step failure: to the run it looks like a kill."""
+
+
+def maybe_abort(point: str) -> None:
+    """Fault injection for resume tests: $OPTBOT_ABORT_AFTER=STEP (or deliver:knowledge-pr,
+    deliver:engine-pr) stops the run right after that point; with $OPTBOT_ABORT_MODE=kill the
+    process SIGKILLs itself (as the OOM killer or a runner reboot would), else InjectedAbort is raised."""
+    if os.environ.get("OPTBOT_ABORT_AFTER") != point:
+        return
+    if os.environ.get("OPTBOT_ABORT_MODE") == "kill":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedAbort(point)

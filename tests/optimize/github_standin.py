@@ -1,0 +1,292 @@
+"""A small stand-in of the GitHub REST API on 127.0.0.1, for the real PyGithub client (base_url).
+
+It implements only what optbot's forge calls, with the JSON fields PyGithub reads:
+  GET    /repos/{o}/{r}                                   repository
+  GET    /repos/{o}/{r}/pulls?state=&head=OWNER:BRANCH     list pull requests (filtered like GitHub)
+  POST   /repos/{o}/{r}/pulls                             create (422 if the head branch is missing
+                                                          from the pushed bare repo, has no commits
+                                                          over the base, or already has an open PR)
+  GET    /repos/{o}/{r}/pulls/{n},  PATCH (title, body, state)
+  GET    /repos/{o}/{r}/issues/{n}
+  GET    /repos/{o}/{r}/issues/{n}/comments,  POST (create)
+  GET    /repos/{o}/{r}/issues/comments/{id}, PATCH (edit)
+  POST   /repos/{o}/{r}/issues/comments/{id}/reactions    201 new, 200 when the same reaction exists
+Every response carries X-RateLimit-* headers. ``fail_next(method, path_regex, kind)`` makes the next
+matching request fail once with a primary rate limit (403, X-RateLimit-Remaining: 0, reset in 1 s)
+or a secondary one (429 + Retry-After). ``close_pr`` plays a person closing a pull request.
+Branches are read from the bare repositories the bot pushes to, so a PR is only created for a
+branch that was really pushed.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import git
+
+
+@dataclass
+class Repo:
+    full_name: str
+    bare: Path | None
+    default_branch: str = "main"
+    pulls: list[dict] = field(default_factory=list)
+
+
+class GitHubStandIn:
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix  # e.g. "/api/v3": GitHub Enterprise serves the API under it
+        self.repos: dict[str, Repo] = {}
+        self.issues_comments: dict[int, dict] = {}  # id -> comment (with "_issue": (repo, number))
+        self.reactions: dict[int, list[dict]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.failures: list[tuple[str, re.Pattern, str]] = []
+        self.lock = threading.Lock()
+        self._next_id = 1000
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    # ---------------------------------------------------------------- test controls
+    def start(self) -> "GitHubStandIn":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def add_repo(self, full_name: str, bare: Path | None, default_branch: str = "main") -> Repo:
+        self.repos[full_name] = Repo(full_name, bare, default_branch)
+        return self.repos[full_name]
+
+    def add_pull_for_trigger(self, full_name: str, title: str = "a PR a person opened") -> int:
+        """An existing PR (the one a person comments `/optimize` on) with one comment; returns its number."""
+        with self.lock:
+            pr = self._new_pr(self.repos[full_name], title, "", "feature", "main", "person")
+            return pr["number"]
+
+    def add_comment(self, full_name: str, number: int, body: str, user: str = "person") -> int:
+        with self.lock:
+            return self._new_comment(full_name, number, body, user)["id"]
+
+    def close_pr(self, full_name: str, number: int) -> None:
+        with self.lock:
+            pr = self._pr(full_name, number)
+            pr["state"] = "closed"
+            pr["closed_at"] = _now()
+
+    def fail_next(self, method: str, path_regex: str, kind: str = "primary") -> None:
+        self.failures.append((method, re.compile(path_regex), kind))
+
+    def pulls(self, full_name: str, head: str | None = None) -> list[dict]:
+        return [p for p in self.repos[full_name].pulls if head is None or p["head"]["ref"] == head]
+
+    def comments(self, full_name: str, number: int) -> list[dict]:
+        return [c for c in self.issues_comments.values() if c["_issue"] == (full_name, number)]
+
+    # ---------------------------------------------------------------- JSON shapes
+    def _user(self, login: str) -> dict:
+        return {"login": login, "id": abs(hash(login)) % 10**6, "type": "User",
+                "url": f"{self.base}/users/{login}", "html_url": f"https://github.example/{login}"}
+
+    def _repo_json(self, r: Repo) -> dict:
+        owner, name = r.full_name.split("/")
+        return {"id": abs(hash(r.full_name)) % 10**6, "name": name, "full_name": r.full_name,
+                "owner": self._user(owner), "private": False, "default_branch": r.default_branch,
+                "url": f"{self.base}/repos/{r.full_name}", "html_url": f"https://github.example/{r.full_name}",
+                "pulls_url": f"{self.base}/repos/{r.full_name}/pulls{{/number}}"}
+
+    def _new_pr(self, r: Repo, title: str, body: str, head: str, base: str, user: str) -> dict:
+        self._next_id += 1
+        number = len(r.pulls) + 1 + sum(1 for _ in ())
+        owner = r.full_name.split("/")[0]
+        u = f"{self.base}/repos/{r.full_name}"
+        sha = self._branch_sha(r, head) or "0" * 40
+        pr = {"id": self._next_id, "number": number, "state": "open", "title": title, "body": body,
+              "url": f"{u}/pulls/{number}", "html_url": f"https://github.example/{r.full_name}/pull/{number}",
+              "issue_url": f"{u}/issues/{number}", "comments_url": f"{u}/issues/{number}/comments",
+              "head": {"ref": head, "sha": sha, "label": f"{owner}:{head}", "repo": self._repo_json(r)},
+              "base": {"ref": base, "sha": self._branch_sha(r, base) or "0" * 40, "label": f"{owner}:{base}",
+                       "repo": self._repo_json(r)},
+              "user": self._user(user), "merged": False, "merged_at": None, "closed_at": None,
+              "created_at": _now(), "updated_at": _now()}
+        r.pulls.append(pr)
+        return pr
+
+    def _issue_json(self, full_name: str, pr: dict) -> dict:
+        u = f"{self.base}/repos/{full_name}/issues/{pr['number']}"
+        return {"id": pr["id"], "number": pr["number"], "state": pr["state"], "title": pr["title"],
+                "body": pr["body"], "url": u, "html_url": pr["html_url"], "comments_url": f"{u}/comments",
+                "pull_request": {"url": pr["url"], "html_url": pr["html_url"]}, "user": pr["user"],
+                "comments": len(self.comments(full_name, pr["number"])), "labels": []}
+
+    def _new_comment(self, full_name: str, number: int, body: str, user: str) -> dict:
+        self._next_id += 1
+        cid = self._next_id
+        c = {"id": cid, "body": body, "user": self._user(user), "created_at": _now(), "updated_at": _now(),
+             "url": f"{self.base}/repos/{full_name}/issues/comments/{cid}",
+             "html_url": f"https://github.example/{full_name}/pull/{number}#issuecomment-{cid}",
+             "issue_url": f"{self.base}/repos/{full_name}/issues/{number}", "_issue": (full_name, number)}
+        self.issues_comments[cid] = c
+        return c
+
+    @staticmethod
+    def _public(c: dict) -> dict:
+        return {k: v for k, v in c.items() if not k.startswith("_")}
+
+    def _pr(self, full_name: str, number: int) -> dict:
+        for p in self.repos[full_name].pulls:
+            if p["number"] == number:
+                return p
+        raise KeyError(number)
+
+    def _branch_sha(self, r: Repo, branch: str) -> str | None:
+        if r.bare is None:
+            return None
+        try:
+            return git.Repo(r.bare).commit(f"refs/heads/{branch}").hexsha
+        except (git.BadName, ValueError, git.GitCommandError):
+            return None
+
+    # ---------------------------------------------------------------- the server
+    def _handler(self):
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _send(self, status: int, data, extra: dict | None = None):
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Length", str(len(raw)))
+                headers = {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": "4999",
+                           "X-RateLimit-Reset": str(int(time.time()) + 3600), **(extra or {})}
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _body(self) -> dict:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n) or b"{}") if n else {}
+
+            def _handle(self, method: str):
+                url = urlparse(self.path)
+                path, query = url.path, parse_qs(url.query)
+                if standin.prefix:
+                    if not path.startswith(standin.prefix + "/"):
+                        return self._send(404, {"message": "Not Found"})
+                    path = path[len(standin.prefix):]
+                standin.requests.append((method, self.path))
+                for i, (m, rx, kind) in enumerate(standin.failures):
+                    if m == method and rx.search(path):
+                        standin.failures.pop(i)
+                        if kind == "primary":
+                            return self._send(403, {"message": "API rate limit exceeded for user ID 1.",
+                                                    "documentation_url": "https://docs.github.com/rest/rate-limit"},
+                                              {"X-RateLimit-Remaining": "0",
+                                               "X-RateLimit-Reset": str(int(time.time()) + 1)})
+                        return self._send(429, {"message": "You have exceeded a secondary rate limit."},
+                                          {"Retry-After": "1"})
+                body = self._body() if method in ("POST", "PATCH") else {}
+                with standin.lock:
+                    return self._route(method, path, query, body)
+
+            def _route(self, method, path, query, body):
+                m = re.match(r"^/repos/([^/]+/[^/]+)(/.*)?$", path)
+                if not m or m.group(1) not in standin.repos:
+                    return self._send(404, {"message": "Not Found"})
+                full, rest = m.group(1), m.group(2) or ""
+                r = standin.repos[full]
+                if rest == "" and method == "GET":
+                    return self._send(200, standin._repo_json(r))
+                if rest == "/pulls" and method == "GET":
+                    state = (query.get("state") or ["open"])[0]
+                    head = (query.get("head") or [None])[0]
+                    out = [p for p in r.pulls if state == "all" or p["state"] == state]
+                    if head:
+                        out = [p for p in out if p["head"]["label"] == head]
+                    return self._send(200, out)
+                if rest == "/pulls" and method == "POST":
+                    head, base = body.get("head", ""), body.get("base", "")
+                    if standin._branch_sha(r, head) is None and r.bare is not None:
+                        return self._send(422, {"message": "Validation Failed",
+                                                "errors": [{"field": "head", "code": "invalid"}]})
+                    if r.bare is not None and standin._branch_sha(r, head) == standin._branch_sha(r, base):
+                        return self._send(422, {"message": "Validation Failed",
+                                                "errors": [{"message": f"No commits between {base} and {head}"}]})
+                    if any(p["head"]["ref"] == head and p["state"] == "open" for p in r.pulls):
+                        return self._send(422, {"message": "Validation Failed", "errors": [
+                            {"message": f"A pull request already exists for {full.split('/')[0]}:{head}."}]})
+                    return self._send(201, standin._new_pr(r, body.get("title", ""), body.get("body", ""), head,
+                                                           base, "optbot"))
+                m2 = re.match(r"^/pulls/(\d+)$", rest)
+                if m2:
+                    try:
+                        pr = standin._pr(full, int(m2.group(1)))
+                    except KeyError:
+                        return self._send(404, {"message": "Not Found"})
+                    if method == "PATCH":
+                        for k in ("title", "body", "state"):
+                            if k in body:
+                                pr[k] = body[k]
+                        pr["updated_at"] = _now()
+                        pr["head"]["sha"] = standin._branch_sha(r, pr["head"]["ref"]) or pr["head"]["sha"]
+                    return self._send(200, pr)
+                m2 = re.match(r"^/issues/(\d+)(/comments)?$", rest)
+                if m2:
+                    try:
+                        pr = standin._pr(full, int(m2.group(1)))
+                    except KeyError:
+                        return self._send(404, {"message": "Not Found"})
+                    if not m2.group(2):
+                        return self._send(200, standin._issue_json(full, pr))
+                    if method == "GET":
+                        return self._send(200, [standin._public(c) for c in standin.comments(full, pr["number"])])
+                    if method == "POST":
+                        c = standin._new_comment(full, pr["number"], body.get("body", ""), "optbot")
+                        return self._send(201, standin._public(c))
+                m2 = re.match(r"^/issues/comments/(\d+)(/reactions)?$", rest)
+                if m2:
+                    c = standin.issues_comments.get(int(m2.group(1)))
+                    if c is None or c["_issue"][0] != full:
+                        return self._send(404, {"message": "Not Found"})
+                    if m2.group(2) and method == "POST":
+                        lst = standin.reactions.setdefault(c["id"], [])
+                        for x in lst:
+                            if x["content"] == body.get("content"):
+                                return self._send(200, x)
+                        standin._next_id += 1
+                        x = {"id": standin._next_id, "content": body.get("content"), "user": standin._user("optbot"),
+                             "created_at": _now()}
+                        lst.append(x)
+                        return self._send(201, x)
+                    if method == "PATCH":
+                        c["body"] = body.get("body", c["body"])
+                        c["updated_at"] = _now()
+                    return self._send(200, standin._public(c))
+                return self._send(404, {"message": "Not Found"})
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_POST(self):
+                self._handle("POST")
+
+            def do_PATCH(self):
+                self._handle("PATCH")
+
+        return Handler
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,83 @@
+"""The main job end to end with the real stages, on CPU, tiny preset, no tokens: a real
+`python -m bot optimize flux2` subprocess is SIGKILLed right after the validate step (fault
+injection: $OPTBOT_ABORT_AFTER=validate, $OPTBOT_ABORT_MODE=kill), then resumed with --resume.
+It must end with the local optimization branch in the engine repository, and a report (markdown
+and HTML) whose every latency row names the device that measured it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GITHUB_TOKEN", "OPTBOT_GITHUB_TOKEN", "GH_TOKEN", "ANTHROPIC_API_KEY")}
+    know = tmp_path / "knowledge"
+    know.mkdir()
+    r = git.Repo.init(know, initial_branch="main")
+    (know / "README.md").write_text("knowledge\n")
+    r.git.add("-A")
+    r.git.commit("-qm", "init", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@l",
+                                     "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@l"})
+    env.update(OPTBOT_RUNS_DIR=str(tmp_path / "runs"), OPTBOT_KNOWLEDGE_PATH=str(know),
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return env
+
+
+@pytest.mark.slow
+def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_engine):
+    env = _env(tmp_path)
+    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", "3"]
+    p = subprocess.run(cmd, env={**env, "OPTBOT_ABORT_AFTER": "validate", "OPTBOT_ABORT_MODE": "kill"},
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    state = json.loads((runs[0] / "state.json").read_text())
+    assert list(state["steps"]) == ["checkout", "baseline", "profile", "analyze", "generate", "validate"]
+    assert state["finished"] is False
+    branch = f"optbot/flux2/{diffusers_engine.base_sha[:12]}"
+
+    p2 = subprocess.run([*cmd[:5], "--resume", runs[0].name, "--json", str(tmp_path / "run.json")], env=env,
+                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert f"resuming run {runs[0].name} at step combine" in p2.stderr.replace("\n", " ")
+    out = json.loads((tmp_path / "run.json").read_text())
+    assert out["finished"] is True
+    assert out["deliver"]["forge"] == "local"
+    # baseline and profile were not re-run: their job logs are the first attempt's
+    assert json.loads((runs[0] / "state.json").read_text())["attempts"] == 2
+
+    repo = diffusers_engine.repo
+    assert repo.commit(branch).hexsha == out["combine"]["head_sha"]
+    n = len(out["combine"]["commits"])
+    assert len(list(repo.iter_commits(f"{diffusers_engine.base_sha}..{branch}"))) == n
+
+    md = Path(out["deliver"]["report_md"]).read_text()
+    html = Path(out["deliver"]["report_html"]).read_text()
+    assert "<table>" in html and "latency" in html
+    # every latency row names its device (or says it was not measured)
+    lat = md.split("### Per-step latency")[1].split("###")[0]
+    rows = [r for r in lat.splitlines() if r.startswith("| baseline") or r.startswith("| optimized")]
+    assert rows
+    for r in rows:
+        last = r.rstrip(" |").rsplit("|", 1)[1].strip()
+        assert last.startswith(("cpu", "cuda", "not measured")), r
+    assert re.search(r"\| baseline \| eager \| [0-9.]+ .*\| cpu", md)
+    assert "device:      cpu" in md
+    # the knowledge branch carries the chart
+    know = git.Repo(env["OPTBOT_KNOWLEDGE_PATH"])
+    files = know.git.ls_tree("-r", "--name-only", out["deliver"]["knowledge_branch"]).split()
+    assert any(f.endswith("latency.png") for f in files)
+    # the command said where things are
+    assert "report:" in p2.stderr and "optimization branch:" in p2.stderr

@@ -1,0 +1,139 @@
+"""Delivery through the real PyGithub client against the GitHub stand-in on 127.0.0.1.
+
+Each scenario must end with exactly one engine PR and one knowledge PR. These tests replace the
+measuring stages with FakeStages (conftest.py): what is under test is resume and delivery; the
+git operations (worktrees, cherry-picks, pushes to bare repositories) and the HTTP calls are real.
+"""
+from __future__ import annotations
+
+import git
+import pytest
+
+from bot.errors import OptbotError
+from bot.optimize.orchestrator import run_optimize
+from bot.optimize.stages import Options
+from bot.optimize.state import InjectedAbort, RunState
+from tests.optimize.conftest import FakeStages
+
+
+def _opts(env) -> Options:
+    return Options(workload="flux2", engine=str(env["engine"].working_tree_dir), preset="tiny", device="cpu",
+                   repo="team/engine", knowledge_repo="team/optbot",
+                   knowledge_path=str(env["knowledge"].working_tree_dir),
+                   trigger_pr=env["trigger_pr"], trigger_comment=env["trigger_comment"], command="optbot optimize flux2")
+
+
+def _branch(env) -> str:
+    return f"optbot/flux2/{env['engine'].head.commit.hexsha[:12]}"
+
+
+def _assert_one_each(standin, env):
+    eng = standin.pulls("team/engine", _branch(env))
+    kno = standin.pulls("team/optbot")
+    assert len(eng) == 1, eng
+    assert len(kno) == 1, kno
+    return eng[0], kno[0]
+
+
+def test_two_runs_in_a_row_one_pr_each(standin, forge_env):
+    env = forge_env
+    s1 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    d1 = s1.result("deliver")
+    assert d1["forge"] == "github"
+    assert d1["engine_pr"]["action"] == "opened" and d1["knowledge_pr"]["action"] == "opened"
+    s2 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    d2 = s2.result("deliver")
+    assert d2["engine_pr"]["action"] == "updated" and d2["knowledge_pr"]["action"] == "updated"
+    pr, kpr = _assert_one_each(standin, env)
+    assert pr["state"] == "open" and pr["base"]["ref"] == "main"
+    # the pushed branch holds one commit per accepted candidate, with numbers and trailers
+    bare = git.Repo(env["engine_bare"])
+    log = bare.git.log(f"main..{_branch(env)}", "--format=%B%x00").split("\x00")
+    msgs = [m.strip() for m in log if m.strip()]
+    assert len(msgs) == 2
+    assert "Optbot-Kind: merge-siblings" in msgs[1] and "Optbot-Kind: fuse-elementwise-chain" in msgs[0]
+    assert "measured on cpu" in msgs[0] and "speedup (eager median) 1.111x" in msgs[0]
+    assert f"Optbot-Run: {s2.run_id}" in msgs[0]
+    # the PR body carries latency per device, correctness, environment; the knowledge PR the chart
+    assert "measured on" in pr["body"] and "max abs err" in pr["body"] and "<details>" in pr["body"]
+    assert "optimized | eager" in pr["body"] and "cpu (fixed number of a test double)" in pr["body"]
+    kfiles = git.Repo(env["knowledge_bare"]).git.ls_tree("-r", "--name-only", kpr["head"]["ref"]).split()
+    assert any(f.endswith("latency.png") for f in kfiles) and any(f.startswith("lessons/test-") for f in kfiles)
+    # reactions: eyes at start, rocket at success (GitHub dedupes; one each)
+    assert sorted(r["content"] for r in standin.reactions[env["trigger_comment"]]) == ["eyes", "rocket"]
+    # one reply per run, each naming the PR
+    replies = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"]
+    assert len(replies) == 2 and pr["html_url"] in replies[1]["body"]
+
+
+@pytest.mark.parametrize("point", ["validate", "deliver:engine-pr"])
+def test_killed_and_resumed_one_pr_each(standin, forge_env, monkeypatch, point):
+    env = forge_env
+    monkeypatch.setenv("OPTBOT_ABORT_AFTER", point)
+    with pytest.raises(InjectedAbort):
+        run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    monkeypatch.delenv("OPTBOT_ABORT_AFTER")
+    runs = sorted(p.name for p in (env["tmp"] / "runs").iterdir())
+    assert len(runs) == 1
+    st = RunState.load(runs[0])
+    assert not st.finished
+    assert st.next_step() == ("combine" if point == "validate" else "deliver")
+    if point == "deliver:engine-pr":  # the PRs exist already; a resume must not open a second one
+        assert len(standin.pulls("team/engine")) == 2  # the trigger PR + the engine PR
+    # a rate limit on the way: retried, not fatal
+    standin.fail_next("POST" if point == "validate" else "GET", r"/pulls$", "primary")
+    st2 = run_optimize(resume=runs[0], stages=FakeStages(env["knowledge"].working_tree_dir))
+    assert st2.finished and st2.attempts == 2
+    pr, _ = _assert_one_each(standin, env)
+    assert pr["state"] == "open"
+    replies = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"]
+    assert len(replies) == 1  # the resumed run edits its own reply (marker), never posts a second
+    assert standin.failures == []  # the rate-limited request happened, and was retried
+
+
+def test_pr_closed_by_a_person_is_not_reopened(standin, forge_env):
+    env = forge_env
+    run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    pr, _ = _assert_one_each(standin, env)
+    standin.close_pr("team/engine", pr["number"])
+    s2 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    d = s2.result("deliver")
+    assert d["engine_pr"]["action"] == "closed-by-person"
+    assert "does not reopen" in d["engine_pr"]["note"]
+    pr2, _ = _assert_one_each(standin, env)
+    assert pr2["state"] == "closed"
+    reply = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"][-1]
+    assert "closed by a person" in reply["body"] and "did not reopen" in reply["body"]
+
+
+def test_secondary_rate_limit_retry_after(standin, forge_env):
+    env = forge_env
+    standin.fail_next("GET", r"^/repos/team/engine$", "secondary")
+    s = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    assert s.finished
+    _assert_one_each(standin, env)
+    assert sum(1 for m, p in standin.requests if p == "/repos/team/engine") >= 2
+
+
+def test_failure_reacts_confused_and_records(standin, forge_env):
+    env = forge_env
+
+    class Broken(FakeStages):
+        def generate(self, ctx):
+            raise OptbotError("generator exploded")
+
+    with pytest.raises(OptbotError, match="step generate failed: generator exploded .*optimize flux2 --resume"):
+        run_optimize(_opts(env), stages=Broken(env["knowledge"].working_tree_dir))
+    contents = sorted(r["content"] for r in standin.reactions[env["trigger_comment"]])
+    assert contents == ["confused", "eyes"]
+    run = next((env["tmp"] / "runs").iterdir()).name
+    st = RunState.load(run)
+    assert st.steps["generate"].status == "failed" and st.next_step() == "generate"
+
+
+def test_token_without_repo_is_a_clear_error(forge_env):
+    env = forge_env
+    o = _opts(env)
+    o.repo = None
+    with pytest.raises(OptbotError, match="--repo OWNER/NAME"):
+        run_optimize(o, stages=FakeStages(env["knowledge"].working_tree_dir))

@@ -1,0 +1,114 @@
+"""Small units of `optbot optimize`: budget parsing, rate-limit waits, the validator's verdict as
+report rows, the report renderers, GitHub Enterprise base URLs, --dry-run with a token."""
+from __future__ import annotations
+
+import time
+
+import click
+import pytest
+from github import GithubException
+
+from bot.commands.optimize import parse_budget
+from bot.deliver import report as rpt
+from bot.deliver.github_forge import rate_limit_wait
+from bot.optimize.stages import Options, verdict_from_validator
+from bot.optimize.state import to_jsonable
+
+
+@pytest.mark.parametrize("values, wall, cost", [
+    (("30m",), 1800, None), (("1h30m", "$5"), 5400, 5.0), (("90s,2.5usd",), 90, 2.5), ((), None, None)])
+def test_parse_budget(values, wall, cost):
+    assert parse_budget(values) == (wall, cost)
+
+
+@pytest.mark.parametrize("bad", ["30x", "five dollars", "$"])
+def test_parse_budget_rejects(bad):
+    with pytest.raises(click.BadParameter, match="--budget|expected"):
+        parse_budget((bad,))
+
+
+def test_rate_limit_waits():
+    now = 1000.0
+    prim = GithubException(403, {"message": "API rate limit exceeded"}, {"x-ratelimit-remaining": "0",
+                                                                        "x-ratelimit-reset": "1010"})
+    assert rate_limit_wait(prim, 0, now=now) == pytest.approx(11.0)
+    sec = GithubException(429, {"message": "secondary"}, {"Retry-After": "7"})
+    assert rate_limit_wait(sec, 3, now=now) == 7.0
+    plain = GithubException(403, {"message": "Resource not accessible by integration"}, {"X-RateLimit-Remaining": "4000"})
+    assert rate_limit_wait(plain, 0, now=now) is None
+    assert rate_limit_wait(GithubException(422, {"message": "Validation Failed"}, {}), 0) is None
+    assert rate_limit_wait(GithubException(403, {"message": "API rate limit exceeded"}, {}), 2) == 4.0
+
+
+VERDICT = {  # the shape of bot.verdict.Verdict.to_json() (validate helper)
+    "status": "accepted", "reason": None, "summary": "1.21x faster (cuda), correct",
+    "env": {"device_kind": "cuda", "device_name": "NVIDIA H200"},
+    "speed": [{"mode": "eager", "device": "cuda", "base_ms": [10.0, 10.2], "candidate_ms": [8.1, 8.3], "speedup": 1.22,
+               "noise_pct": 0.4, "outcome": "faster", "note": "", "n": 20, "passes": 1},
+              {"mode": "graph", "device": "cuda", "base_ms": [9.0, 9.1], "candidate_ms": [7.5, 7.6], "speedup": 1.2,
+               "noise_pct": 0.3, "outcome": "faster", "note": "", "n": 20, "passes": 1}],
+    "correctness": {"ok": True, "seeds": [5, 9, 11], "shapes": ["1024x1024/txt512/b1", "768x1360/txt300/b1"],
+                    "rule": "rel_l2 <= 0.01", "checks": [
+                        {"label": "1024x1024/txt512/b1 seed 5", "output": "noise_pred", "ok": True, "reason": "",
+                         "max_abs": 0.0039, "rel_l2": 0.0021}],
+                    "kernels": [{"name": "qk_norm_rope", "cases": [], "micro": {
+                        "reference": {"median_ms": 0.5, "n": 50, "device": "cuda"},
+                        "reference_aa": {"median_ms": 0.501, "n": 50, "device": "cuda"},
+                        "kernel": {"median_ms": 0.2, "n": 50, "device": "cuda"}, "shape": [1, 4608, 48, 128]}}]},
+}
+
+
+def test_verdict_from_validator_keeps_devices_and_numbers():
+    v = verdict_from_validator("c1", VERDICT)
+    assert v.status == "accepted" and "1.21x" in v.reason
+    assert v.base_eager.median_ms == pytest.approx(10.1) and v.cand_eager.n == 40
+    assert v.base_eager.device == "cuda" and v.base_eager.device_name == "NVIDIA H200"
+    assert v.cand_graph.median_ms == pytest.approx(7.55)
+    assert v.correctness[0]["seed"] == "5" and v.correctness[0]["max_rel"] == 0.0021
+    assert v.micro[0]["speedup"] == pytest.approx(2.5) and v.micro[0]["device"] == "cuda"
+    # and the PR body shows them with their device
+    res = {"checkout": {"workload": "flux2", "engine": "diffusers", "base_sha": "a" * 40, "preset": "full"},
+           "generate": {"candidates": [{"id": "c1", "title": "t", "kind": "attention-waste", "generator": "replay"}]},
+           "validate": {"verdicts": [to_jsonable(v)]},
+           "combine": {"branch": "optbot/flux2/aaaa", "commits": [{"candidate_id": "c1", "sha": "b" * 40, "subject": "t"}],
+                       "stack_verdict": to_jsonable(verdict_from_validator("stack", VERDICT)),
+                       "ablation": [{"candidate_id": "c1", "title": "t", "without_ms": 10.1, "contribution_ms": 1.9,
+                                     "contribution_pct": 18.8, "device": "cuda"}], "ablation_note": "leave-one-out"}}
+    md = rpt.to_markdown(rpt.build_blocks(res, "run-1", {}))
+    assert "| optimized | eager | 8.200 |" in md and "cuda (NVIDIA H200)" in md
+    assert "| optimized | CUDA graph | 7.550 |" in md
+    assert "| c1: t | 10.100 | 1.900 | 18.8 | cuda |" in md
+    assert "0.0039" in md and "2.50x" in md
+    html = rpt.to_html(rpt.build_blocks(res, "run-1", {}))
+    assert html.count("<details>") >= 2 and "<td>cuda (NVIDIA H200)</td>" in html
+
+
+def test_html_escapes_text():
+    html = rpt.to_html([rpt.P("<script>alert(1)</script> `x<y`")])
+    assert "<script>" not in html and "<code>x&lt;y</code>" in html
+
+
+def test_github_enterprise_base_url(forge_env, monkeypatch):
+    """The forge talks to an API served under /api/v3, as GitHub Enterprise does."""
+    from bot.deliver.github_forge import GitHubForge
+    from tests.optimize.github_standin import GitHubStandIn
+
+    ghe = GitHubStandIn(prefix="/api/v3").start()
+    try:
+        ghe.add_repo("team/engine", forge_env["engine_bare"])
+        o = Options(workload="flux2", repo="team/engine", github_api_url=ghe.base)
+        f = GitHubForge("t", o, "run-x", log=lambda m: None)
+        assert f.repo("team/engine").full_name == "team/engine"
+        assert all(p.startswith("/api/v3/") for _, p in ghe.requests)
+    finally:
+        ghe.stop()
+
+
+def test_dry_run_with_token_stays_local(forge_env):
+    from bot.deliver.deliver import make_forge
+    from bot.optimize.stages import Budget, RunContext
+
+    ctx = RunContext("r", forge_env["tmp"], Options(workload="flux2", repo="team/engine", dry_run=True), Budget(), {})
+    assert make_forge(ctx).name == "local"
+    ctx.options.dry_run = False
+    assert make_forge(ctx).name == "github"
