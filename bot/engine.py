@@ -1,10 +1,16 @@
 """Engine repositories: the git repository the bot profiles and patches.
 
-Three kinds of source, all ending as a git repository plus a resolved base sha:
+Four kinds of source, all ending as a git repository plus a resolved base sha:
 - ``pypi-sdist:PKG==VER``: the release's source distribution, unpacked into one deterministic
   commit ("upstream PKG VER", fixed author and date), so the base sha is the same on every machine.
   The sdist is taken from $OPTBOT_HOME/downloads if it is there (that is how an offline GPU box gets
   it), else downloaded with pip.
+- ``pypi-wheel:PKG==VER``: for a release published without a source distribution (sglang): the
+  files of its wheel, laid out under ``python/`` the way the project's own repository (and so a
+  fork of it) is, as the same kind of deterministic commit. Compiled extension modules and the
+  ``.dist-info`` folder are left out: they differ between the wheels of one release (one per Python
+  version and platform), and leaving them out makes the commit, and so the base sha, the same
+  whichever wheel a machine downloaded (cp311 here, cp312 on the GPU box).
 - a local path to a git repository: used in place.
 - a git URL: cloned once under $OPTBOT_HOME/engines/.
 
@@ -19,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,10 @@ from bot.errors import EngineError
 from bot.paths import optbot_home
 
 SDIST_RE = re.compile(r"^pypi-sdist:(?P<pkg>[A-Za-z0-9_.\-]+)==(?P<ver>[A-Za-z0-9_.\-+]+)$")
+WHEEL_RE = re.compile(r"^pypi-wheel:(?P<pkg>[A-Za-z0-9_.\-]+)==(?P<ver>[A-Za-z0-9_.\-+]+)$")
+# Files of a wheel that are specific to one Python version or platform (compiled extension modules).
+_COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+WHEEL_LAYOUT_ROOT = "python"  # where a wheel's top-level packages go, as in sglang's repository
 # Fixed identity and date: the same sdist always gives the same commit sha.
 BOT_ACTOR = git.Actor("optbot", "optbot@localhost")
 FIXED_DATE = "2000-01-01T00:00:00+00:00"
@@ -65,14 +76,18 @@ def resolve_source(spec_source: str, engine_opt: str | None, workload_engines: d
 
 def checkout_engine(source: str, ref: str | None, import_root: str, name: str = "") -> EngineCheckout:
     m = SDIST_RE.match(source)
+    w = WHEEL_RE.match(source)
     if m:
         repo_path = materialize_sdist(m["pkg"], m["ver"])
+    elif w:
+        repo_path = materialize_wheel(w["pkg"], w["ver"])
     elif _is_url(source):
         repo_path = _clone_url(source)
     else:
         p = Path(source).expanduser()
         if not p.exists():
-            raise EngineError(f"engine source {source!r}: no such path, and it is not a git URL or pypi-sdist:PKG==VER")
+            raise EngineError(f"engine source {source!r}: no such path, and it is not a git URL, "
+                              f"pypi-sdist:PKG==VER or pypi-wheel:PKG==VER")
         try:
             repo_path = Path(git.Repo(p, search_parent_directories=False).working_tree_dir or p)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
@@ -138,7 +153,76 @@ def _find_or_download_sdist(pkg: str, ver: str) -> Path:
     )
 
 
+def _find_or_download_wheel(pkg: str, ver: str) -> Path:
+    """Any wheel of PKG==VER: its non-compiled files are the same in every one (see the module doc)."""
+    downloads = optbot_home() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    prefix = f"{pkg.replace('-', '_').lower()}-{ver}-"
+
+    def found() -> Path | None:
+        cands = sorted(c for c in downloads.iterdir()
+                       if c.name.lower().startswith(prefix) and c.name.endswith(".whl"))
+        return cands[0] if cands else None
+
+    if found() is None:
+        _log(f"downloading a wheel of {pkg}=={ver} into {downloads}")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+             "-d", str(downloads), f"{pkg}=={ver}"],
+            capture_output=True, text=True,
+        )
+        if found() is None:
+            raise EngineError(
+                f"could not get a wheel of {pkg}=={ver} (pip download said: "
+                f"{(proc.stderr or proc.stdout).strip()[-400:]}); on an offline machine put any wheel "
+                f"of {pkg} {ver} (e.g. {pkg}-{ver}-cp312-cp312-manylinux_2_34_x86_64.whl) into {downloads}"
+            )
+    return found()
+
+
+def _sdist_files(sdist: Path, pkg: str, ver: str):
+    """(relative path, executable, reader) for each file of the sdist that goes into the repository."""
+    with tarfile.open(sdist) as tf:
+        top = f"{pkg}-{ver}/"
+        for member in tf.getmembers():
+            name = member.name
+            if not member.isfile() or not name.startswith(top) or ".." in Path(name).parts:
+                continue  # confine the extraction to the destination
+            rel = name[len(top):]
+            if not rel or rel == "PKG-INFO" or rel.startswith(f"src/{pkg}.egg-info") or ".egg-info/" in rel:
+                continue
+            yield rel, bool(member.mode & 0o111), lambda m=member: tf.extractfile(m).read()
+
+
+def _wheel_files(wheel: Path):
+    """The wheel's files minus .dist-info and compiled extensions, under python/."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if info.is_dir() or ".." in Path(name).parts or name.startswith("/"):
+                continue
+            top = name.split("/", 1)[0]
+            if top.endswith((".dist-info", ".data")) or name.endswith(_COMPILED_SUFFIXES):
+                continue
+            mode = (info.external_attr >> 16) & 0o777
+            yield f"{WHEEL_LAYOUT_ROOT}/{name}", bool(mode & 0o111), lambda n=name: zf.read(n)
+
+
 def materialize_sdist(pkg: str, ver: str) -> Path:
+    return _materialize(pkg, ver, "source distribution", lambda: _find_or_download_sdist(pkg, ver),
+                        lambda archive: _sdist_files(archive, pkg, ver))
+
+
+def materialize_wheel(pkg: str, ver: str) -> Path:
+    return _materialize(pkg, ver, "wheel", lambda: _find_or_download_wheel(pkg, ver), _wheel_files)
+
+
+def _materialize(pkg: str, ver: str, what: str, fetch, files) -> Path:
+    """One code path for every release archive: files -> one deterministic commit "upstream PKG VER".
+
+    Fixed author, committer, dates and message, no signing and no line-ending conversion: the same
+    files give the same sha on every machine.
+    """
     dest = optbot_home() / "engines" / f"{pkg}-{ver}"
     message = f"upstream {pkg} {ver}"
     if (dest / ".git").is_dir():
@@ -148,28 +232,16 @@ def materialize_sdist(pkg: str, ver: str) -> Path:
         except (git.GitCommandError, ValueError):
             pass
         raise EngineError(f"{dest} exists but does not hold the commit {message!r}; remove it to re-create it")
-    sdist = _find_or_download_sdist(pkg, ver)
+    archive = fetch()
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _log(f"materializing engine repository {dest} from {sdist.name}")
-    with tarfile.open(sdist) as tf:
-        top = f"{pkg}-{ver}/"
-        for member in tf.getmembers():
-            name = member.name
-            if not name.startswith(top) or ".." in Path(name).parts:
-                continue  # confine the extraction to the destination
-            rel = name[len(top):]
-            if not rel or rel == "PKG-INFO" or rel.startswith(f"src/{pkg}.egg-info") or ".egg-info/" in rel:
-                continue
-            target = tmp / rel
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tf.extractfile(member) as src, open(target, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+    _log(f"materializing engine repository {dest} from the {what} {archive.name}")
+    for rel, executable, read in files(archive):
+        target = tmp / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(read())
+        os.chmod(target, 0o755 if executable else 0o644)
     repo = git.Repo.init(tmp, initial_branch="main")
     with repo.config_writer() as cw:
         cw.set_value("core", "autocrlf", "false")
@@ -180,6 +252,7 @@ def materialize_sdist(pkg: str, ver: str) -> Path:
            "GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
            "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
     repo.git.commit("-q", "--no-gpg-sign", "-m", message, env=env)
+    repo.close()
     tmp.rename(dest)
     _log(f"engine {pkg} {ver} at {dest} (commit {git.Repo(dest).head.commit.hexsha[:12]})")
     return dest

@@ -20,6 +20,9 @@ PRESETS = ("full", "tiny")
 DTYPES = ("float32", "bfloat16", "float16")
 CFG_MODES = ("none", "true-cfg")
 FAMILIES = ("flux2", "qwen-image")
+# How the runner builds and calls an engine's model: runner/engines/<adapter>.py. "plain" is a
+# diffusers-style class (cls(**config), model(**inputs)[0]); "sglang" does SGLang's own set-up.
+ADAPTERS = ("plain", "sglang")
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,11 @@ class Preset:
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    source: str  # "pypi-sdist:PKG==VER", a git URL, or a local path
+    source: str  # "pypi-sdist:PKG==VER", "pypi-wheel:PKG==VER", a git URL, or a local path
     import_root: str  # folder inside the repo that goes first on PYTHONPATH
     model_class: str  # dotted import path inside the engine
     ref: str | None = None  # None: the repo's HEAD (for sdist engines: the materialized commit)
+    adapter: str = "plain"  # runner/engines/<adapter>.py: how the runner builds and calls the model
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,11 @@ def parse_workload(data: Any, file: Path) -> Workload:
             import_root=r.get(e, "import_root", p, str, default="."),
             model_class=r.get(e, "model_class", p, str),
             ref=r.get(e, "ref", p, str, default=None),
+            adapter=r.get(e, "adapter", p, str, default="plain"),
         )
+        if engines[ename].adapter not in ADAPTERS:
+            raise ConfigError(file, f"{p}.adapter", engines[ename].adapter,
+                              f"one of {list(ADAPTERS)} (a module of runner/engines/)")
         if "." not in engines[ename].model_class:
             raise ConfigError(file, f"{p}.model_class", engines[ename].model_class, "a dotted path like pkg.module.Class")
     default_engine = r.get(data, "default_engine", "", str, default=next(iter(engines)))

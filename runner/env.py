@@ -7,6 +7,15 @@ import subprocess
 import sys
 
 
+# Facts an engine adapter records about how it ran the engine (e.g. that a stand-in for a missing
+# compiled package was used); capture() puts them in every environment block of this process.
+_NOTES: dict = {}
+
+
+def note(key: str, value) -> None:
+    _NOTES[key] = value
+
+
 def capture(device: str, engine_sha: str = "", engine_file: str = "") -> dict:
     import torch
 
@@ -31,6 +40,7 @@ def capture(device: str, engine_sha: str = "", engine_file: str = "") -> dict:
                    memory_gb=round(props.total_memory / 2**30, 1), capability=f"{props.major}.{props.minor}",
                    l2_mb=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
         env["driver"] = _nvidia_smi("driver_version")
+    env.update(_NOTES)
     return env
 
 

@@ -14,11 +14,11 @@ from typing import Callable
 
 import torch
 
+from runner import engines
 from runner import env as envmod
 from runner import families
 from runner.job import Job
 from runner.timing import time_fn
-from runner.weights import build_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,14 +55,17 @@ class Built:
     engine_file: str
     device: str
     dtype: torch.dtype
+    adapter: object = engines.get("plain")  # runner/engines/<name>.py: how the engine is built and called
 
 
 def build(job: Job) -> Built:
+    adapter = engines.for_job(job)
+    adapter.prepare(job)  # engine set-up that must precede its import (runner/engines/)
     cls, src = import_model_class(job.model_class, job.engine_root)
     preset = job.workload["presets"][job.preset]
     dtype = DTYPES[job.dtype]
-    model = build_model(cls, preset["config"], job.device, dtype, job.weight_seed, preset.get("weights", "seeded"))
-    return Built(model, families.get(job.workload["family"]), src, job.device, dtype)
+    model = adapter.build_model(cls, job, preset, dtype)
+    return Built(model, families.get(job.workload["family"]), src, job.device, dtype, adapter)
 
 
 def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[[], dict], list[dict]]:
@@ -70,10 +73,14 @@ def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[
     wl = job.workload
     cfg = wl["presets"][job.preset]["config"]
     passes = built.family.make_passes(cfg, shape, wl["step"], wl["latent_downsample"], seed, job.device, built.dtype)
+    # The adapter turns each pass's inputs into a call of its engine's forward (for SGLang: RoPE
+    # tables and timestep scaling prepared here, once, as its pipeline does before the loop).
+    with torch.inference_mode():
+        calls = [built.adapter.make_call(built.model, kw, job) for kw in passes]
 
     def step() -> dict:
         with torch.inference_mode():
-            outs = [built.model(**kw)[0] for kw in passes]
+            outs = [call() for call in calls]
             return built.family.combine(outs, wl["step"])
 
     return step, passes

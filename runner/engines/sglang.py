@@ -1,0 +1,267 @@
+"""The SGLang adapter: SGLang's own FLUX.2 and Qwen-Image DiTs, outside its server.
+
+SGLang's diffusion runtime (``sglang.multimodal_gen``) expects a served process around its models.
+This module provides exactly the part of that process one forward pass needs, and nothing is
+changed in the engine repository (a candidate patches SGLang's real files; the harness only sets up
+around them). docs/sglang.md explains each item.
+
+prepare(job), once per process, before the engine is imported:
+  - env vars for a one-process "distributed" world: MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>,
+    RANK=0, WORLD_SIZE=1, LOCAL_RANK=<device index>;
+  - stand-ins for packages the import chain reaches but that cannot be there (runner/engines/
+    sglang_standins.py): the compiled ``sgl_kernel`` on CUDA, ``torchvision`` where it is absent
+    (a CPU machine: PyPI has no CPU build of it); each is recorded in the environment block;
+  - the global server args (``set_global_server_args``: attention backend torch_sdpa,
+    kv_gather_degree 1) and the model-parallel groups with tp = sp = 1
+    (``maybe_init_distributed_environment_and_model_parallel``; gloo on CPU).
+build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_arch(hf)``,
+  ``out_channels`` set explicitly, ``cls(config=cfg, hf_config=hf)``; every parameter is then
+  created from the seeded state dict in the base (diffusers) format (runner/weights.py), and a
+  fused projection (``to_added_qkv`` = add_q/k/v_proj) is built from the seeds of the base names it
+  packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
+  have a CPU path through ``sgl_kernel``'s CPU kernels run their ``forward_native`` instead, and
+  the Triton-only ``fuse_scale_shift_kernel`` falls back to SGLang's own torch version.
+make_call: the family's (diffusers-convention) inputs become SGLang's: timestep x 1000, RoPE tables
+  (``freqs_cis``) computed once by the model's own rotary module as SGLang's pipeline does before
+  its denoising loop, Qwen-Image's all-ones text mask dropped as SGLang's pipeline drops it; each
+  forward runs inside ``set_forward_context(current_timestep=0, attn_metadata=None)``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+
+import torch
+
+from runner import env as envmod
+from runner.engines import sglang_standins
+from runner.weights import build_model as _build_seeded
+from runner.weights import seeded_tensor
+
+ATTENTION_BACKEND = "torch_sdpa"  # the backend SGLang's FLUX.2 uses closest to diffusers (its own note)
+
+CONFIG_CLASSES = {
+    "flux2": "sglang.multimodal_gen.configs.models.dits.flux.FluxConfig",
+    "qwen-image": "sglang.multimodal_gen.configs.models.dits.qwenimage.QwenImageDitConfig",
+}
+# The workload's preset config is in diffusers' format; SGLang reads from the hf dict some keys a
+# workload may leave to diffusers' constructor defaults. These are those defaults.
+HF_DEFAULTS = {
+    "flux2": {"eps": 1e-6, "timestep_guidance_channels": 256, "mlp_ratio": 3.0, "rope_theta": 2000,
+              "guidance_embeds": True, "patch_size": 1},
+    "qwen-image": {"patch_size": 2, "guidance_embeds": False},
+}
+
+_prepared: dict = {}
+
+
+class SGLangSetupError(RuntimeError):
+    """SGLang could not be brought up; the message says which step and why."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _import(dotted: str):
+    mod, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+def prepare(job) -> None:
+    if _prepared:
+        return
+    is_cuda = job.device.startswith("cuda")
+    index = (torch.device(job.device).index or 0) if is_cuda else 0
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK=str(index))
+    if is_cuda:
+        torch.cuda.set_device(index)
+    notes = sglang_standins.install(is_cuda)
+    for k, v in notes.items():
+        envmod.note(k, v)
+
+    from sglang.multimodal_gen.runtime.distributed import parallel_state
+    from sglang.multimodal_gen.runtime.server_args import server_args as sa
+
+    sa.set_global_server_args(_server_args(sa.ServerArgs))
+    parallel_state.maybe_init_distributed_environment_and_model_parallel(tp_size=1, sp_size=1)
+    envmod.note("sglang_setup", {"attention_backend": ATTENTION_BACKEND, "tp_size": 1, "sp_size": 1,
+                                 "distributed_backend": torch.distributed.get_backend()})
+    _prepared["done"] = True
+
+
+def _server_args(server_args_cls):
+    """A real ServerArgs holding every field's default, without running its __post_init__ (which
+    resolves a model path, configures the server's loggers and needs uvicorn): the model reads
+    only fields from it."""
+    import dataclasses
+
+    args = server_args_cls.__new__(server_args_cls)
+    for f in dataclasses.fields(server_args_cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None  # model_path: there is no checkpoint
+        object.__setattr__(args, f.name, value)
+    args.model_path = "optbot-seeded-weights"
+    args.attention_backend = ATTENTION_BACKEND
+    args.kv_gather_degree = 1
+    return args
+
+
+def build_model(cls, job, preset: dict, dtype):
+    if preset.get("weights", "seeded") != "seeded":
+        raise SGLangSetupError(
+            f"preset {job.preset!r}: weights {preset['weights']!r}: the sglang adapter builds seeded "
+            f"weights only (loading a checkpoint goes through SGLang's server loader, not wired here)")
+    family = job.workload["family"]
+    hf = dict(HF_DEFAULTS.get(family, {}))
+    hf.update(preset["config"])
+    hf["out_channels"] = hf.get("out_channels") or hf["in_channels"]
+    cfg = _import(CONFIG_CLASSES[family])()
+    cfg.update_model_arch(hf)
+    # The arch config's __post_init__ resolved out_channels from its own default in_channels before
+    # update_model_arch ran: set it again.
+    cfg.arch_config.out_channels = hf["out_channels"]
+
+    def construct(**_):
+        return cls(config=cfg, hf_config=hf)
+
+    model = _build_seeded(construct, {}, job.device, dtype, job.weight_seed, "seeded")
+    fused = _seed_packed_params(model, job.weight_seed, job.device, dtype)
+    if fused:
+        envmod.note("sglang_packed_params", f"{len(fused)} fused params seeded from their base names "
+                                            f"(e.g. {fused[0]})")
+    if not job.device.startswith("cuda"):
+        routed = _route_cpu_ops_to_native(model)
+        envmod.note("sglang_cpu_patches", routed)
+    return model
+
+
+def _seed_packed_params(model, weight_seed: int, device, dtype) -> list[str]:
+    """A fused parameter (e.g. ``attn.to_added_qkv.weight``) = its base parameters' seeds
+    concatenated on the output dim, using the model's own ``packed_modules_mapping`` (the map
+    SGLang's loader uses for real checkpoints)."""
+    mapping = getattr(type(model), "packed_modules_mapping", None) or {}
+    done = []
+    for mod_name, mod in model.named_modules():
+        leaf = mod_name.rsplit(".", 1)[-1]
+        if leaf not in mapping:
+            continue
+        parent = mod_name[: -len(leaf)]
+        for pname, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            parts = mapping[leaf]
+            if p.shape[0] % len(parts):
+                raise SGLangSetupError(f"{mod_name}.{pname}: {tuple(p.shape)} does not split into {parts}")
+            rows = p.shape[0] // len(parts)
+            pieces = [seeded_tensor(f"{parent}{part}.{pname}", (rows, *p.shape[1:]), weight_seed, device, dtype)
+                      for part in parts]
+            mod._parameters[pname] = torch.nn.Parameter(torch.cat(pieces, 0), requires_grad=False)
+            done.append(f"{mod_name}.{pname}")
+    return done
+
+
+def _route_cpu_ops_to_native(model) -> list[str]:
+    """CPU only: SGLang layers whose CPU path calls ``sgl_kernel`` CPU kernels run forward_native,
+    and the Triton-only ``fuse_scale_shift_kernel`` uses SGLang's torch fallback."""
+    from sglang.multimodal_gen.runtime.layers.custom_op import CustomOp
+
+    routed = set()
+    for mod in model.modules():
+        if isinstance(mod, CustomOp):
+            cls_ = type(mod)
+            own_cpu = any("forward_cpu" in c.__dict__ for c in cls_.__mro__ if c is not CustomOp and issubclass(c, CustomOp))
+            if own_cpu:
+                mod._forward_method = mod.forward_native
+                routed.add(f"{cls_.__name__}.forward_cpu -> forward_native")
+    from sglang.kernels.ops.diffusion.common.fallback_torch import fuse_scale_shift_kernel_native
+
+    import sys
+
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sglang.multimodal_gen.") and getattr(mod, "fuse_scale_shift_kernel", None) is not None:
+            orig = mod.fuse_scale_shift_kernel
+            if getattr(orig, "_optbot_cpu_fallback", False):
+                continue
+
+            def fallback(x, scale, shift, scale_constant=1.0, block_l=128, block_c=128, _orig=orig):
+                if x.is_cuda or getattr(x, "is_xpu", False):
+                    return _orig(x, scale, shift, scale_constant, block_l, block_c)
+                return fuse_scale_shift_kernel_native(x, scale, shift, scale_constant, block_l, block_c)
+
+            fallback._optbot_cpu_fallback = True
+            mod.fuse_scale_shift_kernel = fallback
+            routed.add(f"{name}.fuse_scale_shift_kernel -> fuse_scale_shift_kernel_native")
+    return sorted(routed)
+
+
+# --------------------------------------------------------------------------------------------
+# inputs: family kwargs (diffusers convention) -> SGLang's forward
+
+
+def make_call(model, kw: dict, job):
+    from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
+
+    family = job.workload["family"]
+    sk = _flux2_kwargs(model, kw) if family == "flux2" else _qwen_image_kwargs(model, kw)
+
+    def call():
+        with set_forward_context(current_timestep=0, attn_metadata=None):
+            out = model(**sk)
+        return out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+
+    return call
+
+
+def _flux2_kwargs(model, kw: dict) -> dict:
+    # RoPE as SGLang's Flux2 pipeline builds it: text positions first, then image, as (cos, sin).
+    txt_cos, txt_sin = model.rotary_emb(kw["txt_ids"])
+    img_cos, img_sin = model.rotary_emb(kw["img_ids"])
+    device = kw["hidden_states"].device
+    out = dict(
+        hidden_states=kw["hidden_states"],
+        encoder_hidden_states=kw["encoder_hidden_states"],
+        timestep=kw["timestep"] * 1000,  # SGLang takes the scheduler's timestep (diffusers scales inside)
+        freqs_cis=(torch.cat([txt_cos, img_cos], 0).to(device), torch.cat([txt_sin, img_sin], 0).to(device)),
+    )
+    if kw.get("guidance") is not None:
+        out["guidance"] = kw["guidance"]  # both scale guidance by 1000 inside forward
+    return out
+
+
+def _qwen_image_kwargs(model, kw: dict) -> dict:
+    hs, ehs = kw["hidden_states"], kw["encoder_hidden_states"]
+    b, t = ehs.shape[0], ehs.shape[1]
+    img_shapes = [[tuple(s) for s in ([kw["img_shapes"][i]] if isinstance(kw["img_shapes"][i], tuple)
+                                      else kw["img_shapes"][i])] for i in range(b)]
+    txt_seq_lens = [t] * b
+    mask = kw.get("encoder_hidden_states_mask")
+    if mask is not None:
+        lens = mask.to(torch.bool).sum(dim=1).tolist()
+        if all(n == t for n in lens):
+            mask = None  # SGLang's pipeline passes no mask when every prompt fills the text length
+        else:
+            txt_seq_lens = [int(n) for n in lens]
+            mask = mask.to(torch.bool)
+    # RoPE tables as SGLang's QwenImage pipeline config builds them (get_freqs_cis).
+    img_freqs, txt_freqs = model.rotary_emb(img_shapes, txt_seq_lens, device=hs.device)
+    img_cache = torch.cat([img_freqs.real.float(), img_freqs.imag.float()], dim=-1).contiguous()
+    txt_cache = torch.cat([txt_freqs.real.float(), txt_freqs.imag.float()], dim=-1).contiguous()
+    return dict(
+        hidden_states=hs,
+        encoder_hidden_states=ehs,
+        encoder_hidden_states_mask=mask,
+        timestep=kw["timestep"] * 1000,  # SGLang divides by 1000 inside; diffusers takes t in [0, 1]
+        img_shapes=img_shapes,
+        txt_seq_lens=txt_seq_lens,
+        freqs_cis=(img_cache, txt_cache),
+        freqs_complex=(img_freqs, txt_freqs),
+    )
