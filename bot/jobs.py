@@ -30,7 +30,7 @@ SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL
 SECRET_PREFIXES = ("ANTHROPIC", "GITHUB_", "GH_", "OPENAI", "AWS_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
-def child_env(engine_root: str) -> dict[str, str]:
+def child_env(engine_root: str, device: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not SECRET_RE.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
     # optbot's runner first (an engine tree must not be able to shadow the runner package), then
@@ -41,6 +41,10 @@ def child_env(engine_root: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")  # the harness never downloads; real weights come from a path
     env.setdefault("DIFFUSERS_VERBOSITY", "error")
+    if device == "cpu":
+        # DESIGN: on CPU, Triton kernels run (and are correctness-checked) in Triton's interpreter;
+        # without it an engine's Triton path would silently fall back and never be exercised.
+        env.setdefault("TRITON_INTERPRET", "1")
     return env
 
 
@@ -79,7 +83,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "runner", str(job_path), str(result_path)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(job.engine_root), cwd=work_dir, start_new_session=True)
+                                env=child_env(job.engine_root, job.device), cwd=work_dir, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
             status = None

@@ -6,6 +6,7 @@ candidate prints can pose as a result. Exceptions become {"ok": false, "error": 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -20,6 +21,10 @@ def main(argv: list[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     try:
         job = Job.from_file(job_path)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from runner.triton_interpret import instrument
+
+            instrument()
         result = importlib.import_module(f"runner.kinds.{job.kind}").run(job)
     except Exception as e:  # noqa: BLE001 - every failure becomes a typed result for the bot
         kind = getattr(e, "kind", "exception")

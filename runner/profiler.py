@@ -125,7 +125,8 @@ def parse_trace(trace: dict, device_kind: str) -> dict:
             records.append(dict(name=k["name"], op=op["name"] if op else "", module=path, module_class=cls,
                                 ts=k["ts"], dur_us=k["dur"], bytes=_op_bytes(op)))
     else:
-        ops = [e for e in host if e["cat"] == "cpu_op"]
+        # interpreted Triton launches (runner/triton_interpret.py) count as ops of their own
+        ops = [e for e in host if e["cat"] == "cpu_op" or e["name"].startswith("triton::")]
         # self time = duration minus direct child ops (nested on the same thread)
         child_time: dict[int, float] = defaultdict(float)
         by_tid: dict[int, list[int]] = defaultdict(list)
