@@ -21,6 +21,8 @@ Order of checks, each in its own runner process with a timeout (bot/jobs.run_job
 """
 from __future__ import annotations
 
+import fnmatch
+
 import json
 import random
 import re
@@ -391,8 +393,13 @@ def declared_matches(item: str, entry: tuple[str, str, str]) -> bool:
     """Does a declared kernel (trailer value) match a histogram entry (kernel name, aten op, module)?
     A substring of the kernel name (GPU kernel names are long: "triton_red_fused_rms_norm_..."),
     the aten op exactly ("aten::addmm"), or the module path exactly or as a dotted suffix
-    ("attn.to_qkv" matches transformer_blocks.*.attn.to_qkv, not ...attn.to_qkv_mlp_proj)."""
+    ("attn.to_qkv" matches transformer_blocks.*.attn.to_qkv, not ...attn.to_qkv_mlp_proj).
+    ``KERNEL@GLOB`` scopes a declaration to modules whose path matches the fnmatch GLOB
+    ("aten::silu@*gate_fn": the SiLU inside SwiGLU is gone, the one in the modulation MLP stays)."""
     name, op, module = entry
+    if "@" in item:
+        what, _, glob = item.partition("@")
+        return (what in name or what == op) and fnmatch.fnmatchcase(module, glob)
     return item in name or item == op or module == item or module.endswith("." + item)
 
 

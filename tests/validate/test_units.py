@@ -39,6 +39,10 @@ def test_declared_kernel_matching():
     assert not declared_matches("attn.to_qkv", ("aten::linear", "aten::linear", "single.*.attn.to_qkv_mlp_proj"))
     assert not declared_matches("attn.to_q", e)
     assert declared_matches("fused_rms", ("triton_red_fused_rms_norm_0", "", ""))
+    # scoped: the SiLU inside SwiGLU, not the one in the modulation MLP
+    assert declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "transformer_blocks.0.ff.act_fn.gate_fn"))
+    assert not declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "double_stream_modulation_img.act_fn"))
+    assert not declared_matches("aten::gelu@*gate_fn", ("aten::silu", "aten::silu", "blocks.0.gate_fn"))
 
 
 def _cand(trailers):
