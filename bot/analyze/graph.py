@@ -54,6 +54,9 @@ def op_family(op: str) -> str:
         return "rms_norm"
     if b in ("group_norm", "native_group_norm"):
         return "group_norm"
+    if b in ("ones", "zeros", "full", "ones_like", "zeros_like", "full_like", "new_zeros", "new_ones", "new_full",
+             "fill", "zero", "scalar_tensor"):
+        return "fill"  # a factory op launches a fill kernel (aten::fill_ in the profile)
     if b in ("to", "to_copy", "type_as", "copy", "clone", "contiguous", "copy_from", "reshape", "unsafe_view",
              "float", "half", "bfloat16"):
         return "copy"
