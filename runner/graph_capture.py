@@ -250,7 +250,9 @@ class Recorder:
         outs, _ = tree_flatten(out)
         out_tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         in_storages = {_storage_key(t) for t in in_tensors}
-        alias = bool(out_tensors) and all(_storage_key(o) in in_storages for o in out_tensors)
+        # an in-place op writes into its input's storage but does work: never an alias
+        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        alias = bool(out_tensors) and not mutates and all(_storage_key(o) in in_storages for o in out_tensors)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
