@@ -45,7 +45,10 @@ def detect(ctx) -> list[Finding]:
                 facts.update(probe_with_ms=probe["with_mask"]["median_ms"], probe_without_ms=probe["without_mask"]["median_ms"],
                              probe_device=probe["device"], probe_max_abs_diff=probe["max_abs_diff"])
                 if probe["device"] == cost.device and delta > 0:
-                    gain += delta
+                    # a probe timed at another dtype or under load must not claim more than the
+                    # attention op itself took in the profile
+                    att_ms = cost.ms([att.id])
+                    gain += min(delta, att_ms) if att_ms > 0 else delta
                     basis += (f" + attention with/without the mask timed at this shape on {probe['device']}: "
                               f"{probe['with_mask']['median_ms']:.4f} vs {probe['without_mask']['median_ms']:.4f} ms")
                 else:
