@@ -193,11 +193,15 @@ class Recorder:
             if not path:
                 continue
             idx = len(self.modules)
-            self.modules.append([path, type(mod).__name__, _class_source(type(mod), self._root)])
+            # [path, class, "file:line" of the class, "file:line" of the first call of the module]
+            self.modules.append([path, type(mod).__name__, _class_source(type(mod), self._root), ""])
             self._mod_index[path] = idx
 
             def pre(m, args, _idx=idx):
                 self._mod_stack.append(_idx)
+                if not self.modules[_idx][3]:
+                    site = self._source()
+                    self.modules[_idx][3] = self.sources[site] if site >= 0 else ""
 
             def post(m, args, out, _idx=idx):
                 if len(self._mod_stack) > 1 and self._mod_stack[-1] == _idx:

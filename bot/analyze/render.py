@@ -13,6 +13,9 @@ def _loc(o: dict) -> str:
         s += f" (x{loc['instances']})"
     if loc["engine_file"]:
         s += f"\n{loc['engine_file']}:{loc['engine_line']}"
+    site = loc.get("call_site")
+    if site and site != f"{loc['engine_file']}:{loc['engine_line']}":
+        s += f"\ncalled at {site}"
     return s
 
 

@@ -34,8 +34,9 @@ def detect(ctx) -> list[Finding]:
         # --- a mask that masks nothing
         m = att.mask
         if m and m.get("masks_nothing"):
-            build = _mask_builders(g, m.get("value"), att)
-            build = [i for i in build if ctx.free(i)]
+            all_build = _mask_builders(g, m.get("value"), att)
+            build = [i for i in all_build if ctx.free(i)]
+            anchor = next((i for i in sorted(all_build) if g.ops[i].src and not g.ops[i].alias), att.id)
             gain = cost.ms(build)
             basis = f"time of the {len(work_ops(g, build))} ops that build the mask"
             probe = probes.get(m.get("probe") or "")
@@ -54,7 +55,7 @@ def detect(ctx) -> list[Finding]:
                 else:
                     basis += f" (attention timed with/without the mask on {probe['device']}: no faster without it)"
             ctx.claim(build)
-            out.append(Finding(KIND, "mask-masks-nothing", [att.id] + build, att.id, gain, basis, 0.8,
+            out.append(Finding(KIND, "mask-masks-nothing", [att.id] + build, anchor, gain, basis, 0.8,
                                "mask values checked at capture: it masks nothing for this workload's inputs; the fix "
                                "must keep the mask when a prompt is padded", "store-replay", signature="mask",
                                summary="attention receives a mask that masks nothing (all ones): drop it when it is all ones",
