@@ -28,6 +28,9 @@ def header(a: dict) -> list[str]:
         f"({a['profile']['passes']} pass(es)) · source {a['profile']['source']}",
         f"graph captured on: {a['graph']['device']} · {a['graph']['ops']} aten ops · {a['graph']['passes']} pass(es) · "
         f"profile time placed on graph ops: {100 * a['profile']['coverage']:.1f}%",
+        *([f"note: profiled op times summed to more than the unprofiled step; scaled by "
+           f"{a['profile']['time_scale']:.3f} so estimates are shares of the step"]
+          if a["profile"].get("time_scale", 1.0) < 1.0 else []),
         f"{len(a['opportunities'])} opportunities · ops they touch take {a['claimed_ms']:.3f} ms "
         f"({a['claimed_pct']:.1f}% of the step; each op counted once)",
     ]
