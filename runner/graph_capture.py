@@ -193,11 +193,15 @@ class Recorder:
             if not path:
                 continue
             idx = len(self.modules)
-            self.modules.append([path, type(mod).__name__, _class_source(type(mod), self._root)])
+            # [path, class, "file:line" of the class, "file:line" of the first call of the module]
+            self.modules.append([path, type(mod).__name__, _class_source(type(mod), self._root), ""])
             self._mod_index[path] = idx
 
             def pre(m, args, _idx=idx):
                 self._mod_stack.append(_idx)
+                if not self.modules[_idx][3]:
+                    site = self._source()
+                    self.modules[_idx][3] = self.sources[site] if site >= 0 else ""
 
             def post(m, args, out, _idx=idx):
                 if len(self._mod_stack) > 1 and self._mod_stack[-1] == _idx:
@@ -250,7 +254,9 @@ class Recorder:
         outs, _ = tree_flatten(out)
         out_tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         in_storages = {_storage_key(t) for t in in_tensors}
-        alias = bool(out_tensors) and all(_storage_key(o) in in_storages for o in out_tensors)
+        # an in-place op writes into its input's storage but does work: never an alias
+        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        alias = bool(out_tensors) and not mutates and all(_storage_key(o) in in_storages for o in out_tensors)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))

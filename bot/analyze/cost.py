@@ -31,6 +31,7 @@ class CostModel:
     matmul_tflops: float
     coverage: float
     profile_source: str = ""
+    time_scale: float = 1.0  # < 1 when profiled times added up to more than the unprofiled step
 
     def ms(self, op_ids) -> float:
         return sum(self.op_ms.get(i, 0.0) for i in set(op_ids))
@@ -52,6 +53,12 @@ def attribute(graph: Graph, profile: dict, source: str = "") -> CostModel:
     by_key: dict[tuple[str, str], list] = defaultdict(list)
     for o in graph.ops:
         by_key[(o.module, op_family(o.op))].append(o)
+    busy = sum(prof_ms.values())
+    total = float(profile.get("total_ms", 0.0))
+    # Profiled times can add up to more than the unprofiled step (the profiler's own overhead per
+    # op on a CPU, a loaded machine): then they are scaled down to sum to the step, so estimates
+    # stay fractions of the latency the user sees.
+    scale = total / busy if busy and total and busy > total else 1.0
     op_ms: dict[int, float] = {}
     placed = 0.0
     for key, ms in prof_ms.items():
@@ -61,16 +68,15 @@ def attribute(graph: Graph, profile: dict, source: str = "") -> CostModel:
         weights = [_work(graph, o) for o in ops]
         tot = sum(weights)
         for o, w in zip(ops, weights):
-            share = ms * (w / tot if tot else 1.0 / len(ops))
+            share = scale * ms * (w / tot if tot else 1.0 / len(ops))
             op_ms[o.id] = op_ms.get(o.id, 0.0) + share
         placed += ms
-    busy = sum(prof_ms.values())
     env = profile.get("env", {})
     peaks = profile.get("peaks", {})
     return CostModel(op_ms=op_ms, device=profile.get("device", env.get("device_kind", "?")),
                      device_name=env.get("device_name", ""), total_ms=float(profile.get("total_ms", 0.0)),
                      copy_gbps=float(peaks.get("copy_gbps", 0.0)), matmul_tflops=float(peaks.get("matmul_tflops", 0.0)),
-                     coverage=placed / busy if busy else 0.0, profile_source=source)
+                     coverage=placed / busy if busy else 0.0, profile_source=source, time_scale=round(scale, 4))
 
 
 def _work(graph: Graph, o) -> float:

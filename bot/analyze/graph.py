@@ -54,6 +54,9 @@ def op_family(op: str) -> str:
         return "rms_norm"
     if b in ("group_norm", "native_group_norm"):
         return "group_norm"
+    if b in ("ones", "zeros", "full", "ones_like", "zeros_like", "full_like", "new_zeros", "new_ones", "new_full",
+             "fill", "zero", "scalar_tensor"):
+        return "fill"  # a factory op launches a fill kernel (aten::fill_ in the profile)
     if b in ("to", "to_copy", "type_as", "copy", "clone", "contiguous", "copy_from", "reshape", "unsafe_view",
              "float", "half", "bfloat16"):
         return "copy"
@@ -81,6 +84,7 @@ class Op:
     host: bool
     xdev: bool
     mask: dict | None
+    call_site: str = ""  # the engine line that called the op's module
 
     @property
     def name(self) -> str:
@@ -109,12 +113,12 @@ class Graph:
         mods, srcs = raw["modules"], raw["sources"]
         ops = []
         for o in raw["ops"]:
-            m = mods[o["m"]] if o["m"] >= 0 else ["", "", ""]
+            m = mods[o["m"]] if o["m"] >= 0 else ["", "", "", ""]
             ops.append(Op(id=o["id"], op=o["op"], module=m[0], module_class=m[1],
                           src=srcs[o["s"]] if o["s"] >= 0 else "", pass_idx=o["p"], inputs=o["in"],
                           arg_names=o.get("an", []), outputs=o["out"], scalars=o.get("sc", {}),
                           alias=bool(o.get("alias")), host=bool(o.get("host")), xdev=bool(o.get("xdev")),
-                          mask=o.get("mask")))
+                          mask=o.get("mask"), call_site=m[3] if len(m) > 3 else ""))
         g = cls(raw=raw, ops=ops, values=raw["values"], labels=raw["labels"])
         g.norm_groups = find_norms(g)
         return g

@@ -48,6 +48,7 @@ class Location:
     engine_file: str
     engine_line: int | None
     instances: int
+    call_site: str = ""  # engine "file:line" that called the module (e.g. where attn.norm_q is applied)
 
 
 @dataclass

@@ -38,7 +38,8 @@ def group(graph: Graph, cost: CostModel, findings: list[Finding]) -> list[Opport
         opps.append(Opportunity(
             id=opp_id, kind=kind, detail=detail, summary=fs[0].summary,
             location=Location(module_pattern=pattern or "(top level)", examples=examples[:4],
-                              engine_file=efile, engine_line=int(eline) if eline.isdigit() else None, instances=len(fs)),
+                              engine_file=efile, engine_line=int(eline) if eline.isdigit() else None, instances=len(fs),
+                              call_site=graph.ops[anchor].call_site if anchor >= 0 else ""),
             ops=ops_desc[:24], op_ids=op_ids, gain_ms=round(gain, 5), gain_pct=round(cost.pct(gain), 3),
             confidence=round(sum(f.confidence for f in fs) / len(fs), 2), confidence_reason=fs[0].confidence_reason,
             generator=fs[0].generator,

@@ -2,9 +2,6 @@
 measured the profile the estimates come from."""
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
-
 
 def _loc(o: dict) -> str:
     loc = o["location"]
@@ -13,6 +10,9 @@ def _loc(o: dict) -> str:
         s += f" (x{loc['instances']})"
     if loc["engine_file"]:
         s += f"\n{loc['engine_file']}:{loc['engine_line']}"
+    site = loc.get("call_site")
+    if site and site != f"{loc['engine_file']}:{loc['engine_line']}":
+        s += f"\ncalled at {site}"
     return s
 
 
@@ -25,12 +25,21 @@ def header(a: dict) -> list[str]:
         f"({a['profile']['passes']} pass(es)) · source {a['profile']['source']}",
         f"graph captured on: {a['graph']['device']} · {a['graph']['ops']} aten ops · {a['graph']['passes']} pass(es) · "
         f"profile time placed on graph ops: {100 * a['profile']['coverage']:.1f}%",
+        *([f"note: profiled op times summed to more than the unprofiled step; scaled by "
+           f"{a['profile']['time_scale']:.3f} so estimates are shares of the step"]
+          if a["profile"].get("time_scale", 1.0) < 1.0 else []),
         f"{len(a['opportunities'])} opportunities · ops they touch take {a['claimed_ms']:.3f} ms "
         f"({a['claimed_pct']:.1f}% of the step; each op counted once)",
     ]
 
 
-def print_terminal(a: dict, top: int = 25, console: Console | None = None) -> None:
+def print_terminal(a: dict, top: int = 25, console=None) -> None:
+    try:  # rich may be missing on a bare GPU box: plain text then
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        _print_plain(a, top)
+        return
     c = console or Console(width=None if Console().is_terminal else 160)
     for line in header(a):
         c.print(line, highlight=False)
@@ -43,6 +52,15 @@ def print_terminal(a: dict, top: int = 25, console: Console | None = None) -> No
     c.print(t)
     if len(a["opportunities"]) > top:
         c.print(f"... {len(a['opportunities']) - top} more in the JSON/markdown report")
+
+
+def _print_plain(a: dict, top: int) -> None:
+    for line in header(a):
+        print(line)
+    print(f"{'#':>3} {'kind':<22} {'detail':<24} {'location':<46} {'gain ms':>10} {'% step':>7} {'conf':>5} generator")
+    for i, o in enumerate(a["opportunities"][:top], 1):
+        print(f"{i:>3} {o['kind']:<22} {o['detail']:<24} {o['location']['module_pattern'][:46]:<46} "
+              f"{o['gain_ms']:>10.4f} {o['gain_pct']:>7.2f} {o['confidence']:>5.2f} {o['generator']}")
 
 
 def markdown(a: dict) -> str:

@@ -24,6 +24,7 @@ def analyze(graph: Graph, profile: dict, meta: dict | None = None, profile_sourc
         "profile": {"device": f"{cost.device} ({cost.device_name})" if cost.device_name else cost.device,
                     "total_ms": cost.total_ms, "passes": profile.get("passes", 1), "coverage": round(cost.coverage, 4),
                     "copy_gbps": cost.copy_gbps, "matmul_tflops": cost.matmul_tflops, "source": profile_source,
+                    "time_scale": cost.time_scale,
                     "shape": profile.get("shape")},
         "graph": {"device": graph.raw.get("device"), "ops": len(graph.ops), "passes": graph.raw.get("passes", 1),
                   "shape": graph.raw.get("shape"), "probes": graph.raw.get("probes", [])},

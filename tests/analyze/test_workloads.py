@@ -107,3 +107,16 @@ def test_bad_profile_file_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bot", "analyze", "flux2", "--profile", str(bad)],
                        capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
     assert r.returncode == 2 and "key 'total_ms' missing" in r.stderr
+
+
+def test_bot_side_of_analyze_never_imports_torch():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, importlib, bot.cli, bot.analyze.run, bot.analyze.detectors as d\n"
+            "[importlib.import_module('bot.analyze.detectors.' + n) for n in d.ORDER]\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.stdout.strip() == "False", r.stderr

@@ -34,8 +34,9 @@ def detect(ctx) -> list[Finding]:
         # --- a mask that masks nothing
         m = att.mask
         if m and m.get("masks_nothing"):
-            build = _mask_builders(g, m.get("value"), att)
-            build = [i for i in build if ctx.free(i)]
+            all_build = _mask_builders(g, m.get("value"), att)
+            build = [i for i in all_build if ctx.free(i)]
+            anchor = next((i for i in sorted(all_build) if g.ops[i].src and not g.ops[i].alias), att.id)
             gain = cost.ms(build)
             basis = f"time of the {len(work_ops(g, build))} ops that build the mask"
             probe = probes.get(m.get("probe") or "")
@@ -45,13 +46,16 @@ def detect(ctx) -> list[Finding]:
                 facts.update(probe_with_ms=probe["with_mask"]["median_ms"], probe_without_ms=probe["without_mask"]["median_ms"],
                              probe_device=probe["device"], probe_max_abs_diff=probe["max_abs_diff"])
                 if probe["device"] == cost.device and delta > 0:
-                    gain += delta
+                    # a probe timed at another dtype or under load must not claim more than the
+                    # attention op itself took in the profile
+                    att_ms = cost.ms([att.id])
+                    gain += min(delta, att_ms) if att_ms > 0 else delta
                     basis += (f" + attention with/without the mask timed at this shape on {probe['device']}: "
                               f"{probe['with_mask']['median_ms']:.4f} vs {probe['without_mask']['median_ms']:.4f} ms")
                 else:
                     basis += f" (attention timed with/without the mask on {probe['device']}: no faster without it)"
             ctx.claim(build)
-            out.append(Finding(KIND, "mask-masks-nothing", [att.id] + build, att.id, gain, basis, 0.8,
+            out.append(Finding(KIND, "mask-masks-nothing", [att.id] + build, anchor, gain, basis, 0.8,
                                "mask values checked at capture: it masks nothing for this workload's inputs; the fix "
                                "must keep the mask when a prompt is padded", "store-replay", signature="mask",
                                summary="attention receives a mask that masks nothing (all ones): drop it when it is all ones",

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 from bot.analyze.opportunity import Finding
-from bot.analyze.detectors.common import describe_ops, labels_of, region
+from bot.analyze.detectors.common import describe_ops, labels_of, region, wrapper_prefix
 
 KIND = "cfg-invariant-cache"
 
 
 def detect(ctx) -> list[Finding]:
     g, cost = ctx.graph, ctx.cost
+    prefix = wrapper_prefix(g)
     if g.raw.get("passes", 1) < 2:
         return []
     prompt_side = g.label_mask("prompt", "text_mask") | sum(1 << i for i, n in enumerate(g.labels) if n.startswith("input:"))
@@ -33,7 +34,7 @@ def detect(ctx) -> list[Finding]:
             continue
         if not all(g.values[v]["vn"] in first_vns for v in o.outputs):
             continue
-        by_region[(o.pass_idx, region(o.module))].append(o)
+        by_region[(o.pass_idx, region(o.module, prefix))].append(o)
     out = []
     for (pidx, reg), ops in by_region.items():
         ids = [o.id for o in ops]

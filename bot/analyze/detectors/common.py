@@ -6,11 +6,33 @@ import re
 from bot.analyze.graph import Graph, Op
 
 
-def region(path: str) -> str:
-    """The repeated unit a module belongs to: the path up to its first numbered component
-    (transformer_blocks.3.attn.to_q -> transformer_blocks.3), else the module itself."""
+def region(path: str, prefix: str = "") -> str:
+    """The unit a module belongs to: the path up to its first numbered component
+    (transformer_blocks.3.attn.to_q -> transformer_blocks.3), else the model's child it is in
+    (time_text_embed.timestep_embedder.linear_1 -> time_text_embed). `prefix` is a wrapper path
+    common to every module (a model wrapped in another module), kept but not counted."""
     m = re.match(r"^(.*?\.\d+)(?:\.|$)", path)
-    return m.group(1) if m else path
+    if m:
+        return m.group(1)
+    if prefix and (path + ".").startswith(prefix):
+        rest = path[len(prefix):]
+        return prefix + rest.split(".")[0] if rest else path
+    return path.split(".")[0]
+
+
+def wrapper_prefix(g: Graph) -> str:
+    """"inner." when every module path is "inner" or under it (a model wrapped in another module),
+    repeatedly; "" for most models."""
+    paths = [m[0] for m in g.raw.get("modules", [])]
+    prefix = ""
+    while paths:
+        first = paths[0][len(prefix):].split(".")[0]
+        cand = prefix + first
+        if not first or not all(p == cand or p.startswith(cand + ".") for p in paths):
+            break
+        prefix = cand + "."
+        paths = [p for p in paths if p != cand]
+    return prefix
 
 
 def describe_ops(g: Graph, ids) -> str:

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from bot.analyze.graph import kind
 from bot.analyze.opportunity import Finding
-from bot.analyze.detectors.common import describe_ops, labels_of, region
+from bot.analyze.detectors.common import describe_ops, labels_of, region, wrapper_prefix
 
 KIND = "hoist-constant"
 TIERS = {
@@ -28,6 +28,7 @@ TIERS = {
 
 def detect(ctx) -> list[Finding]:
     g, cost = ctx.graph, ctx.cost
+    prefix = wrapper_prefix(g)
     static = g.label_mask("weights", "const")
     unknown = sum(1 << i for i, n in enumerate(g.labels) if n.startswith("input:"))
     varying = g.label_mask("latents", "timestep") | unknown
@@ -50,7 +51,7 @@ def detect(ctx) -> list[Finding]:
             tier = "repeated-in-step"
         else:
             continue
-        groups[(tier, o.pass_idx, region(o.module))].append(o)
+        groups[(tier, o.pass_idx, region(o.module, prefix))].append(o)
     out = []
     for (tier, pidx, reg), ops in groups.items():
         ids = [o.id for o in ops]

@@ -32,10 +32,16 @@ def detect(ctx) -> list[Finding]:
         return []
     launches: dict[str, int] = defaultdict(int)
     ms: dict[str, float] = defaultdict(float)
+    short: dict[str, int] = defaultdict(int)
+    short_ms: dict[str, float] = defaultdict(float)
     for k in p.get("kernels", []):
         r = _pattern(region(k.get("module", "")))
-        launches[r] += int(k.get("calls", 1))
+        calls = int(k.get("calls", 1))
+        launches[r] += calls
         ms[r] += float(k["ms"])
+        if calls and 1e3 * float(k["ms"]) / calls < SHORT_US:
+            short[r] += calls
+            short_ms[r] += float(k["ms"])
     n_total = sum(launches.values()) or 1
     blockers = [o for o in g.ops if o.host or o.xdev]
     blocker_txt = sorted({f"{'host sync' if o.host else 'cross-device copy'} ({o.name}) at {o.src or o.module}" for o in blockers})
@@ -49,14 +55,16 @@ def detect(ctx) -> list[Finding]:
         gain = idle * share
         if gain < MIN_SHARE * total:
             continue
-        mean_us = 1e3 * ms[r] / n if n else 0.0
+        frac_short = short[r] / n if n else 0.0
         out.append(Finding(
             KIND, "idle-between-launches", [], -1, gain,
             f"{what} ({idle:.3f} ms) times this region's share of launches ({n}/{n_total})",
-            conf if mean_us < SHORT_US else conf - 0.2, reason,
+            conf if frac_short >= 0.5 else conf - 0.2, reason,
             "compile-region", signature="launches", region=r,
-            summary=f"{n} launches, mean {mean_us:.1f} us each: CUDA graph / fewer, larger kernels",
-            facts={"launches": n, "mean_kernel_us": round(mean_us, 2), "blockers": blocker_txt[:10],
+            summary=f"{n} launches, {short[r]} of them under {SHORT_US:.0f} us ({short_ms[r]:.3f} ms busy): "
+                    f"CUDA graph / fewer, larger kernels",
+            facts={"launches": n, "short_launches": short[r], "short_ms": round(short_ms[r], 4),
+                   "busy_ms": round(ms[r], 4), "blockers": blocker_txt[:10],
                    "idle_ms_total": idle}))
     return out
 
