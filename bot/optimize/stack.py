@@ -48,7 +48,7 @@ def commit_message(cand, verdict, run_id: str) -> str:
         body.append(f"  speedup (eager median) {verdict.speedup:.3f}x")
     for c in verdict.correctness[:6]:
         body.append(f"  correctness {c.get('output', '?')} {c.get('shape', '')} seed {c.get('seed', '?')}: "
-                    f"max abs {c.get('max_abs', 'n/a')}, max rel {c.get('max_rel', 'n/a')}")
+                    f"max abs {c.get('max_abs', 'n/a')}, rel err {c.get('max_rel', 'n/a')}")
     body.append("")
     trailers = dict(cand.trailers)
     trailers.setdefault("Optbot-Opportunity", cand.opportunity or "none")
