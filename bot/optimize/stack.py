@@ -12,7 +12,7 @@ import re
 
 import git
 
-from bot.engine import EngineCheckout, add_worktree
+from bot.engine import EngineCheckout, add_worktree, remove_worktree
 
 
 def _fmt_ms(m) -> str:
@@ -97,4 +97,5 @@ def build_stack(checkout: EngineCheckout, branch: str, accepted: list, verdicts:
         commits.append(StackCommit(cand.id, wt.head.commit.hexsha, msg.splitlines()[0]))
     head = wt.head.commit.hexsha
     checkout.repo.git.branch("-f", branch, head)
+    remove_worktree(checkout, wt_path)  # the branch holds the result; validators make their own worktrees
     return commits, dropped, head
