@@ -151,7 +151,7 @@ def latency_table(results: dict) -> tuple[list, dict]:
         why = comb.get("stack_note") or "no optimized stack was measured"
         rows.append(["optimized", "eager / CUDA graph", "n/a", "n/a", "n/a", "n/a", "—", f"not measured: {why}"])
         data = {"base_eager": base.get("eager"), "base_graph": base.get("graph")}
-        note = "Baseline: the runner's step job on the base worktree. " + (base.get("graph_note") or "")
+        note = "Baseline: the runner's step job on the base worktree" + (f" ({base['graph_note']})." if base.get("graph_note") else ".")
     return [Table(LAT_HEADER, rows), P(note)], data
 
 
