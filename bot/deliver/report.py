@@ -151,7 +151,7 @@ def latency_table(results: dict) -> tuple[list, dict]:
         why = comb.get("stack_note") or "no optimized stack was measured"
         rows.append(["optimized", "eager / CUDA graph", "n/a", "n/a", "n/a", "n/a", "—", f"not measured: {why}"])
         data = {"base_eager": base.get("eager"), "base_graph": base.get("graph")}
-        note = "Baseline: the runner's step job on the base worktree. " + (base.get("graph_note") or "")
+        note = "Baseline: the runner's step job on the base worktree" + (f" ({base['graph_note']})." if base.get("graph_note") else ".")
     return [Table(LAT_HEADER, rows), P(note)], data
 
 
@@ -287,14 +287,24 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
         blocks.append(Details("Time per category and top kernels", [
             Table(["category", "ms (under the profiler)", "measured on"],
                   [[k, _ms(v), prof.get("device", "")] for k, v in sorted(prof["categories"].items(), key=lambda x: -x[1])]),
-            Table(["kernel / op", "category", "module", "calls", "ms (under the profiler)"],
-                  [[k.get("name", ""), k.get("category", ""), k.get("module", ""), str(k.get("calls", "")), _ms(k.get("ms"))]
+            Table(["kernel / op", "category", "module", "calls", "ms (under the profiler)", "measured on"],
+                  [[k.get("name", ""), k.get("category", ""), k.get("module", ""), str(k.get("calls", "")), _ms(k.get("ms")),
+                    prof.get("device", "")]
                    for k in prof.get("top_kernels", [])])]))
     if ana.get("opportunities"):
+        pdev = prof.get("device", "?")
+        rows = []
+        for o in ana["opportunities"]:
+            loc = o.get("location") if isinstance(o.get("location"), dict) else {}
+            where = loc.get("module_pattern") or o.get("module") or ""
+            src = f"{loc.get('engine_file', '')}:{loc.get('engine_line')}" if loc.get("engine_file") else ""
+            gain = o.get("gain_ms", o.get("estimated_gain_ms"))
+            rows.append([str(o.get("kind", "")), where, src, _ms(gain) if isinstance(gain, (int, float)) else "n/a",
+                         f"{o['gain_pct']:.1f}" if isinstance(o.get("gain_pct"), (int, float)) else "n/a",
+                         str(o.get("generator", "")), pdev])
         blocks.append(Details(f"Opportunities found ({len(ana['opportunities'])})", [Table(
-            ["kind", "location", "estimated gain ms"],
-            [[str(o.get("kind", "")), str(o.get("module") or o.get("location", "")),
-              str(o.get("estimated_gain_ms") or o.get("gain_ms") or "")] for o in ana["opportunities"]])]))
+            ["kind", "module", "engine file:line", "estimated gain ms", "% of step", "generator",
+             "estimated from a profile on"], rows)]))
 
     blocks.append(H(3, "Knowledge"))
     items = [f"[{n}]({u})" for n, u in links.get("entries", [])] + [f"[{n}]({u})" for n, u in links.get("lessons", [])]

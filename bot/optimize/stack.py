@@ -12,7 +12,7 @@ import re
 
 import git
 
-from bot.engine import EngineCheckout, add_worktree
+from bot.engine import EngineCheckout, add_worktree, remove_worktree
 
 
 def _fmt_ms(m) -> str:
@@ -48,7 +48,7 @@ def commit_message(cand, verdict, run_id: str) -> str:
         body.append(f"  speedup (eager median) {verdict.speedup:.3f}x")
     for c in verdict.correctness[:6]:
         body.append(f"  correctness {c.get('output', '?')} {c.get('shape', '')} seed {c.get('seed', '?')}: "
-                    f"max abs {c.get('max_abs', 'n/a')}, max rel {c.get('max_rel', 'n/a')}")
+                    f"max abs {c.get('max_abs', 'n/a')}, rel err {c.get('max_rel', 'n/a')}")
     body.append("")
     trailers = dict(cand.trailers)
     trailers.setdefault("Optbot-Opportunity", cand.opportunity or "none")
@@ -97,4 +97,5 @@ def build_stack(checkout: EngineCheckout, branch: str, accepted: list, verdicts:
         commits.append(StackCommit(cand.id, wt.head.commit.hexsha, msg.splitlines()[0]))
     head = wt.head.commit.hexsha
     checkout.repo.git.branch("-f", branch, head)
+    remove_worktree(checkout, wt_path)  # the branch holds the result; validators make their own worktrees
     return commits, dropped, head

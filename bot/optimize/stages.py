@@ -448,18 +448,72 @@ class Stages:
                     continue
                 recs.append(self._candidate_record(t, r.candidate, len(recs), opps))
                 notes.append(f"store replay {r.entry_id}: {r.reason}")
-        # the other generators: say what ran and what did not
-        import os
-        if not os.environ.get("ANTHROPIC_API_KEY"):
-            notes.append("agent: off (no ANTHROPIC_API_KEY)")
+        # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
+        cr = _piece("bot.generate.compile_region", "generate")
+        if cr is None:
+            notes.append("compile region: not available (bot.generate.compile_region is not installed)")
+        elif not t.device.startswith("cuda"):
+            notes.append("compile region: not run on CPU (inductor compiles in every validation process, and "
+                         "its speed needs a GPU)")
         else:
-            notes.append("agent: not wired into optimize yet (bot.agent.parallel.generate takes an AgentTask)")
-        for gen_name, mod in (("variant search", "bot.generate.variants"), ("compile region", "bot.generate.compile_region")):
-            if _piece(mod, "generate") is None:
-                notes.append(f"{gen_name}: not available ({mod} is not installed)")
+            import json
+            profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
+            opp = next((o for o in opps if o.get("generator") == "compile-region"), None)
+            c = cr(t.checkout, t.checkout.base_sha, profile, t.model_class, t.checkout.import_root, ctx.run_id,
+                   opportunity=opp)
+            if c is None:
+                notes.append("compile region: no repeated region holds enough of the step's time")
+            else:
+                recs.append(self._candidate_record(t, c, len(recs), opps))
+                notes.append(f"compile region: {c.title}")
+        notes.append("variant search: tunes kernel_store entries' configs (bot.generate.variants.search_entry); "
+                     "it yields configs, not commits, so optimize does not run it")
+        notes += self._agent(ctx, opps, recs)
         if ctx.budget.exhausted():
             notes.append("wall-time budget spent during generation")
         return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
+
+    def _agent(self, ctx: RunContext, opps: list[dict], recs: list[CandidateRecord]) -> list[str]:
+        """The Anthropic agent (generate helper) on the best-ranked opportunity no replayed entry covers.
+        Off without ANTHROPIC_API_KEY; the USD budget (--budget $N) caps its spend."""
+        import os
+        if not os.environ.get("ANTHROPIC_API_KEY"):
+            return ["agent: off (no ANTHROPIC_API_KEY)"]
+        gen = _piece("bot.agent.parallel", "generate")
+        if gen is None:
+            return ["agent: not available (bot.agent is not installed)"]
+        import dataclasses
+        import json
+        from bot.agent.config import AgentConfig
+        from bot.agent.loop import AgentTask, opportunity_dict
+        from bot.agent.validation import ValidationContext
+        from bot.deliver.knowledge import knowledge_root
+        t = self.target(ctx)
+        covered = {r.opportunity for r in recs}
+        todo = [o for o in opps if o.get("id") not in covered and o.get("generator") in ("agent", None, "")] or \
+               [o for o in opps if o.get("id") not in covered]
+        if not todo:
+            return ["agent: every opportunity already has a candidate"]
+        opp = opportunity_dict(todo[0])
+        work = ctx.run_dir / "agent"
+        vctx = ValidationContext.from_target(t, Path(ctx.results["checkout"]["base_worktree"]), work / "validation")
+        root = knowledge_root(ctx.options)
+        profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
+        task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout, vctx=vctx, opportunity=opp,
+                         engine=t.engine_name or t.workload.default_engine, hardware=self._hardware(ctx),
+                         profile=profile, lessons_dir=root / "lessons", store_dir=root / "kernel_store")
+        cfg = AgentConfig.from_env()
+        if ctx.options.budget_cost_usd is not None:
+            cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
+        g = gen(task, cfg, log=ctx.log)
+        spend = as_dict(g).get("spend", {})
+        note = f"agent on {opp.get('kind')} {opp.get('id')}: {len(g.results)} agents, spend {spend}"
+        if g.best is not None and g.best.candidate is not None:
+            recs.append(self._candidate_record(t, g.best.candidate, len(recs), opps))
+            note += f"; best {g.best.name} -> candidate {g.best.candidate.commit_sha[:12]}"
+        else:
+            note += "; no candidate"
+        return [note]
 
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
