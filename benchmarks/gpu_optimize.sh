@@ -14,7 +14,7 @@ resume="${2:-}"
 OUT="${OUT:-benchmarks/results/h200-optimize-$(date +%Y%m%d)}"
 LIMIT="${LIMIT:-560}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+[ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OPTBOT_HOME=/tmp/optbot-home PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="$PWD/.optbot/runs"
 export OPTBOT_KNOWLEDGE_PATH="$PWD"
@@ -42,6 +42,22 @@ for name, s in st["steps"].items():
     print(f"  {name:<9} {s['status']:<8} {s['seconds']:8.1f} s  {s['summary'][:110]}")
 if not st["finished"]:
     print(f"continue with: bash benchmarks/gpu_optimize.sh {st['workload']} {st['run_id']}")
+PY
+  # The device machine keeps nothing: export the optimization branch as a patch series, so a later
+  # call can re-create it on the same deterministic base (git am) and bench it.
+  python3 - "$run" "$OUT" <<'PY'
+import json, subprocess, sys, pathlib
+run, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+ck, cb = run / "checkout.json", run / "combine.json"
+if ck.is_file() and cb.is_file():
+    c, k = json.loads(cb.read_text()), json.loads(ck.read_text())
+    repo, base, branch = k.get("repo_path") or k.get("repo"), k.get("base_sha"), c.get("branch")
+    if repo and base and branch:
+        dest = out / "branch-patches"
+        dest.mkdir(exist_ok=True)
+        subprocess.run(["git", "-C", repo, "format-patch", "-q", f"{base}..{branch}", "-o", str(dest)], check=False)
+        (dest / "BRANCH").write_text(f"{branch} {base}\n")
+        print(f"exported {branch} ({len(list(dest.glob('*.patch')))} commits) to {dest}")
 PY
 fi
 exit $rc

@@ -18,7 +18,7 @@ set -uo pipefail
 OUT="${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 if [[ -d .whl ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   mkdir -p /tmp/optbot-home/downloads && cp .whl/diffusers-*.tar.gz /tmp/optbot-home/downloads/ 2>/dev/null || true
 else

@@ -13,7 +13,7 @@
 set -uo pipefail
 RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
 mkdir -p "$RES"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+[ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 RES
 mkdir -p "$OPTBOT_HOME/downloads" && cp .whl/*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
