@@ -31,7 +31,7 @@ def parse_seeds(text: str | None) -> list[int] | None:
 @click.option("--no-speed", is_flag=True, help="Correctness and engagement only (no end-to-end timing).")
 @click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
 @click.option("--timeout", default=None, type=float,
-              help="Seconds before a candidate job is killed (default: 5x the base job's time, at least 120).")
+              help="Seconds before a candidate job is killed (default: 1800; a hang becomes a 'timeout' verdict).")
 @click.option("--ablate", is_flag=True, help="Also ablate the stack: leave-one-out per commit (see `optbot ablate`).")
 def command(workload, engine, ref, preset, device, json_path, candidate, base, seeds, no_speed, iters, timeout, ablate):
     """Validate a candidate against the base engine and print a verdict with its numbers.

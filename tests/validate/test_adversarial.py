@@ -80,4 +80,5 @@ def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
     assert eager[0].noise_pct is not None and "cpu" in eager[0].note
     assert any("informational" in n for n in v.notes)
     back = Verdict.from_json(json.loads((tmp_path / "run" / "verdict.json").read_text()))
-    assert back.to_json() == json.loads(json.dumps(v.to_json(), default=str)) or back.status == v.status
+    assert (back.status, back.summary, back.correctness.seeds, back.speed[0].base_ms) == \
+        (v.status, v.summary, v.correctness.seeds, v.speed[0].base_ms)
