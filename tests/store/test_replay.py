@@ -44,7 +44,7 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
         assert any(p.startswith("src/diffusers/models/optbot_kernels/") for p in head.stats.files)
 
 
-@pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate"),
+@pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"),
                                    ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache")])
 def test_seed_patches_stack(diffusers_engine, group):
     """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
