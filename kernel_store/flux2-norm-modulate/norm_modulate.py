@@ -85,8 +85,11 @@ def _bsd(t: torch.Tensor, B: int, S: int, D: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int = 4):
+def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None = None):
     B, S, D = h.shape
+    block_d = triton.next_power_of_2(D)
+    if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
+        num_warps = min(16, max(4, block_d // 512))
     h = h if h.stride(-1) == 1 else h.contiguous()
     shift, scale = _bsd(shift, B, S, D), _bsd(scale, B, S, D)
     if shift.stride() != scale.stride():
@@ -100,7 +103,7 @@ def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int = 4):
             h, g, yy, shift, scale, hout, out, S, D, float(eps),
             h.stride(0), h.stride(1), yy.stride(0), yy.stride(1), scale.stride(0), scale.stride(1),
             g.stride(0), g.stride(1), out.stride(0), out.stride(1),
-            BLOCK_D=triton.next_power_of_2(D), RESIDUAL=residual, ROUND=h.dtype != torch.float32, num_warps=num_warps)
+            BLOCK_D=block_d, RESIDUAL=residual, ROUND=h.dtype != torch.float32, num_warps=num_warps)
     return hout, out
 
 

@@ -29,6 +29,11 @@ def run_tiny(workload: str, engine_root: Path, out: Path, interpret: bool) -> di
 
 
 @pytest.fixture(scope="session")
+def tiny_runner():
+    return run_tiny
+
+
+@pytest.fixture(scope="session")
 def tiny_base(base_worktree, tmp_path_factory):
     """Base-engine tiny outputs per workload, computed once per session."""
     cache: dict[str, dict] = {}

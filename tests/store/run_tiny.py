@@ -32,7 +32,12 @@ def main(workload: str, engine_root: str, out: str) -> None:
     torch.save(outs, out + ".pt")
     paths = {name: mod.last_path() for name, mod in sys.modules.items()
              if name.startswith("diffusers.models.optbot_kernels.") and hasattr(mod, "last_path")}
-    Path(out + ".json").write_text(json.dumps({"kernel_paths": paths, "engine_file": built.engine_file}))
+    # merge-siblings entries: which attention modules run merged projections, and whether the
+    # base-format projections are views into the merged weight (no weight stored twice)
+    merged = [m for m in built.model.modules() if getattr(m, "fused_projections", False)]
+    views = all(m.to_q.weight.data_ptr() == m.to_qkv.weight.data_ptr() for m in merged if hasattr(m, "to_qkv"))
+    Path(out + ".json").write_text(json.dumps({"kernel_paths": paths, "engine_file": built.engine_file,
+                                               "merged_attn": len(merged), "merged_views": views}))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import git
+import pytest
 
 from bot.engine import add_worktree
 from bot.generate.candidate import TRAILER_KEYS, parse_trailers, split_kernels
@@ -43,15 +44,17 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
         assert any(p.startswith("src/diffusers/models/optbot_kernels/") for p in head.stats.files)
 
 
-def test_seed_patches_stack(diffusers_engine):
-    """The three FLUX.2 entries apply on top of each other (imports at distinct anchors)."""
+@pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"),
+                                   ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache")])
+def test_seed_patches_stack(diffusers_engine, group):
+    """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
     onto = None
-    for eid in ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate"):
+    for eid in group:
         r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-stack-{eid}", onto=onto)
         assert r.status == "applied", r.reason
         onto = r.candidate.commit_sha
     log = git.Repo(r.worktree).git.log("--format=%s", f"{diffusers_engine.base_sha}..{onto}").splitlines()
-    assert len(log) == 3
+    assert len(log) == len(group)
 
 
 def test_conflict_is_recorded_not_fatal(diffusers_engine):

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Kernel store on the H200: kernel correctness + microbenchmarks, and end-to-end base vs patched.
+# Each mode is one self-contained command of at most ~10 minutes (DESIGN decision 10).
+#
+# Usage on the device machine (from the repo root, with .whl/ carried, like benchmarks/h200.sh):
+#   bash benchmarks/gpu_store.sh micro        # optbot store check --device cuda: every entry's kernel
+#                                             #   tests on CUDA + A/B microbenchmark vs its reference
+#   bash benchmarks/gpu_store.sh e2e-flux2    # optbot store bench: FLUX.2 full preset, base vs each entry
+#   bash benchmarks/gpu_store.sh e2e-qwen     # the same for Qwen-Image
+# Then, on any machine, with the files from $OUT:
+#   optbot store record-bench $OUT/store-check-cuda.json
+#   optbot store record-bench $OUT/store-bench-flux2.json
+#   optbot store record-bench $OUT/store-bench-qwen-image.json
+# which copies the measured numbers into kernel_store/<entry>/bench.json with their provenance.
+# ROUNDS (default 1) alternating base/patched job pairs per entry; ITERS (default 10) timed steps per job.
+set -euo pipefail
+what="${1:-micro}"
+OUT="${OUT:-benchmarks/results/h200-store-$(date +%Y%m%d)}"
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="$OUT/runs"
+mkdir -p "$OPTBOT_HOME/downloads" && cp .whl/diffusers-*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.txt"
+unset TRITON_INTERPRET
+ROUNDS="${ROUNDS:-1}" ITERS="${ITERS:-10}"
+
+case "$what" in
+  micro)
+    python3 -m bot store check --device cuda --json "$OUT/store-check-cuda.json" 2>&1 | tee "$OUT/store-check-cuda.txt"
+    ;;
+  e2e-flux2)
+    python3 -m bot store bench flux2-qk-rmsnorm-rope flux2-swiglu flux2-norm-modulate flux2-merge-qkv --device cuda --preset full \
+      --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-flux2.json" 2>&1 | tee "$OUT/store-bench-flux2.txt"
+    ;;
+  e2e-qwen)
+    python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache --device cuda --preset full \
+      --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
+    ;;
+  *) echo "usage: $0 micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;
+esac
+rm -rf "$OUT/runs"/*/*/*.pt 2>/dev/null || true

@@ -1,0 +1,42 @@
+"""Test helper, run as a child process with a patched Qwen-Image engine first on PYTHONPATH: counts
+the blocks' modulation linears over passes, to show the CFG modulation cache hits and misses when
+it should.  PYTHONPATH=<engine_root>:<optbot root> python tests/store/cfg_cache_probe.py ENGINE_ROOT"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from bot.workload import load_workload
+from runner.harness import build, make_step
+from runner.job import Job
+
+
+def main(engine_root: str) -> None:
+    wl = load_workload("qwen-image")
+    s = wl.preset("tiny").shapes
+    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32", engine_root=engine_root,
+              engine_sha="", model_class=wl.engine(None).model_class,
+              shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}])
+    built = build(job)
+    calls = {"n": 0}
+    for blk in built.model.transformer_blocks:
+        blk.img_mod.register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    _, passes = make_step(built, job, job.shapes[0], seed=0)
+    counts, outs = [], []
+    with torch.inference_mode():
+        for kw in (passes[0], passes[1]):  # cond, uncond: same timestep
+            outs.append(built.model(**kw)[0])
+            counts.append(calls["n"])
+        other = dict(passes[0], timestep=passes[0]["timestep"] * 0.5)  # another step's timestep
+        out_t = built.model(**other)[0]
+        counts.append(calls["n"])
+        built.model._optbot_mod_cache = None  # uncached reference for the changed timestep
+        ref_t = built.model(**other)[0]
+    print(json.dumps({"blocks": len(built.model.transformer_blocks), "counts": counts,
+                      "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

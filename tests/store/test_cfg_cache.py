@@ -1,0 +1,31 @@
+"""qwen-image-cfg-modulation-cache: the cache is hit by the second CFG pass, missed when the
+timestep changes, and a hit gives the same output as a recompute."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.generate.replay import apply_entry
+from bot.knowledge.store import get_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_cfg_modulation_cache_hits_and_misses(diffusers_engine):
+    r = apply_entry(diffusers_engine, get_entry("qwen-image-cfg-modulation-cache"), name="test-cfg-cache")
+    assert r.status == "applied", r.reason
+    src = Path(r.worktree) / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("cfg_cache_probe.py")), str(src)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    n = res["blocks"]
+    assert res["counts"] == [n, n, 2 * n]  # pass 1 computes, pass 2 (same t) reuses, a new t recomputes
+    assert res["changed_t_equal"] and res["cond_ne_uncond"]

@@ -1,0 +1,75 @@
+"""optbot store list|show|check and optbot lessons list|show|search, through the real CLI."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from bot.cli import cli
+from bot.knowledge.store import STORE_DIR
+
+ROOT = STORE_DIR.parent
+
+
+def test_store_list_and_show(cli_runner):
+    r = cli_runner.invoke(cli, ["store", "list"])
+    assert r.exit_code == 0, r.output
+    assert "flux2-qk-rmsnorm-rope" in r.output and "attention-waste" in r.output and "authored" in r.output
+    r = cli_runner.invoke(cli, ["store", "show", "flux2-swiglu"])
+    assert r.exit_code == 0 and "patch.diff" in r.output and "test_swiglu.py" in r.output
+
+
+def test_store_check_patch_only(cli_runner, diffusers_engine, tmp_path):
+    out = tmp_path / "check.json"
+    r = cli_runner.invoke(cli, ["store", "check", "--no-kernels", "--json", str(out),
+                                "flux2-swiglu", "qwen-image-drop-all-ones-mask"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert data["ok"] and [e["entry_id"] for e in data["entries"]] == ["flux2-swiglu", "qwen-image-drop-all-ones-mask"]
+    names = [c["name"] for c in data["entries"][0]["checks"]]
+    assert names == ["schema", "sources", "patch", "validate"]
+
+
+def test_store_check_fails_on_a_patch_that_does_not_apply(cli_runner, diffusers_engine, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")
+    p = store / "flux2-swiglu" / "patch.diff"
+    p.write_text(p.read_text().replace("         self.gate_fn = nn.SiLU()", "         self.gate_fn = nn.GELU()"))
+    r = cli_runner.invoke(cli, ["store", "check", "--no-kernels", "--store", str(store)])
+    assert r.exit_code == 1
+    assert "FAIL flux2-swiglu" in r.output and "does not apply" in r.output
+
+
+def test_record_bench_copies_measured_numbers(cli_runner, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")
+    res = tmp_path / "bench.json"
+    res.write_text(json.dumps({"command": "optbot store bench", "e2e": {"flux2-swiglu": {
+        "device": "cuda", "preset": "full", "workloads": {"flux2": {"base_step_ms": 2.0, "patched_step_ms": 1.0}}}}}))
+    r = cli_runner.invoke(cli, ["store", "record-bench", "--store", str(store), str(res)])
+    assert r.exit_code == 0, r.output
+    bench = json.loads((store / "flux2-swiglu" / "bench.json").read_text())
+    e2e = bench["gpu"]["end_to_end"]
+    assert e2e["workloads"]["flux2"]["patched_step_ms"] == 1.0 and e2e["source"] == str(res) and e2e["recorded_at"]
+
+
+def test_lessons_commands(cli_runner):
+    r = cli_runner.invoke(cli, ["lessons", "list", "--kind", "caveat"])
+    assert r.exit_code == 0 and "store-patches-need-distinct-anchors" in r.output
+    assert "fallback-must-replay-the-unfused-ops" not in r.output
+    r = cli_runner.invoke(cli, ["lessons", "show", "all-ones-mask-needs-a-host-read"])
+    assert r.exit_code == 0 and "kind: caveat" in r.output
+    r = cli_runner.invoke(cli, ["lessons", "search", "mask", "--pattern", "attention-waste", "--engine", "diffusers"])
+    assert r.exit_code == 0 and r.output.splitlines()[0].startswith("all-ones-mask-needs-a-host-read")
+
+
+def test_schema_error_exits_2_without_traceback(tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")
+    f = store / "flux2-swiglu" / "entry.yaml"
+    f.write_text(f.read_text().replace("pattern: fuse-elementwise-chain", "pattern: go-fast"))
+    p = subprocess.run([sys.executable, "-m", "bot", "store", "list", "--store", str(store)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"{f}: key 'pattern': got 'go-fast'" in p.stderr
