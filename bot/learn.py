@@ -158,7 +158,8 @@ def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> P
     accepted = o.status == "accepted"
     kind = "pattern" if accepted else "caveat"
     slug = _slug(o.kind, kind, o.generator, o.run_id[-12:], o.commit_sha[:8])
-    nums = ", ".join(f"{k}={v}" for k, v in o.numbers.items() if not isinstance(v, (list, dict)) and k != "log_tail")
+    skip = {"log_tail", "run_dir", "candidate_sha", "commit", "reused_for"}  # paths and shas: in evidence / bench.json
+    nums = ", ".join(f"{k}={v}" for k, v in o.numbers.items() if not isinstance(v, (list, dict)) and k not in skip)
     tried = f"{o.title} ({o.generator}; files: {', '.join(o.changed_files) or 'none'})"
     if accepted:
         body = (f"# Worked: {o.title}\n\n"

@@ -15,7 +15,8 @@ import anthropic
 
 from bot.agent.budget import CostPool, Spend
 from bot.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
-from bot.agent.loop import AgentResult, AgentTask, run_agent
+from bot import learn
+from bot.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
 
 
 @dataclass
@@ -69,3 +70,22 @@ def generate(task: AgentTask, cfg: AgentConfig | None = None, client: anthropic.
 def _strongest(results: list[AgentResult]) -> AgentResult | None:
     with_cand = [r for r in results if r.candidate is not None]
     return max(with_cand, key=lambda r: r.score()) if with_cand else None
+
+
+def learn_all(task: AgentTask, gen: AgentGeneration, engine_source: str = "") -> list[learn.Learned]:
+    """Every attempt that produced a candidate becomes knowledge: accepted -> store entry + pattern
+    lesson, anything else -> caveat lesson (bot/learn.py)."""
+    import git
+
+    out, seen = [], set()
+    for r in gen.results:
+        if r.candidate is None:
+            continue
+        tree = git.Repo(r.worktree).commit(r.candidate.commit_sha).tree.hexsha
+        if tree in seen:
+            continue  # a refinement that changed nothing more: the same files are learned once
+        seen.add(tree)
+        o = outcome_of(task, r, engine_source or getattr(task.checkout, "name", ""))
+        if o is not None:
+            out.append(learn.learn(o, store_dir=task.store_dir, lessons_dir=task.lessons_dir))
+    return out
