@@ -111,7 +111,7 @@ def test_token_budget_stops(api_env, scratch_engine, tmp_path):
         api_env(s.base_url)
         cfg = AgentConfig(max_turns=50, max_tokens=6000)
         r = run_agent(_task(scratch_engine, tmp_path), "fuse", cfg, make_client(cfg), CostPool(5.0), log=lambda *_: None)
-    assert r.stop.startswith("token budget reached"), r.stop
+    assert r.stop.startswith(("token budget reached", "token budget nearly spent")), r.stop
     assert r.spend.billed_tokens >= 6000
 
 
