@@ -144,3 +144,28 @@ def test_standin_rejects_malformed_requests(api_env):
         m = client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "Strategy: fuse"}])
         assert m.type == "message" and m.stop_reason == "tool_use" and m.content[1].name == "read_file"
         assert m.usage.input_tokens > 0 and m.usage.output_tokens > 0
+
+
+def test_failed_agent_does_not_sink_the_others(api_env, scratch_engine, tmp_path, monkeypatch):
+
+    import bot.engine
+
+    real = bot.engine.add_worktree
+
+    def flaky(checkout, name, ref=None):
+        if "tile-tune" in name:
+            raise bot.engine.EngineError("cannot add worktree (simulated)")
+        return real(checkout, name, ref)
+
+    monkeypatch.setattr(bot.engine, "add_worktree", flaky)
+    script = _reader_script(1)
+    script["conversations"].append({"match": "Strategy: tile-tune", "turns": []})
+    with MessagesStandin(script) as s:
+        api_env(s.base_url)
+        lines = []
+        gen = generate(_task(scratch_engine, tmp_path), AgentConfig(strategies=("fuse", "tile-tune"), rounds=0),
+                       log=lines.append)
+    stops = {r.strategy: r.stop for r in gen.results}
+    assert stops["fuse"] == "done (end_turn)" and stops["tile-tune"].startswith("failed: EngineError")
+    assert any(line.startswith("agent cost: ") for line in lines)
+
