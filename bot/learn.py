@@ -74,6 +74,11 @@ def _slug(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", s.lower())).strip("-")[:90]
 
 
+def _run_tag(run_id: str) -> str:
+    """The unique tail of a run id (bot/paths.new_run_dir: <date>-<time>-<kind>-<uuid6>)."""
+    return run_id.rsplit("-", 1)[-1][:12] or "run"
+
+
 # Root causes: a verdict reason's first word -> why it failed, in words a reader (and the agent) can act on.
 ROOT_CAUSES = {
     "correctness": "the candidate computes something different from the base: its outputs left the tolerance",
@@ -105,7 +110,7 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
 
 
 def write_entry(o: Outcome, store_dir: Path) -> Path:
-    eid = _slug("gen", o.kind, o.run_id[-12:], o.commit_sha[:8])
+    eid = _slug("gen", o.kind, _run_tag(o.run_id), o.commit_sha[:8])
     d = store_dir / eid
     if d.exists():
         shutil.rmtree(d)  # the same commit learned twice (a resumed run): rewrite, never duplicate
@@ -157,8 +162,9 @@ def _functions_touched(patch: str, file: str) -> str:
 def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> Path:
     accepted = o.status == "accepted"
     kind = "pattern" if accepted else "caveat"
-    slug = _slug(o.kind, kind, o.generator, o.run_id[-12:], o.commit_sha[:8])
-    nums = ", ".join(f"{k}={v}" for k, v in o.numbers.items() if not isinstance(v, (list, dict)) and k != "log_tail")
+    slug = _slug(o.kind, kind, o.generator, _run_tag(o.run_id), o.commit_sha[:8])
+    skip = {"log_tail", "run_dir", "candidate_sha", "commit", "reused_for"}  # paths and shas: in evidence / bench.json
+    nums = ", ".join(f"{k}={v}" for k, v in o.numbers.items() if not isinstance(v, (list, dict)) and k not in skip)
     tried = f"{o.title} ({o.generator}; files: {', '.join(o.changed_files) or 'none'})"
     if accepted:
         body = (f"# Worked: {o.title}\n\n"

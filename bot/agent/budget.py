@@ -74,18 +74,22 @@ class Budget:
         left = self.pool.left()
         if left <= 0:
             return f"cost budget reached (${self.pool.spent.cost_usd:.4f} of ${self.pool.max_cost_usd:.4f})"
-        # The next response's output alone must fit in the money left; otherwise stop now rather than
+        # The next response's output alone must fit in what is left; otherwise stop now rather than
         # overshoot by a whole response.
-        if self.output_cap() < 256:
+        if self._by_cost() < 256:
             return f"cost budget nearly spent (${left:.4f} left buys under 256 output tokens)"
+        if self.max_tokens - self.spent.billed_tokens < 256:
+            return f"token budget nearly spent ({self.max_tokens - self.spent.billed_tokens} tokens left)"
         return None
+
+    def _by_cost(self) -> int:
+        return int(self.pool.left() / self.price.output * 1e6) if self.price.output > 0 else self.max_output_tokens
 
     def output_cap(self) -> int:
         """max_tokens for the next request: bounded by the per-response cap, the token budget left and
         the dollars left at the output price."""
-        by_cost = int(self.pool.left() / self.price.output * 1e6) if self.price.output > 0 else self.max_output_tokens
         by_tokens = self.max_tokens - self.spent.billed_tokens
-        return max(0, min(self.max_output_tokens, by_cost, by_tokens))
+        return max(0, min(self.max_output_tokens, self._by_cost(), by_tokens))
 
     def charge(self, usage_obj) -> tuple[dict, float]:
         usage = usage_dict(usage_obj)

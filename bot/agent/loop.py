@@ -40,6 +40,21 @@ class AgentTask:
     lessons_dir: Path | None = None
     store_dir: Path | None = None
 
+    @classmethod
+    def from_target(cls, target, opportunity, run_dir: Path, run_id: str, profile: dict | None = None,
+                    lessons_dir: Path | None = None, store_dir: Path | None = None) -> "AgentTask":
+        """The task for one opportunity of a run (what `optimize` calls): base worktree, validation
+        context with the Target (so the real validator judges), hardware named from the profile."""
+        from bot.target import base_worktree
+
+        wt = base_worktree(target)
+        dev_name = ((profile or {}).get("env") or {}).get("device_name", "")
+        return cls(run_id=run_id, run_dir=Path(run_dir), checkout=target.checkout,
+                   vctx=ValidationContext.from_target(target, wt, Path(run_dir)), opportunity=opportunity_dict(opportunity),
+                   engine=target.engine_name or target.workload.default_engine,
+                   hardware=learn.hardware_name(target.device, dev_name), profile=profile,
+                   lessons_dir=lessons_dir, store_dir=store_dir)
+
     def target_info(self) -> dict:
         return {"workload": self.vctx.workload.get("name"), "preset": self.vctx.preset, "device": self.vctx.device,
                 "dtype": self.vctx.dtype, "model_class": self.vctx.model_class, "engine": self.engine,

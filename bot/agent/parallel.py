@@ -15,7 +15,8 @@ import anthropic
 
 from bot.agent.budget import CostPool, Spend
 from bot.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
-from bot.agent.loop import AgentResult, AgentTask, run_agent
+from bot import learn
+from bot.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
 
 
 @dataclass
@@ -48,15 +49,18 @@ def generate(task: AgentTask, cfg: AgentConfig | None = None, client: anthropic.
     log(f"agent: {len(cfg.strategies)} strategies ({', '.join(cfg.strategies)}) on {task.opportunity.get('kind')} "
         f"with {cfg.model}; budgets {cfg.max_turns} turns / {cfg.max_tokens:,} tokens per agent, ${cfg.max_cost_usd:.2f} in all")
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.parallel, len(cfg.strategies)))) as ex:
-        futs = [ex.submit(run_agent, task, s, cfg, client, pool, name=f"r1-{s}", log=log) for s in cfg.strategies]
-        gen.results = [f.result() for f in futs]
+        futs = [(s, ex.submit(run_agent, task, s, cfg, client, pool, name=f"r1-{s}", log=log)) for s in cfg.strategies]
+        gen.results = [_result_or_failure(s, f"r1-{s}", f, log) for s, f in futs]
     best = _strongest(gen.results)
     for rnd in range(2, 2 + max(0, cfg.rounds)):
         if best is None or best.candidate is None or pool.left() <= 0:
             break
         fb = f"{best.check.status}: {best.check.reason}\nnumbers: {best.check.numbers}" if best.check else ""
-        r = run_agent(task, "refine", cfg, client, pool, name=f"r{rnd}-refine", start_ref=best.candidate.commit_sha,
-                      feedback=fb, log=log)
+        try:
+            r = run_agent(task, "refine", cfg, client, pool, name=f"r{rnd}-refine", start_ref=best.candidate.commit_sha,
+                          feedback=fb, log=log)
+        except Exception as e:  # noqa: BLE001 - one failed agent must not lose the others' candidates
+            r = _failed("refine", f"r{rnd}-refine", e, log)
         gen.results.append(r)
         if r.candidate and r.score() > best.score():
             best = r
@@ -66,6 +70,37 @@ def generate(task: AgentTask, cfg: AgentConfig | None = None, client: anthropic.
     return gen
 
 
+def _failed(strategy: str, name: str, e: Exception, log) -> AgentResult:
+    log(f"agent {name}: failed: {type(e).__name__}: {e}")
+    return AgentResult(name, strategy, f"failed: {type(e).__name__}: {str(e)[:300]}", Spend(), "", "")
+
+
+def _result_or_failure(strategy: str, name: str, fut, log) -> AgentResult:
+    try:
+        return fut.result()
+    except Exception as e:  # noqa: BLE001 - e.g. a worktree that cannot be made; the other agents go on
+        return _failed(strategy, name, e, log)
+
+
 def _strongest(results: list[AgentResult]) -> AgentResult | None:
     with_cand = [r for r in results if r.candidate is not None]
     return max(with_cand, key=lambda r: r.score()) if with_cand else None
+
+
+def learn_all(task: AgentTask, gen: AgentGeneration, engine_source: str = "") -> list[learn.Learned]:
+    """Every attempt that produced a candidate becomes knowledge: accepted -> store entry + pattern
+    lesson, anything else -> caveat lesson (bot/learn.py)."""
+    import git
+
+    out, seen = [], set()
+    for r in gen.results:
+        if r.candidate is None:
+            continue
+        tree = git.Repo(r.worktree).commit(r.candidate.commit_sha).tree.hexsha
+        if tree in seen:
+            continue  # a refinement that changed nothing more: the same files are learned once
+        seen.add(tree)
+        o = outcome_of(task, r, engine_source or getattr(task.checkout, "name", ""))
+        if o is not None:
+            out.append(learn.learn(o, store_dir=task.store_dir, lessons_dir=task.lessons_dir))
+    return out

@@ -43,7 +43,10 @@ def system_blocks(knowledge: str) -> list[dict]:
 
 def task_message(strategy: str, opportunity: dict, target: dict, feedback: str = "") -> str:
     strat = STRATEGIES.get(strategy, f"Strategy: {strategy}.")
-    parts = [strat, "", "Opportunity (from optbot analyze):", json.dumps(opportunity, indent=1, default=str), "",
+    opp = json.dumps(opportunity, indent=1, default=str)
+    if len(opp) > 8000:  # e.g. long op id lists: the location, ops and estimate come first anyway
+        opp = opp[:8000] + "\n... (truncated)"
+    parts = [strat, "", "Opportunity (from optbot analyze):", opp, "",
              "Target:", json.dumps(target, indent=1, default=str)]
     if feedback:
         parts += ["", "Verdict of the candidate you start from:", feedback]

@@ -102,7 +102,8 @@ def check_candidate(ctx: ValidationContext, worktree: Path, sha: str, mode: str 
     with ctx._lock:
         hit = ctx._checks.get(key)
     if hit is not None:
-        return Check(**{**hit.to_json(), "numbers": {**hit.numbers, "same_tree_as": hit.numbers.get("commit", "")}})
+        # the numbers' "commit" stays the commit that was validated (same files as `sha`)
+        return Check(**{**hit.to_json(), "numbers": {**hit.numbers, "reused_for": sha}})
     validator = _validator_api() if ctx.target is not None else None
     chk = _via_validator(validator, ctx, sha, mode) if validator else _fallback(ctx, Path(worktree), sha, mode)
     chk.numbers.setdefault("commit", sha)

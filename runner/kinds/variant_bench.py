@@ -6,7 +6,8 @@ Job.params:
                 [(dtype, atol, rtol)], optionally BENCH_SHAPES (used for timing on GPU) and
                 kernel_path() (must say "triton" after a call, proving the Triton path ran); the
                 config is passed as keyword arguments to kernel_with_config(*inputs, **config) if the
-                module defines it, else to kernel(*inputs, **config)
+                module defines it, else to kernel(*inputs, **config) if kernel takes them, else to the
+                one public function of the kernel sources beside it that takes every config key
   configs       list of config dicts (names -> values) this worker checks
   shapes        optional list of shapes (default: SHAPES; on GPU timing uses BENCH_SHAPES if given)
 Job.seeds are the input seeds of the correctness check; Job.device picks the device (cuda:N).
@@ -35,17 +36,31 @@ def _load(path: str):
     return mod
 
 
-def _caller(mod):
+def _caller(mod, keys: set[str]):
+    """What to call with (*inputs, **config): kernel_with_config; else kernel if it takes the config
+    keywords; else the one public function of the kernel sources beside the test module (already
+    imported by it) whose parameters include every config key, e.g. swiglu(x, block_n=, num_warps=)."""
     fn = getattr(mod, "kernel_with_config", None)
     if fn is not None:
         return fn
     fn = getattr(mod, "kernel")
-    params = inspect.signature(fn).parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) and \
-            not any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params):
-        raise TypeError(f"{mod.__file__}: kernel(*inputs) takes no config keywords; define "
-                        "kernel_with_config(*inputs, **config) for variant search")
-    return fn
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or keys <= set(params):
+        return fn
+    folder = Path(mod.__file__).resolve().parent
+    found = []
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if m is mod or not f or Path(f).resolve().parent != folder:
+            continue
+        for name, obj in vars(m).items():
+            if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == m.__name__ \
+                    and keys <= set(inspect.signature(obj).parameters):
+                found.append(obj)
+    if len(found) == 1:
+        return found[0]
+    raise TypeError(f"{mod.__file__}: kernel(*inputs) takes no config keywords {sorted(keys)} and "
+                    f"{len(found)} kernel-source functions take them all; define kernel_with_config(*inputs, **config)")
 
 
 def _label(cfg: dict) -> str:
@@ -62,8 +77,8 @@ def run(job: Job) -> dict:
     from runner.timing import time_interleaved
 
     mod = _load(job.params["test_module"])
-    call = _caller(mod)
     configs: list[dict] = job.params["configs"]
+    call = _caller(mod, set().union(*(c.keys() for c in configs)) if configs else set())
     cases = [tuple(c) for c in mod.CASES]
     if not on_cuda:
         cases = [c for c in cases if c[0] == "float32"] or cases[:1]  # the interpreter: fp32 is what it checks well

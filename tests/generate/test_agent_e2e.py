@@ -13,8 +13,8 @@ import yaml
 from bot import learn
 from bot.agent.candidates import read_trailers
 from bot.agent.config import AgentConfig
-from bot.agent.loop import AgentTask, outcome_of
-from bot.agent.parallel import generate
+from bot.agent.loop import AgentTask
+from bot.agent.parallel import generate, learn_all
 from bot.agent.transcript import Transcript
 from bot.agent.validation import FALLBACK, VALIDATOR, ValidationContext
 from bot.target import resolve_target
@@ -109,10 +109,10 @@ def test_agent_generation_validation_and_learning(api_env, diffusers_engine, bas
     assert gen.spend.cost_usd > 0 and gen.spend.turns == sum(r.spend.turns for r in gen.results)
 
     # learning: accepted -> store entry + pattern lesson; rejected -> caveat lesson with its root cause
-    learned = {}
-    for r in (fuse, bad):
-        out = outcome_of(task, r, engine_source="pypi-sdist:diffusers==0.42.1")
-        learned[r.strategy] = learn.learn(out, store_dir=store, lessons_dir=lessons)
+    learned_all = learn_all(task, gen, engine_source="pypi-sdist:diffusers==0.42.1")
+    # fuse and restructure; the refinement changed nothing more, so its files are learned once
+    assert len(learned_all) == 2 and len(list(store.iterdir())) == 1 and len(list(lessons.iterdir())) == 2
+    learned = {"fuse": learned_all[0], "restructure": learned_all[1]}
     entry_dir = learned["fuse"].entry_dir
     assert entry_dir is not None and learned["restructure"].entry_dir is None
     entry = yaml.safe_load((entry_dir / "entry.yaml").read_text())

@@ -54,3 +54,20 @@ def test_variant_search_gpu(tmp_path):
     assert res.failures == [] and all(r["correct"] for r in res.rows)
     assert list(res.best) == ["[16777216]"] and res.best["[16777216]"]["median_ms"] > 0
     print(res.table())
+
+
+def test_config_reaches_the_kernel_source_function(tmp_path):
+    """A test module whose kernel(*inputs) takes no config (the store's seed entries): the one public
+    function of the kernel source that takes every config key is called instead."""
+    import shutil
+
+    d = tmp_path / "entry"
+    d.mkdir()
+    shutil.copy(KDIR / "scaled_add.py", d / "scaled_add.py")
+    src = (KDIR / "test_scaled_add.py").read_text()
+    src = src.replace("def kernel_with_config(x, y, alpha, **config):\n    return op.scaled_add(x, y, alpha, **config)\n", "")
+    assert "kernel_with_config" not in src
+    (d / "test_scaled_add.py").write_text(src)
+    res = search(d / "test_scaled_add.py", {"BLOCK": [32], "buggy": [True]}, device="cpu", run_dir=tmp_path / "v",
+                 workers=1, seeds=(0,), shapes=[[37]])
+    assert res.failures == [] and [r["correct"] for r in res.rows] == [False]  # buggy=True reached the kernel
