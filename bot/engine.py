@@ -172,9 +172,10 @@ def _find_or_download_wheel(pkg: str, ver: str) -> Path:
             capture_output=True, text=True,
         )
         if found() is None:
+            said = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
             raise EngineError(
                 f"could not get a wheel of {pkg}=={ver} (pip download said: "
-                f"{(proc.stderr or proc.stdout).strip()[-400:]}); on an offline machine put any wheel "
+                f"{said[-1][-300:] if said else 'nothing'}); on an offline machine put any wheel "
                 f"of {pkg} {ver} (e.g. {pkg}-{ver}-cp312-cp312-manylinux_2_34_x86_64.whl) into {downloads}"
             )
     return found()
