@@ -7,7 +7,6 @@ are skipped with that reason. CI installs it (pip install -e '.[test,sglang]').
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -30,18 +29,6 @@ def _seed_wheel() -> None:
 
 
 _seed_wheel()
-
-
-def _missing_light_set() -> list[str]:
-    from runner.engines.sglang import LIGHT_SET  # no sglang import: just the names
-
-    return sorted(dist for mod, dist in LIGHT_SET.items() if importlib.util.find_spec(mod) is None)
-
-
-MISSING = _missing_light_set()
-needs_light_set = pytest.mark.skipif(
-    bool(MISSING), reason=f"SGLang's light dependency set is not installed (missing: {', '.join(MISSING)}); "
-                          f"pip install -r requirements-sglang.txt")
 
 
 @pytest.fixture(scope="session")
