@@ -66,11 +66,18 @@ def _is_url(s: str) -> bool:
 
 
 def resolve_source(spec_source: str, engine_opt: str | None, workload_engines: dict) -> tuple[str, str]:
-    """--engine NAME|PATH|URL -> (display name, source)."""
+    """--engine NAME|NAME=PATH|NAME=URL|PATH|URL -> (display name, source).
+
+    NAME=PATH|URL is a fork of the workload's engine NAME: its repository, with NAME's import root,
+    model class and adapter (e.g. ``--engine sglang=~/src/sglang-fork``).
+    """
     if engine_opt is None:
         return "", spec_source
     if engine_opt in workload_engines:
         return engine_opt, workload_engines[engine_opt].source
+    name, sep, fork = engine_opt.partition("=")
+    if sep and name in workload_engines and fork:
+        return name, fork
     return engine_opt, engine_opt
 
 

@@ -113,15 +113,32 @@ def test_engine_init_prints_where_and_sha(sglang_engine, diffusers_engine):
     assert r.returncode == 0 and "pypi-wheel:sglang==0.5.23" in r.stdout and "qwen-image" in r.stdout
 
 
-def test_engine_init_fork_path_with_ref(tmp_path):
+def _fork(tmp_path):
     repo = git.Repo.init(tmp_path / "fork", initial_branch="main")
     (tmp_path / "fork" / "python").mkdir()
     (tmp_path / "fork" / "python" / "m.py").write_text("X = 1\n")
     repo.index.add(["python/m.py"])
     sha = repo.index.commit("one", author=eng.BOT_ACTOR, committer=eng.BOT_ACTOR).hexsha
-    r = optbot("engine", "init", str(tmp_path / "fork"), "--ref", "main", "--import-root", "python")
+    repo.create_head("my-branch")
+    return repo, sha
+
+
+def test_engine_init_fork_path_with_ref(tmp_path):
+    _, sha = _fork(tmp_path)
+    r = optbot("engine", "init", f"sglang={tmp_path / 'fork'}", "--ref", "my-branch")
     assert r.returncode == 0, r.stderr
-    assert sha in r.stdout and str(tmp_path / "fork" / "python") in r.stdout
+    assert sha in r.stdout and str(tmp_path / "fork" / "python") in r.stdout  # sglang's import root
+    r = optbot("engine", "init", str(tmp_path / "fork"), "--ref", "main", "--import-root", "python")
+    assert r.returncode == 0 and sha in r.stdout
+
+
+def test_a_fork_of_sglang_runs_with_sglang_s_model_class_and_adapter(tmp_path):
+    from bot.target import resolve_target
+
+    _, sha = _fork(tmp_path)
+    t = resolve_target("flux2", f"sglang={tmp_path / 'fork'}", "my-branch", "tiny", "cpu")
+    assert t.engine_name == "sglang" and t.checkout.base_sha == sha and t.checkout.import_root == "python"
+    assert t.model_class.startswith("sglang.multimodal_gen.") and t.workload.engines["sglang"].adapter == "sglang"
 
 
 def test_engine_init_errors_are_one_clear_line():
