@@ -66,11 +66,18 @@ def _is_url(s: str) -> bool:
 
 
 def resolve_source(spec_source: str, engine_opt: str | None, workload_engines: dict) -> tuple[str, str]:
-    """--engine NAME|PATH|URL -> (display name, source)."""
+    """--engine NAME|NAME=PATH|NAME=URL|PATH|URL -> (display name, source).
+
+    NAME=PATH|URL is a fork of the workload's engine NAME: its repository, with NAME's import root,
+    model class and adapter (e.g. ``--engine sglang=~/src/sglang-fork``).
+    """
     if engine_opt is None:
         return "", spec_source
     if engine_opt in workload_engines:
         return engine_opt, workload_engines[engine_opt].source
+    name, sep, fork = engine_opt.partition("=")
+    if sep and name in workload_engines and fork:
+        return name, fork
     return engine_opt, engine_opt
 
 
@@ -172,9 +179,10 @@ def _find_or_download_wheel(pkg: str, ver: str) -> Path:
             capture_output=True, text=True,
         )
         if found() is None:
+            said = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
             raise EngineError(
                 f"could not get a wheel of {pkg}=={ver} (pip download said: "
-                f"{(proc.stderr or proc.stdout).strip()[-400:]}); on an offline machine put any wheel "
+                f"{said[-1][-300:] if said else 'nothing'}); on an offline machine put any wheel "
                 f"of {pkg} {ver} (e.g. {pkg}-{ver}-cp312-cp312-manylinux_2_34_x86_64.whl) into {downloads}"
             )
     return found()

@@ -13,8 +13,9 @@ import click
 def workload_options(f):
     @click.argument("workload")
     @click.option("--engine", metavar="NAME|PATH|URL", default=None,
-                  help="Engine to use: a name the workload defines (default: its default_engine), "
-                       "a path to a git repository, or a git URL.")
+                  help="Engine to use: a name the workload defines (default: its default_engine, e.g. "
+                       "diffusers or sglang), a path to a git repository, a git URL, or NAME=PATH|URL "
+                       "for a fork of engine NAME (e.g. sglang=~/src/sglang-fork).")
     @click.option("--ref", default=None, help="Engine git ref (branch, tag or sha). Default: the workload's, else HEAD.")
     @click.option("--preset", type=click.Choice(["tiny", "full"]), default=None,
                   help="Model size. Default: full on a CUDA machine, tiny on CPU.")

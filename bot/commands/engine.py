@@ -47,16 +47,20 @@ def command():
               help="Folder of the repository that goes first on the import path (default: the "
                    "workload's for a named engine, else '.'; an sglang fork uses 'python').")
 def init(engine, ref, import_root):
-    """Materialize ENGINE (a name from the workloads, a git URL or a path) and print where it is.
+    """Materialize ENGINE (a name from the workloads, NAME=PATH|URL, a git URL or a path); print where.
 
     \b
     Examples:
       optbot engine init sglang                         # sglang 0.5.23 from its wheel
       optbot engine init diffusers
-      optbot engine init ~/src/sglang-fork --ref my-branch --import-root python
+      optbot engine init sglang=~/src/sglang-fork --ref my-branch   # a fork of sglang
+      optbot engine init https://github.com/me/diffusers.git --ref main --import-root src
     """
     engines = known_engines()
-    if engine in engines:
+    name, sep, fork = engine.partition("=")
+    if sep and name in engines and fork:  # NAME=PATH|URL: a fork of a known engine
+        co = checkout_engine(fork, ref, import_root or engines[name][1], name)
+    elif engine in engines:
         source, root, wls = engines[engine]
         spec_ref = None
         for wname in wls:

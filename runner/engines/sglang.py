@@ -29,6 +29,7 @@ make_call: the family's (diffusers-convention) inputs become SGLang's: timestep 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import socket
 
@@ -53,11 +54,26 @@ HF_DEFAULTS = {
     "qwen-image": {"patch_size": 2, "guidance_embeds": False},
 }
 
+# The light import set (requirements-sglang.txt) by import name; checked up front so that a
+# missing one is one clear line instead of a ModuleNotFoundError deep in SGLang's import chain.
+LIGHT_SET = {"tvm_ffi": "apache-tvm-ffi", "cache_dit": "cache-dit", "compressed_tensors": "compressed-tensors",
+             "transformers": "transformers", "triton": "triton", "gguf": "gguf", "einops": "einops",
+             "addict": "addict", "aiohttp": "aiohttp", "pydantic": "pydantic", "msgspec": "msgspec",
+             "orjson": "orjson", "pybase64": "pybase64", "zmq": "pyzmq", "psutil": "psutil",
+             "starlette": "starlette", "loguru": "loguru", "dill": "dill", "sentencepiece": "sentencepiece",
+             "imageio": "imageio", "IPython": "ipython", "diffusers": "diffusers"}
+
 _prepared: dict = {}
 
 
 class SGLangSetupError(RuntimeError):
     """SGLang could not be brought up; the message says which step and why."""
+
+    kind = "engine-setup"
+
+
+def missing_light_set() -> list[str]:
+    return sorted(dist for mod, dist in LIGHT_SET.items() if importlib.util.find_spec(mod) is None)
 
 
 def _free_port() -> int:
@@ -74,6 +90,11 @@ def _import(dotted: str):
 def prepare(job) -> None:
     if _prepared:
         return
+    missing = missing_light_set()
+    if missing:
+        raise SGLangSetupError(
+            f"the sglang engine needs its light dependency set; missing: {', '.join(missing)}. "
+            f"Install it with: pip install -r requirements-sglang.txt (docs/sglang.md)")
     is_cuda = job.device.startswith("cuda")
     index = (torch.device(job.device).index or 0) if is_cuda else 0
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",

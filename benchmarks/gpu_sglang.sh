@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# SGLang's own FLUX.2 and Qwen-Image DiTs on the H200, full preset: the production baseline.
+#
+# Two steps, because the GPU box reaches no package registry:
+#   1. here, with the registry:   bash benchmarks/gpu_sglang.sh download
+#      fills .whl-sglang/ (git-ignored) with sglang's cp312 wheel and the part of its light import
+#      set that the GPU image lacks (docs/sglang.md), about 55 MB;
+#   2. on the H200, carrying .whl-sglang (one command, well under 10 minutes):
+#      bash benchmarks/gpu_sglang.sh            # results under $OUT (default benchmarks/results/h200-sglang-<date>)
+#
+# Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
+# cannot be brought up leaves its exact blocker in $OUT/blocker-WL.txt (the failing step and the
+# error) instead of stopping the script. The environment block of each result says which stand-ins
+# were used (sgl_kernel: "optbot stand-in ..."): the compiled sgl_kernel package is not on the box.
+set -uo pipefail
+what="${1:-run}"
+WHL=.whl-sglang
+
+if [[ "$what" == download ]]; then
+  set -e
+  mkdir -p "$WHL"
+  # manylinux_2_34: the only platform sglang 0.5.23 publishes.
+  PLAT=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+        --platform manylinux2014_x86_64)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
+    -d "$WHL" sglang==0.5.23
+  # The light set (requirements-sglang.txt) minus what the GPU image already holds (KINDS.md's
+  # list: aiohttp, einops, psutil, sentencepiece, imageio, transformers 5.17, triton, ...), plus
+  # their missing dependencies, diffusers as a package (cache_dit imports it) and gitpython for the
+  # bot. Versions as this registry resolved them for cp312; never a torch, triton or CUDA library.
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
+    -d "$WHL" \
+    apache-tvm-ffi==0.1.11 cache-dit==1.5.1 compressed-tensors==0.18.0 diffusers==0.42.1 importlib-metadata==10.2.0 \
+    gguf==0.19.0 addict==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pyzmq==27.3.0 starlette==1.10.0 \
+    loguru==0.7.3 dill==0.4.1 ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 \
+    matplotlib-inline==0.2.2 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 \
+    stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4 traitlets==5.16.1 \
+    gitpython gitdb smmap
+  ls -la "$WHL"; du -sh "$WHL"
+  exit 0
+fi
+
+OUT="${OUT:-benchmarks/results/h200-sglang-$(date +%Y%m%d)}"
+mkdir -p "$OUT"
+[[ -d "$WHL" ]] || { echo "no $WHL/: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable" | tee "$OUT/blocker.txt"; exit 1; }
+# Everything but sglang itself goes to /tmp/site; sglang's wheel only feeds the engine repository.
+ls "$WHL"/*.whl | grep -v '/sglang-' | xargs python3 -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site 2>&1 | tail -3
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OPTBOT_HOME=/tmp/optbot-home PYTHONUNBUFFERED=1
+mkdir -p "$OPTBOT_HOME/downloads" && cp "$WHL"/sglang-0.5.23-*.whl "$OPTBOT_HOME/downloads/"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.txt"
+python3 -m bot engine init sglang 2>&1 | tee "$OUT/engine.txt"
+python3 -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|diffusers|apache-tvm-ffi|cache.dit|compressed-tensors) ' \
+  > "$OUT/packages.txt"
+
+for wl in flux2 qwen-image; do
+  start=$(date +%s)
+  # Each workload gets at most 240 s, so both fit in one 10-minute device command.
+  timeout -k 10 240 python3 -m bot profile "$wl" --engine sglang --preset full --device cuda --iters 5 \
+    --json "$OUT/profile-$wl-sglang-full.json" > "$OUT/profile-$wl-sglang-full.txt" 2>&1
+  rc=$?
+  echo "$wl: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/wall.txt"
+  if [[ $rc -ne 0 ]]; then
+    { echo "optbot profile $wl --engine sglang --preset full --device cuda: exit $rc"
+      [[ $rc -eq 124 ]] && echo "killed after 240 s (timeout)"
+      grep -E "Error|error:|Exception|not available|No module" "$OUT/profile-$wl-sglang-full.txt" | tail -8
+      echo "--- log tail"; tail -40 "$OUT/profile-$wl-sglang-full.txt"; } > "$OUT/blocker-$wl.txt"
+    tail -15 "$OUT/blocker-$wl.txt"
+  fi
+done
+
+python3 - "$OUT" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+print(f"{'workload':<11} {'engine':<8} {'step ms':>9} {'pass ms':>9} {'gemm':>7} {'attn':>7} {'norm':>7} {'elem':>7} {'copy':>7} {'launch':>7}  stand-ins")
+for wl in ("flux2", "qwen-image"):
+    f = out / f"profile-{wl}-sglang-full.json"
+    if not f.is_file():
+        print(f"{wl:<11} sglang   blocked: see {out / f'blocker-{wl}.txt'}")
+        continue
+    p = json.loads(f.read_text())
+    c = p["categories"]
+    st = {k: p["env"][k] for k in ("sgl_kernel", "torchvision") if k in p["env"]}
+    print(f"{wl:<11} sglang   {p['step_ms']:9.1f} {p['per_pass_ms']:9.1f} {c['gemm']:7.1f} {c['attention']:7.1f} "
+          f"{c['normalization']:7.1f} {c['elementwise']:7.1f} {c['copy']:7.1f} {p['launches']:7d}  {st}")
+    print("device:", p["env"]["device_name"], "driver", p["env"]["driver"], "torch", p["env"]["torch"],
+          "triton", p["env"]["triton"], "engine", p["env"]["engine_sha"][:12])
+PY
