@@ -11,9 +11,10 @@ stamp=$(mktemp); sleep 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export OPTBOT_WHEELS_INSTALLED=1  # once, before the lanes: concurrent installs into one folder race
-( export CUDA_VISIBLE_DEVICES=0 OPTBOT_HOME=/tmp/optbot-home-a; bash -c "$1" > lane-a.log 2>&1 ) &
+LANE_LIMIT="${LANE_LIMIT:-540}"  # seconds: the packing below must happen inside the device's 600 s
+( export CUDA_VISIBLE_DEVICES=0 OPTBOT_HOME=/tmp/optbot-home-a; timeout "$LANE_LIMIT" bash -c "$1" > lane-a.log 2>&1 ) &
 a=$!
-( export CUDA_VISIBLE_DEVICES=1 OPTBOT_HOME=/tmp/optbot-home-b; bash -c "$2" > lane-b.log 2>&1 ) &
+( export CUDA_VISIBLE_DEVICES=1 OPTBOT_HOME=/tmp/optbot-home-b; timeout "$LANE_LIMIT" bash -c "$2" > lane-b.log 2>&1 ) &
 b=$!
 wait $a; ra=$?
 wait $b; rb=$?
