@@ -44,7 +44,8 @@ def parse_trailers(message: str) -> dict[str, list[str]]:
     for line in message.splitlines():
         m = TRAILER_RE.match(line.strip())
         if m:
-            vals = [v.strip() for v in m.group(2).split(",") if v.strip()]
+            # "none" is how a commit says it declares nothing (bot/generate/candidate.make_trailers)
+            vals = [v.strip() for v in m.group(2).split(",") if v.strip() and v.strip().lower() != "none"]
             out.setdefault(m.group(1), [])
             out[m.group(1)] += [v for v in vals if v not in out[m.group(1)]]
     return out

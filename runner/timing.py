@@ -60,10 +60,11 @@ def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: str, *, warmup: int = 2, iters: int = 10,
-                     flush_l2: bool = True, graph: bool = False) -> dict[str, TimingStats | str]:
+                     flush_l2: bool = True, graph: bool = False, pause_s: float = 0.0) -> dict[str, TimingStats | str]:
     """Time each callable `iters` times, interleaved in round-robin order.
 
     Returns name -> TimingStats, or name -> reason string when graph capture failed for that one.
+    pause_s idles the host (and so the device) between trials; only ceiling measurements use it.
     """
     dev = torch.device(device)
     is_cuda = dev.type == "cuda"
@@ -90,6 +91,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, *, warmu
     samples: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(iters):
         for name, fn in runners.items():
+            if pause_s:
+                time.sleep(pause_s)
             samples[name].append(_one_trial(fn, dev, flush_l2 and is_cuda))
     for name, s in samples.items():
         out[name] = TimingStats.from_samples(s, "cuda" if is_cuda else "cpu", mode="graph" if graph else "eager",
