@@ -90,3 +90,34 @@ def test_sglang_matches_diffusers_in_fp32(sglang_engine, diffusers_engine, tmp_p
             rel = ((a - b).norm() / a.norm()).item()
             assert rel <= 1e-5, f"{k}: rel l2 {rel:.3g}"
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3)
+
+
+NOOP_EDITS = {  # a line of SGLang's real source, rewritten without changing what runs
+    "flux2": ("python/sglang/multimodal_gen/runtime/models/dits/flux_2.py",
+              "        timestep = timestep.to(hidden_states.dtype)\n",
+              "        timestep = timestep.to(dtype=hidden_states.dtype)  # optbot test: same op\n"),
+    "qwen-image": ("python/sglang/multimodal_gen/runtime/models/dits/qwen_image.py",
+                   "        hidden_states, _ = self.img_in(hidden_states)\n",
+                   "        hidden_states, _ = self.img_in(hidden_states)  # optbot test: same op\n"),
+}
+
+
+@pytest.mark.parametrize("wl", ["flux2", "qwen-image"])
+def test_validate_a_patch_of_sglang_s_source(sglang_engine, tmp_path, wl):
+    """`optbot validate --engine sglang` on a patch of SGLang's own file: outputs bit-identical on
+    every seed and shape, and the validator sees that nothing new runs (not engaged)."""
+    import difflib
+
+    rel, old, new = NOOP_EDITS[wl]
+    text = (sglang_engine.repo_path / rel).read_text()
+    assert text.count(old) == 1
+    diff = "".join(difflib.unified_diff(text.splitlines(True), text.replace(old, new).splitlines(True),
+                                        f"a/{rel}", f"b/{rel}"))
+    patch = tmp_path / "noop.patch"
+    patch.write_text(f"diff --git a/{rel} b/{rel}\n" + diff)
+    out = tmp_path / "verdict.json"
+    r = optbot("validate", wl, "--engine", "sglang", "--preset", "tiny", "--device", "cpu",
+               "--candidate", str(patch), "--json", str(out))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # rejected
+    assert "correctness: PASS" in r.stdout and "not-engaged" in r.stdout
+    assert "Traceback" not in r.stderr
