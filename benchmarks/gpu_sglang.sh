@@ -6,7 +6,8 @@
 #      fills .whl-sglang/ (git-ignored) with sglang's cp312 wheel and the part of its light import
 #      set that the GPU image lacks (docs/sglang.md), about 55 MB;
 #   2. on the H200, carrying .whl-sglang (one command, well under 10 minutes):
-#      bash benchmarks/gpu_sglang.sh            # results under $OUT (default benchmarks/results/h200-sglang-<date>)
+#      bash benchmarks/gpu_sglang.sh            # or: bash benchmarks/h200.sh sglang
+#      results under $RES/sglang (from h200.sh), else $OUT, else benchmarks/results/h200-sglang-<date>/
 #
 # Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
 # cannot be brought up leaves its exact blocker in $OUT/blocker-WL.txt (the failing step and the
@@ -41,37 +42,50 @@ if [[ "$what" == download ]]; then
   exit 0
 fi
 
-OUT="${OUT:-benchmarks/results/h200-sglang-$(date +%Y%m%d)}"
-mkdir -p "$OUT"
-[[ -d "$WHL" ]] || { echo "no $WHL/: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable" | tee "$OUT/blocker.txt"; exit 1; }
-# Everything but sglang itself goes to /tmp/site; sglang's wheel only feeds the engine repository.
-ls "$WHL"/*.whl | grep -v '/sglang-' | xargs python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site 2>&1 | tail -3
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export OPTBOT_HOME=/tmp/optbot-home PYTHONUNBUFFERED=1
-mkdir -p "$OPTBOT_HOME/downloads" && cp "$WHL"/sglang-0.5.23-*.whl "$OPTBOT_HOME/downloads/"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.txt"
-python3 -m bot engine init sglang 2>&1 | tee "$OUT/engine.txt"
+# Results: $RES/sglang when called from benchmarks/h200.sh (its staging folder), else $OUT, else
+# benchmarks/results/h200-sglang-<date>/.
+D="${RES:+$RES/sglang}"
+D="${D:-${OUT:-benchmarks/results/h200-sglang-$(date +%Y%m%d)}}"
+mkdir -p "$D"
+export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1
+mkdir -p "$OPTBOT_HOME/downloads"
+if [[ -d "$WHL" ]]; then
+  # Everything but sglang itself goes to /tmp/site; sglang's wheel only feeds the engine repository.
+  ls "$WHL"/*.whl | grep -v '/sglang-' | xargs python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site 2>&1 | tail -3
+  cp "$WHL"/sglang-0.5.23-*.whl "$OPTBOT_HOME/downloads/"
+fi
+# (benchmarks/h200.sh's own layout also works: light-set wheels in .whl/ installed there, and the
+# sglang wheel carried as .whl/sglang-*.whl.keep, copied to the downloads folder.)
+for f in .whl/sglang-0.5.23-*.whl.keep; do [[ -f "$f" ]] && cp "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
+case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
+  echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
+    | tee "$D/blocker.txt"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$D/nvidia-smi.txt"
+python3 -m bot engine init sglang 2>&1 | tee "$D/engine.txt"
 python3 -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|diffusers|apache-tvm-ffi|cache.dit|compressed-tensors) ' \
-  > "$OUT/packages.txt"
+  > "$D/packages.txt"
 
+status=0
 for wl in flux2 qwen-image; do
   start=$(date +%s)
   # Each workload gets at most 240 s, so both fit in one 10-minute device command.
   timeout -k 10 240 python3 -m bot profile "$wl" --engine sglang --preset full --device cuda --iters 5 \
-    --json "$OUT/profile-$wl-sglang-full.json" > "$OUT/profile-$wl-sglang-full.txt" 2>&1
+    --json "$D/profile-$wl-sglang-full.json" > "$D/profile-$wl-sglang-full.txt" 2>&1
   rc=$?
-  echo "$wl: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/wall.txt"
+  echo "$wl: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$D/wall.txt"
   if [[ $rc -ne 0 ]]; then
+    status=1
     { echo "optbot profile $wl --engine sglang --preset full --device cuda: exit $rc"
       [[ $rc -eq 124 ]] && echo "killed after 240 s (timeout)"
-      grep -E "Error|error:|Exception|not available|No module" "$OUT/profile-$wl-sglang-full.txt" | tail -8
-      echo "--- log tail"; tail -40 "$OUT/profile-$wl-sglang-full.txt"; } > "$OUT/blocker-$wl.txt"
-    tail -15 "$OUT/blocker-$wl.txt"
+      grep -E "Error|error:|Exception|not available|No module" "$D/profile-$wl-sglang-full.txt" | tail -8
+      echo "--- log tail"; tail -40 "$D/profile-$wl-sglang-full.txt"; } > "$D/blocker-$wl.txt"
+    tail -15 "$D/blocker-$wl.txt"
   fi
 done
 
-python3 - "$OUT" <<'PY'
+python3 - "$D" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 print(f"{'workload':<11} {'engine':<8} {'step ms':>9} {'pass ms':>9} {'gemm':>7} {'attn':>7} {'norm':>7} {'elem':>7} {'copy':>7} {'launch':>7}  stand-ins")
@@ -88,3 +102,4 @@ for wl in ("flux2", "qwen-image"):
     print("device:", p["env"]["device_name"], "driver", p["env"]["driver"], "torch", p["env"]["torch"],
           "triton", p["env"]["triton"], "engine", p["env"]["engine_sha"][:12])
 PY
+exit $status
