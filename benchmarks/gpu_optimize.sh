@@ -25,7 +25,7 @@ if [[ -n "$resume" ]]; then
   timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --json "$OUT/optimize-$wl.json" \
     2>&1 | tee -a "$OUT/optimize-$wl.txt"
 else
-  timeout "$LIMIT" python3 -m bot optimize "$wl" --preset full --device cuda --dry-run --budget "$((LIMIT - 60))s" \
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --preset full --device cuda --dry-run --budget "${BUDGET:-$((LIMIT - 60))s}" \
     --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
 fi
 rc=${PIPESTATUS[0]}
