@@ -15,7 +15,7 @@ from rich.table import Table
 
 from bot.commands.common import command_line, workload_options, write_json
 from bot.engine import add_worktree, checkout_engine
-from bot.errors import OptbotError, RunnerError
+from bot.errors import RunnerError
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
@@ -71,8 +71,9 @@ def _job(t: Target, wt: Path, sha: str, model_class: str, modes: list[str], out_
 
 @click.command("bench")
 @workload_options
-@click.option("--candidate", default=None, metavar="REF",
-              help="Engine ref of the optimized branch to compare (e.g. optbot/flux2/<base-sha12>).")
+@click.option("--candidate", default=None, metavar="REF|PATCH",
+              help="The optimized engine to compare: a branch/commit on top of the base (e.g. "
+                   "optbot/flux2/<base-sha12>) or a patch file (e.g. kernel_store/<entry>/patch.diff).")
 @click.option("--with-engine", "extra_engines", multiple=True, metavar="NAME",
               help="Also bench another engine the workload defines (e.g. sglang). Repeatable.")
 @click.option("--modes", default=None, help="Comma list of eager,graph,compile,compile+graph. "
@@ -105,12 +106,12 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     variants: list[tuple[str, Path, str, str, str]] = [
         ("upstream", base_worktree(t), t.checkout.base_sha, t.model_class, t.engine_name or t.workload.default_engine)]
     if candidate:
-        try:
-            sha = t.checkout.repo.commit(candidate).hexsha
-        except Exception:  # noqa: BLE001 - gitpython raises several types for a bad ref
-            raise OptbotError(f"--candidate {candidate!r}: no such ref in engine {t.checkout.repo_path}") from None
-        variants.append(("candidate", add_worktree(t.checkout, f"bench-{sha[:12]}", sha), sha, t.model_class,
-                         t.engine_name or t.workload.default_engine))
+        # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
+        # and committed deterministically in its own worktree)
+        from bot.candidate import resolve_candidate
+
+        cand = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
+        variants.append(("candidate", cand.worktree, cand.sha, t.model_class, t.engine_name or t.workload.default_engine))
     for name in extra_engines:
         spec = t.workload.engine(name)
         co = checkout_engine(spec.source, spec.ref, spec.import_root, name)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `optbot bench` on the H200 as one self-contained command (wheels from .whl/, carried):
+#   bash benchmarks/gpu_bench.sh WORKLOAD [bench options...]
+# e.g. bash benchmarks/gpu_bench.sh flux2 --candidate kernel_store/flux2-norm-modulate/patch.diff --with-engine sglang
+# Writes bench-<workload>-<tag>.json/.md/.txt under $RES (default benchmarks/results/h200-<date>/)
+# and, when $OUT is set, copies them there.
+set -uo pipefail
+wl=$1; shift
+tag="${TAG:-run}"
+RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
+mkdir -p "$RES"
+[ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1
+mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
+for f in .whl/*.whl.keep; do [[ -f "$f" ]] && cp -n "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
+start=$(date +%s)
+python3 -m bot bench "$wl" --preset full --device cuda "$@" --json "$RES/bench-$wl-$tag.json" > "$RES/bench-$wl-$tag.txt" 2>&1
+rc=$?
+echo "bench $wl $tag: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$RES/bench-$wl-$tag.txt"
+[ -n "${OUT:-}" ] && cp "$RES"/bench-"$wl"-"$tag".* "$OUT/" 2>/dev/null
+tail -25 "$RES/bench-$wl-$tag.txt"
+exit $rc
