@@ -1,47 +1,10 @@
-"""Helpers for the analysis tests: capture and profile a small torch model in-process, then analyze.
-
-The profile is the real one (runner/profiler.profile_step on CPU); the ceilings are fixed test
-values (copy 20 GB/s, matmul 0.2 TFLOP/s) so estimates do not depend on this machine's load.
-"""
+"""Fixtures of the analysis tests (helpers live in toy_helpers.py: a module named conftest is
+ambiguous when several test folders have one)."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-
-
-ROLES = {"pixels": "latents", "words": "prompt", "tau": "timestep", "mask": "text_mask"}
-
-
-def run_toy(model, passes: list[dict], tmp_path: Path, only=None, profile_extra: dict | None = None):
-    import torch
-
-    from bot.analyze.graph import Graph
-    from bot.analyze.run import analyze
-    from runner.graph_capture import capture
-    from runner.profiler import profile_step
-
-    model = model.eval().requires_grad_(False)
-
-    def step():
-        with torch.inference_mode():
-            return [model(**kw) for kw in passes]
-
-    step()
-    rec = capture(model, step, str(HERE), ROLES)
-    graph = Graph.from_json({**rec.to_json(), "device": "cpu", "probes": []})
-    prof = profile_step(model, step, "cpu", tmp_path / "trace.json.gz")
-    profile = {**prof, "device": "cpu", "total_ms": prof["busy_ms"] * 1.5, "idle_ms": None, "passes": len(passes),
-               "peaks": {"copy_gbps": 20.0, "matmul_tflops": 0.2}, "env": {"device_kind": "cpu", "device_name": "test"}}
-    profile.update(profile_extra or {})
-    return analyze(graph, profile, {}, "test", only), graph
-
-
-def kinds(analysis, kind=None, detail=None):
-    return [o for o in analysis["opportunities"]
-            if (kind is None or o["kind"] == kind) and (detail is None or o["detail"] == detail)]
+from tests.analyze.toy_helpers import run_toy
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from conftest import HERE
+from tests.analyze.toy_helpers import HERE
 from runner.graph_capture import capture
 
 

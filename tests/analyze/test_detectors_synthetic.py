@@ -7,7 +7,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from conftest import kinds
+from tests.analyze.toy_helpers import kinds
 from toy_models import Contraption, inputs
 
 
@@ -47,7 +47,7 @@ def test_merge_siblings_not_for_slices_of_one_tensor():
             return self.p(a) + self.r(b)
 
     from runner.graph_capture import capture
-    from conftest import HERE
+    from tests.analyze.toy_helpers import HERE
     from bot.analyze.cost import CostModel
     from bot.analyze.detectors import Context
     from bot.analyze.detectors import merge_siblings
@@ -90,7 +90,7 @@ def test_norm_feeding_a_gemm_directly_is_not_a_fusion(toy):
 def test_hand_written_rms_norm_is_recognized_by_pattern():
     from bot.analyze.graph import Graph
     from runner.graph_capture import capture
-    from conftest import HERE
+    from tests.analyze.toy_helpers import HERE
     from toy_models import Squash
 
     m = Squash(16).eval()
