@@ -14,6 +14,8 @@ Every result is a dataclass that bot/optimize/state.py writes as <step>.json in 
 """
 from __future__ import annotations
 
+import json
+
 import concurrent.futures as futures
 import importlib
 import time
@@ -571,9 +573,33 @@ class Stages:
         if device != t.device:
             t = dataclasses.replace(t, device=device)
         vopts_cls = _piece("bot.validate", "Options")
-        opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log) if vopts_cls else None
+        opts = None
+        if vopts_cls:
+            kw = {}
+            if not device.startswith("cuda"):
+                # DESIGN decision 7: on CPU a candidate gets a correctness (and engagement) verdict
+                # only, "speed needs a GPU". Without timing, the base side's outputs can be shared by
+                # every candidate of the run: one set of fresh seeds per run, one base process.
+                kw = dict(speed=False, seeds=self._run_seeds(ctx)[0], weight_seed=self._run_seeds(ctx)[1],
+                          cache_dir=ctx.run_dir / "validate" / "base-cache")
+            opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, **kw)
         v = fn(t, ref, t.checkout.base_sha, opts)
         return verdict_from_validator(cid, as_dict(v))
+
+    @staticmethod
+    def _run_seeds(ctx: RunContext) -> tuple[list[int], int]:
+        """Fresh random seeds, drawn once per run and kept in the run directory (a resumed run
+        reuses them, so its cached base outputs stay valid)."""
+        f = ctx.run_dir / "validate" / "seeds.json"
+        if f.is_file():
+            d = json.loads(f.read_text())
+            return d["seeds"], d["weight_seed"]
+        from bot.validate import fresh_seeds
+
+        seeds, w = fresh_seeds(3), fresh_seeds(1)[0]
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"seeds": seeds, "weight_seed": w}))
+        return seeds, w
 
     # 7 -------------------------------------------------------------------------------------------
     def combine(self, ctx: RunContext) -> CombineResult:
@@ -605,7 +631,10 @@ class Stages:
         if fn is None:
             return [], "ablation skipped: bot.ablate.ablate is not installed"
         t = self.target(ctx)
-        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log))
+        # On CPU the ablation's timings are informational (labelled cpu): one round keeps the main
+        # job inside its time on a laptop-class machine; on a GPU, the validator's default rounds.
+        kw = {} if t.device.startswith("cuda") else {"rounds": 1}
+        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log, **kw))
         by_sha = {c.sha: c for c in res.commits}
         out = []
         for d in ab.get("rows", []):
