@@ -631,10 +631,12 @@ class Stages:
         if fn is None:
             return [], "ablation skipped: bot.ablate.ablate is not installed"
         t = self.target(ctx)
-        # On CPU the ablation's timings are informational (labelled cpu): one round keeps the main
-        # job inside its time on a laptop-class machine; on a GPU, the validator's default rounds.
-        kw = {} if t.device.startswith("cuda") else {"rounds": 1}
-        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log, **kw))
+        if not t.device.startswith("cuda"):
+            # An ablation is a speed attribution. On CPU the Triton kernels run in the interpreter,
+            # whose time says nothing about the kernels (DESIGN decision 7: speed needs a GPU).
+            return [], ("ablation needs a GPU: on cpu the Triton kernels run in the interpreter, whose "
+                        "timings say nothing about them (DESIGN decision 7)")
+        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log))
         by_sha = {c.sha: c for c in res.commits}
         out = []
         for d in ab.get("rows", []):
