@@ -24,11 +24,13 @@ os.environ.setdefault("OPTBOT_RUNS_DIR", str(TEST_HOME / "runs"))
 
 
 def _seed_downloads() -> None:
+    """Release archives (diffusers sdist, sglang wheel) already in the user's cache are copied into
+    the test home instead of being downloaded again."""
     dl = TEST_HOME / "downloads"
     dl.mkdir(parents=True, exist_ok=True)
     user = Path.home() / ".cache" / "optbot" / "downloads"
     if user.is_dir():
-        for f in user.glob("*.tar.gz"):
+        for f in [*user.glob("*.tar.gz"), *user.glob("*.whl")]:
             if not (dl / f.name).exists():
                 shutil.copy(f, dl / f.name)
 
