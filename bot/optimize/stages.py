@@ -580,8 +580,10 @@ class Stages:
                 # DESIGN decision 7: on CPU a candidate gets a correctness (and engagement) verdict
                 # only, "speed needs a GPU". Without timing, the base side's outputs can be shared by
                 # every candidate of the run: one set of fresh seeds per run, one base process.
+                # The candidate's timeout is explicit: the adaptive one (5x the cached base job) is
+                # too short for a stack whose Triton kernels all run in the interpreter.
                 kw = dict(speed=False, seeds=self._run_seeds(ctx)[0], weight_seed=self._run_seeds(ctx)[1],
-                          cache_dir=ctx.run_dir / "validate" / "base-cache")
+                          cache_dir=ctx.run_dir / "validate" / "base-cache", timeout_s=900)
             opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, **kw)
         v = fn(t, ref, t.checkout.base_sha, opts)
         return verdict_from_validator(cid, as_dict(v))
