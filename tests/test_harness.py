@@ -68,7 +68,10 @@ def test_child_environment_has_no_secrets(monkeypatch):
     env = child_env("/engine/src")
     assert not {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "GH_TOKEN", "MY_SECRET", "AWS_ACCESS_KEY_ID", "HF_TOKEN"} & set(env)
     parts = env["PYTHONPATH"].split(os.pathsep)
-    assert parts[0] == "/engine/src" and parts[-1] == "/carried/site"
+    # optbot's runner first (an engine cannot shadow it), then the engine, then the caller's path
+    from bot.paths import REPO_ROOT
+
+    assert parts[:2] == [str(REPO_ROOT), "/engine/src"] and parts[-1] == "/carried/site"
 
 
 def test_child_sees_no_secret_at_runtime(tmp_path, monkeypatch):
