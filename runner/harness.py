@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -86,6 +85,22 @@ def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[
     return step, passes
 
 
+def step_passes(workload: dict) -> int:
+    """Forward passes in one step: two under true CFG (conditional + unconditional), else one."""
+    return 2 if workload["step"]["cfg"] == "true-cfg" else 1
+
+
+def prepare_first_step(job: Job) -> tuple[Built, Callable[[], dict], dict, Path]:
+    """What the single-shape kinds (profile, graph, bench) start from: the built model, the step on
+    the job's first shape and seed, that shape, and the job's output folder (created)."""
+    built = build(job)
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shape = job.shapes[0]
+    step, _ = make_step(built, job, shape, job.seeds[0])
+    return built, step, shape, out_dir
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
     if t.dtype == torch.bfloat16:
@@ -115,7 +130,7 @@ def run_step_job(job: Job) -> dict:
                 record["tensors"][k] = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
                                         "digest": tensor_digest(v), "finite": bool(torch.isfinite(v).all())}
             outputs.append(record)
-    passes = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    passes = step_passes(job.workload)
     return {
         "ok": True,
         "latency": timing,

@@ -16,13 +16,12 @@ separate clean process (runner/kinds/compare.py), never here.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
 from runner import env as envmod
 from runner import peaks
-from runner.harness import build, make_step, tensor_digest
+from runner.harness import prepare_first_step, step_passes, tensor_digest
 from runner.profiler import count_flops
 from runner.timing import capture_graph, time_interleaved
 
@@ -42,12 +41,9 @@ def run(job) -> dict:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown bench modes {bad}; known: {MODES}")
-    built = build(job)
-    out_dir = Path(job.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shape, seed = job.shapes[0], job.seeds[0]
-    step, _ = make_step(built, job, shape, seed)
-    passes = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    built, step, shape, out_dir = prepare_first_step(job)
+    seed = job.seeds[0]
+    passes = step_passes(job.workload)
     result: dict = {"ok": True, "device": "cuda" if job.device.startswith("cuda") else "cpu", "passes": passes,
                     "shape": shape, "seed": seed, "modes": {}}
     if job.params.get("flops"):

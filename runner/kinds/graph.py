@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import torch
 
 from runner import env as envmod
 from runner import families
 from runner.graph_capture import capture
-from runner.harness import build, make_step
+from runner.harness import prepare_first_step
 from runner.timing import time_interleaved
 
 
 def run(job) -> dict:
-    built = build(job)
-    out_dir = Path(job.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shape = job.shapes[0]
-    step, _ = make_step(built, job, shape, job.seeds[0])
+    built, step, shape, out_dir = prepare_first_step(job)
     step()  # warm-up: first-call caches (lru_cache'd RoPE tables, ...) are filled as in steady state
     if job.device.startswith("cuda"):
         torch.cuda.synchronize()

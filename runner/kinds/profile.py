@@ -2,28 +2,22 @@
 roofline figures together."""
 from __future__ import annotations
 
-from pathlib import Path
 
-import torch
 
 from runner import env as envmod
 from runner import peaks
-from runner.harness import build, make_step
+from runner.harness import prepare_first_step, step_passes
 from runner.profiler import count_flops, profile_step
 from runner.timing import time_fn
 
 
 def run(job) -> dict:
-    built = build(job)
-    out_dir = Path(job.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shape = job.shapes[0]
-    step, _ = make_step(built, job, shape, job.seeds[0])
+    built, step, shape, out_dir = prepare_first_step(job)
     latency = time_fn(step, job.device, warmup=job.warmup, iters=job.iters)
     flops = count_flops(step)
     prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
     ceil = peaks.measure(job.device, built.dtype)
-    passes = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    passes = step_passes(job.workload)
     cats = prof["categories"]
     peak_flops = ceil["matmul_tflops"] * 1e12
     bw = ceil["copy_gbps"] * 1e9

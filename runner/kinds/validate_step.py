@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from runner import env as envmod
-from runner.harness import build, make_step
+from runner.harness import build, make_step, step_passes
 from runner.poison import PoisonEmpty, poison_allocator
 from runner.timing import time_interleaved
 
@@ -141,6 +141,6 @@ def run(job) -> dict:
             fl["compute_floor_ms"] = (fl["linear"] + fl["attention"]) / (fl["peaks"]["matmul_tflops"] * 1e12) * 1e3
         result["flops"] = fl
 
-    result["passes"] = 2 if job.workload["step"]["cfg"] == "true-cfg" else 1
+    result["passes"] = step_passes(job.workload)
     result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
     return result
