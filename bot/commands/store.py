@@ -24,9 +24,12 @@ def command():
     Examples:
       optbot store list                          entries, pattern, engine, status, provenance
       optbot store show flux2-qk-rmsnorm-rope    entry.yaml, files, bench numbers
-      optbot store check                         re-validate every entry (CPU: patch applies +
-                                                 kernel tests under TRITON_INTERPRET=1)
-      optbot store check --device cuda --json r.json   on a GPU: correctness and microbenchmarks
+      optbot store check                         re-validate every entry (CPU: patch applies,
+                                                 kernel tests under TRITON_INTERPRET=1, the
+                                                 validator on the tiny preset)
+      optbot store check --device cuda --gpus 2 --record
+                                                 on GPUs: also microbenchmarks and end-to-end
+                                                 speed on the full preset, into bench.json
       optbot store record-bench results.json     write GPU numbers into each entry's bench.json
     """
 
@@ -71,35 +74,75 @@ def show_cmd(store_dir, entry_id):
 @_store_opt
 @click.argument("entry_ids", nargs=-1)
 @click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]",
-              help="cpu: correctness with TRITON_INTERPRET=1. cuda: correctness and microbenchmarks.")
-@click.option("--no-kernels", is_flag=True, help="Only schema, sources and patch checks (fast).")
-@click.option("--record", is_flag=True, help="Write the kernel test results into each entry's bench.json.")
+              help="cpu: correctness (Triton under TRITON_INTERPRET=1) and engagement. cuda: correctness, "
+                   "microbenchmarks and end-to-end speed.")
+@click.option("--preset", type=click.Choice(["tiny", "full"]), default=None,
+              help="Preset of the full validation. Default: full on cuda, tiny on cpu.")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="With --device cuda: check entries in parallel, one lane per GPU (cuda:0..N-1).")
+@click.option("--no-kernels", is_flag=True, help="Only schema, sources and patch checks (fast; no validation).")
+@click.option("--no-validate", is_flag=True, help="Skip the full validation of the patched engine.")
+@click.option("--record", is_flag=True, help="Write the results into each entry's bench.json (kernel tests; on "
+                                              "cuda also the validator's end-to-end numbers).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def check_cmd(store_dir, entry_ids, device, no_kernels, record, json_path):
-    """Re-validate entries (all by default): schema, kernel sources == patched files, patch applies
-    to the engine base in a real worktree, kernel tests in an isolated runner process.
+def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validate, record, json_path):
+    """Re-validate entries (all by default), each in five checks: schema; kernel sources == the files
+    the patch adds; the patch applies to the engine base in a real worktree; kernel tests in an
+    isolated runner process; and the full validator (`optbot validate`) on the patched engine, per
+    workload the entry names: on CPU correctness and engagement, on a GPU also speed.
+
+    \b
+    Examples:
+      optbot store check                                   every entry, CPU, tiny preset
+      optbot store check flux2-swiglu --no-validate        one entry, kernel tests only
+      optbot store check --device cuda --gpus 2 --record   every entry on 2 GPUs, full preset,
+                                                           numbers into bench.json
 
     Exit code 1 when any check fails.
     """
-    from bot.knowledge.check import check_entry
+    import concurrent.futures as futures
+    import threading
+
+    from bot.knowledge.check import finish_entry, prepare_entry
 
     if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise click.BadParameter(f"{device!r}: expected cpu, cuda or cuda:N", param_hint="--device")
+    if gpus > 1 and not device.startswith("cuda"):
+        raise click.BadParameter(f"--gpus {gpus} needs --device cuda", param_hint="--gpus")
     entries = [get_entry(i, store_dir) for i in entry_ids] if entry_ids else load_store(store_dir)
     run_dir = new_run_dir("store-check")
-    click.echo(f"checking {len(entries)} entries on {device}; run directory {run_dir}", err=True)
-    results = []
-    for e in entries:
-        r = check_entry(e, device, run_dir, run_kernels=not no_kernels)
-        results.append(r)
+    lanes = [f"cuda:{i}" for i in range(gpus)] if gpus > 1 else [device]
+    click.echo(f"checking {len(entries)} entries on {', '.join(lanes)}; run directory {run_dir}", err=True)
+    prepared = []
+    for i, e in enumerate(entries, 1):
+        click.echo(f"[{i}/{len(entries)}] {e.id}: schema, sources, patch", err=True)
+        prepared.append(prepare_entry(e, device))
+    lock = threading.Lock()
+
+    def say(msg: str) -> None:
+        with lock:
+            click.echo(msg, err=True)
+
+    def one(i_e):
+        i, (e, prep) = i_e
+        lane = lanes[i % len(lanes)]
+        say(f"{e.id}: kernel tests and validation on {lane}")
+        return finish_entry(e, prep, lane, run_dir, run_kernels=not no_kernels,
+                            run_validation=not (no_kernels or no_validate), preset=preset,
+                            log=lambda m, _id=e.id: say(f"  {_id}: {m}"))
+
+    with futures.ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+        results = list(pool.map(one, enumerate(zip(entries, prepared))))
+    for e, r in zip(entries, results):
         click.echo(f"{'ok  ' if r.ok else 'FAIL'} {e.id}")
         for c in r.checks:
             mark = {True: "ok", False: "FAIL", None: "--"}[c.ok]
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-    data = {"device": device, "command": command_line(), "ok": all(r.ok for r in results),
-            "entries": [r.to_json() for r in results]}
+            _record_validation(e, r)
+    data = {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
+            "ok": all(r.ok for r in results), "entries": [r.to_json() for r in results]}
     write_json(run_dir / "store-check.json", data)
     write_json(json_path, data)
     if not data["ok"]:
@@ -131,6 +174,59 @@ def _record_correctness(entry, result) -> None:
     if not tests:
         return
     bench.setdefault("correctness", {})[kind] = {"command": command_line(), "date": _now(), "tests": tests}
+    _write_bench(entry, bench)
+
+
+def validation_numbers(verdict: dict) -> dict:
+    """The end-to-end numbers of one verdict (bot/verdict.Verdict as JSON), copied, not computed:
+    per mode the process medians of each side, their speedup and A/A noise; the worst output."""
+    import statistics
+
+    speed = {}
+    for sp in verdict.get("speed") or []:
+        b, c = sp.get("base_ms") or [], sp.get("candidate_ms") or []
+        passes = sp.get("passes") or 1
+        speed[sp["mode"]] = {
+            "device": sp.get("device"), "base_step_ms": statistics.median(b) if b else None,
+            "patched_step_ms": statistics.median(c) if c else None, "passes": passes,
+            "base_per_pass_ms": statistics.median(b) / passes if b else None,
+            "patched_per_pass_ms": statistics.median(c) / passes if c else None,
+            "speedup": sp.get("speedup"), "noise_pct": sp.get("noise_pct"), "outcome": sp.get("outcome"),
+            "base_process_ms": b, "patched_process_ms": c, "trials_per_process": sp.get("n"), "note": sp.get("note")}
+    corr = verdict.get("correctness") or {}
+    ranked = [ch for ch in corr.get("checks", []) if ch.get("rel_l2") is not None]
+    worst = max(ranked, key=lambda ch: ch["rel_l2"]) if ranked else None
+    return {"status": verdict.get("status"), "reason": verdict.get("reason"), "summary": verdict.get("summary"),
+            "preset": verdict.get("preset"), "dtype": verdict.get("dtype"), "base_sha": verdict.get("base_sha"),
+            "candidate_sha": verdict.get("candidate_sha"), "seeds": corr.get("seeds"), "shapes": corr.get("shapes"),
+            "rule": corr.get("rule"), "worst_output": {"label": worst.get("label"), "output": worst.get("output"),
+                                                       "rel_l2": worst.get("rel_l2"), "max_abs": worst.get("max_abs")}
+            if worst else None, "speed": speed, "env": verdict.get("env"), "seconds": verdict.get("seconds")}
+
+
+def _set_status(entry, status: str) -> None:
+    """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
+    import re
+
+    f = entry.path / "entry.yaml"
+    f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
+
+
+def _record_validation(entry, result) -> None:
+    """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
+    its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
+    verdicts = {c.name.split(":", 1)[1]: validation_numbers(c.details) for c in result.checks
+                if c.name.startswith("validate:") and c.details.get("status")}
+    if not verdicts:
+        return
+    bench = entry.bench()
+    rec = {"command": command_line(), "recorded_at": _now(), "device": result.device, "workloads": verdicts}
+    if result.device.startswith("cuda"):
+        bench.setdefault("gpu", {})["validation"] = rec
+        if all(v["status"] == "accepted" for v in verdicts.values()):
+            _set_status(entry, "validated-gpu")
+    else:
+        bench.setdefault("correctness", {})["cpu_validation"] = rec
     _write_bench(entry, bench)
 
 

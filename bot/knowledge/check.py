@@ -9,7 +9,8 @@ For each entry, in order (each check returns a reason, not a bare bool):
   kernels     each test_<op>.py runs as a `kernel_test` runner job (its own process, no secrets):
               reference vs kernel on randomized inputs; on CPU with TRITON_INTERPRET=1 and the
               Triton path required; on CUDA also a microbenchmark (A/B interleaved, A/A noise)
-  validate    the full validator on the replayed commit (see _full_validation: one call site)
+  validate    the full validator (bot.validate) on the replayed commit, per workload the entry names:
+              on CPU correctness + engagement (tiny preset); on CUDA also end-to-end speed (full preset)
 """
 from __future__ import annotations
 
@@ -111,18 +112,52 @@ def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: st
     return out
 
 
-def _full_validation(entry: Entry, worktree: str, commit_sha: str, device: str) -> Check:
-    """THE call site for the full validator (issue 3, bot.validate). Until it is wired in, it is
-    reported as not run; the lead wires `bot.validate` here when it lands on main."""
-    try:
-        import bot.validate  # noqa: F401
-    except ImportError:
-        return Check("validate", None, "full validation not run: bot.validate is not available")
-    return Check("validate", None, "full validation not wired yet (bot.validate exists: wire it in bot/knowledge/check.py)")
+def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_dir: Path,
+                     preset: str | None = None, log=None) -> list[Check]:
+    """THE call site of the full validator (bot.validate, DESIGN decision 6) for a replayed entry:
+    one verdict per workload the entry names, base = the entry's engine base sha. On CPU the verdict
+    is correctness and engagement (speed needs a GPU, DESIGN decision 7); on CUDA also end-to-end
+    speed, eager and CUDA graph, with the validator's gates (slower / no-change reject)."""
+    from bot.target import Target
+    from bot.validate import Options, validate
+    from bot.workload import load_workload
+
+    on_cuda = device.startswith("cuda")
+    out = []
+    for wl_name in entry.workloads or ():
+        try:
+            wl = load_workload(wl_name)
+        except OptbotError as e:
+            out.append(Check(f"validate:{wl_name}", False, f"workload {wl_name}: {e}"))
+            continue
+        spec = wl.engines.get(entry.engine.name) or wl.engine(None)
+        p = preset or ("full" if on_cuda else "tiny")
+        target = Target(wl, checkout.name, spec.model_class, checkout, p, device, wl.dtype_for(device))
+        opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log)
+        try:
+            v = validate(target, commit_sha, entry.engine.base_sha, opts)
+        except OptbotError as e:
+            out.append(Check(f"validate:{wl_name}", False, f"validation could not run: {e}"))
+            continue
+        reason = f"{v.status}" + (f" ({v.reason})" if v.reason else "") + f": {v.summary} [{p} preset, {device}]"
+        out.append(Check(f"validate:{wl_name}", v.status == "accepted", reason, v.to_json()))
+    if not out:
+        out.append(Check("validate", None, "the entry names no workload to validate on"))
+    return out
 
 
-def check_entry(entry: Entry, device: str, work_dir: Path, run_kernels: bool = True,
-                kernel_params: dict | None = None) -> EntryCheck:
+@dataclass
+class Prepared:
+    """An entry after its cheap checks, ready for the kernel tests and the validator."""
+    result: EntryCheck
+    checkout: object = None  # bot.engine.EngineCheckout, when the engine materialized
+    commit_sha: str = ""  # the replayed commit, when the patch applied
+    engine_root: str = ""
+
+
+def prepare_entry(entry: Entry, device: str) -> Prepared:
+    """schema, sources, patch: sequential and cheap (git worktrees of one repository are not
+    created concurrently)."""
     result = EntryCheck(entry.id, device, [Check("schema", True, f"{entry.path / 'entry.yaml'} parses")])
     result.checks.append(check_sources(entry))
     import_root = import_root_for(entry)
@@ -130,15 +165,36 @@ def check_entry(entry: Entry, device: str, work_dir: Path, run_kernels: bool = T
         checkout = checkout_engine(entry.engine.source, entry.engine.base_sha, import_root, entry.engine.name)
     except OptbotError as e:
         result.checks.append(Check("patch", False, f"engine {entry.engine.source} @ {entry.engine.base_sha[:12]}: {e}"))
-        return result
+        return Prepared(result)
     rr = apply_entry(checkout, entry, name=f"check-{entry.id}")
     result.checks.append(Check("patch", rr.status == "applied", rr.reason,
                                {"worktree": rr.worktree, "conflicts": rr.conflicts}))
     if rr.status != "applied":
+        return Prepared(result, checkout)
+    from bot.engine import add_worktree
+
+    add_worktree(checkout, f"base-{entry.engine.base_sha[:12]}", entry.engine.base_sha)  # the validator's base side
+    return Prepared(result, checkout, rr.candidate.commit_sha, str(Path(rr.worktree) / import_root))
+
+
+def finish_entry(entry: Entry, prep: Prepared, device: str, work_dir: Path, run_kernels: bool = True,
+                 kernel_params: dict | None = None, run_validation: bool = True, preset: str | None = None,
+                 log=None) -> EntryCheck:
+    """kernel tests and the full validation, on `device` (one lane of `store check --gpus N`)."""
+    result = prep.result
+    result.device = device
+    if not prep.commit_sha:
         return result
-    engine_root = str(Path(rr.worktree) / import_root)
     if run_kernels:
-        result.checks.extend(run_kernel_tests(entry, engine_root, rr.candidate.commit_sha, device,
+        result.checks.extend(run_kernel_tests(entry, prep.engine_root, prep.commit_sha, device,
                                               work_dir / entry.id, params=kernel_params))
-    result.checks.append(_full_validation(entry, rr.worktree, rr.candidate.commit_sha, device))
+    if run_validation:
+        result.checks.extend(_full_validation(entry, prep.checkout, prep.commit_sha, device, work_dir, preset, log))
     return result
+
+
+def check_entry(entry: Entry, device: str, work_dir: Path, run_kernels: bool = True,
+                kernel_params: dict | None = None, run_validation: bool = True, preset: str | None = None,
+                log=None) -> EntryCheck:
+    return finish_entry(entry, prepare_entry(entry, device), device, work_dir, run_kernels, kernel_params,
+                        run_validation, preset, log)

@@ -28,7 +28,33 @@ def test_store_check_patch_only(cli_runner, diffusers_engine, tmp_path):
     data = json.loads(out.read_text())
     assert data["ok"] and [e["entry_id"] for e in data["entries"]] == ["flux2-swiglu", "qwen-image-drop-all-ones-mask"]
     names = [c["name"] for c in data["entries"][0]["checks"]]
-    assert names == ["schema", "sources", "patch", "validate"]
+    assert names == ["schema", "sources", "patch"]
+
+
+def test_store_check_runs_the_validator_and_records_it(cli_runner, diffusers_engine, tmp_path):
+    """The full validator runs on the replayed commit (tiny preset on CPU) and --record copies its
+    verdict into bench.json; a patch that changes the math fails the same check."""
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-merge-qkv", store / "flux2-merge-qkv")
+    out = tmp_path / "check.json"
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store), "--record", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    checks = {c["name"]: c for c in json.loads(out.read_text())["entries"][0]["checks"]}
+    assert checks["validate:flux2"]["ok"] is True and checks["validate:flux2"]["details"]["status"] == "accepted"
+    rec = json.loads((store / "flux2-merge-qkv" / "bench.json").read_text())["correctness"]["cpu_validation"]
+    assert rec["device"] == "cpu" and rec["workloads"]["flux2"]["status"] == "accepted"
+    assert rec["workloads"]["flux2"]["speed"] == {}  # CPU: no speed verdict (DESIGN decision 7)
+
+    # the same entry, but its patch scales the merged weight: applies, then fails correctness
+    bad = store / "flux2-merge-qkv" / "patch.diff"
+    text = bad.read_text()
+    assert "merged.requires_grad_(False)" in text
+    bad.write_text(text.replace("merged.requires_grad_(False)", "merged.requires_grad_(False); merged.weight.mul_(1.5)", 1))
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store), "--json", str(out)])
+    assert r.exit_code == 1, r.output
+    checks = {c["name"]: c for c in json.loads(out.read_text())["entries"][0]["checks"]}
+    assert checks["patch"]["ok"] is True
+    assert checks["validate:flux2"]["ok"] is False and checks["validate:flux2"]["details"]["reason"] == "correctness"
 
 
 def test_store_check_fails_on_a_patch_that_does_not_apply(cli_runner, diffusers_engine, tmp_path):
