@@ -3,12 +3,16 @@
 # Each mode is one self-contained command of at most ~10 minutes (DESIGN decision 10).
 #
 # Usage on the device machine (from the repo root, with .whl/ carried, like benchmarks/h200.sh):
+#   bash benchmarks/gpu_store.sh check        # optbot store check --device cuda --gpus $GPUS: every
+#                                             #   entry's kernel tests + microbenchmarks AND the full
+#                                             #   validator on the full preset (correctness, engagement,
+#                                             #   end-to-end speed eager + CUDA graph), one lane per GPU
 #   bash benchmarks/gpu_store.sh micro        # optbot store check --device cuda: every entry's kernel
 #                                             #   tests on CUDA + A/B microbenchmark vs its reference
 #   bash benchmarks/gpu_store.sh e2e-flux2    # optbot store bench: FLUX.2 full preset, base vs each entry
 #   bash benchmarks/gpu_store.sh e2e-qwen     # the same for Qwen-Image
 # Then, on any machine, with the files from $OUT:
-#   optbot store record-bench $OUT/store-check-cuda.json
+#   optbot store record-bench $OUT/store-check-cuda.json     (micro, check: validation too)
 #   optbot store record-bench $OUT/store-bench-flux2.json
 #   optbot store record-bench $OUT/store-bench-qwen-image.json
 # which copies the measured numbers into kernel_store/<entry>/bench.json with their provenance.
@@ -28,6 +32,11 @@ unset TRITON_INTERPRET
 ROUNDS="${ROUNDS:-1}" ITERS="${ITERS:-10}"
 
 case "$what" in
+  check)
+    # run directories stay on the machine (thousands of files); verdicts come back inside the JSON
+    OPTBOT_RUNS_DIR=/tmp/optbot-runs python3 -m bot store check --device cuda --gpus "${GPUS:-$(nvidia-smi -L | wc -l)}" \
+      --json "$OUT/store-check-cuda.json" ${ENTRIES:-} 2>&1 | tee "$OUT/store-check-cuda.txt"
+    ;;
   micro)
     python3 -m bot store check --device cuda --json "$OUT/store-check-cuda.json" 2>&1 | tee "$OUT/store-check-cuda.txt"
     ;;
@@ -39,6 +48,6 @@ case "$what" in
     python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
     ;;
-  *) echo "usage: $0 micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;
+  *) echo "usage: $0 check|micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;
 esac
 rm -rf "$OUT/runs"/*/*/*.pt 2>/dev/null || true

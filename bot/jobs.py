@@ -45,6 +45,15 @@ def child_env(engine_root: str, device: str = "") -> dict[str, str]:
         # DESIGN: on CPU, Triton kernels run (and are correctness-checked) in Triton's interpreter;
         # without it an engine's Triton path would silently fall back and never be exercised.
         env.setdefault("TRITON_INTERPRET", "1")
+    m = re.fullmatch(r"cuda:(\d+)", device)
+    if m:
+        # One GPU per child: cuda:N becomes the only visible device (N indexes the parent's visible
+        # list), and the runner addresses it as plain "cuda". Nothing the child or the engine does
+        # can then allocate on, or time against, another lane's GPU.
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        idx = int(m[1])
+        env["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
+        env["OPTBOT_JOB_DEVICE"] = "cuda"
     return env
 
 

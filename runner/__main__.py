@@ -21,6 +21,8 @@ def main(argv: list[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     try:
         job = Job.from_file(job_path)
+        if os.environ.get("OPTBOT_JOB_DEVICE"):  # bot/jobs.child_env: cuda:N is this child's only GPU
+            job.device = os.environ["OPTBOT_JOB_DEVICE"]
         if os.environ.get("TRITON_INTERPRET") == "1":
             from runner.triton_interpret import instrument
 

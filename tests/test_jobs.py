@@ -54,3 +54,16 @@ def test_an_engine_cannot_shadow_the_runner(tmp_path):
     (root / "runner" / "__main__.py").write_text("raise SystemExit('shadowed')\n")
     out = run_job(_probe_job(tmp_path, root), tmp_path)
     assert out.ok
+
+
+def test_cuda_lane_gets_only_its_gpu(monkeypatch):
+    """cuda:N -> the child sees one GPU (N indexes the parent's visible list) and calls it "cuda"."""
+    from bot.jobs import child_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    env = child_env("/engine", "cuda:1")
+    assert env["CUDA_VISIBLE_DEVICES"] == "6" and env["OPTBOT_JOB_DEVICE"] == "cuda"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert child_env("/engine", "cuda:1")["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "OPTBOT_JOB_DEVICE" not in child_env("/engine", "cuda")
+    assert "OPTBOT_JOB_DEVICE" not in child_env("/engine", "cpu")

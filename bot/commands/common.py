@@ -37,9 +37,13 @@ def command_line() -> str:
     return "optbot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def write_json(path: Path | None, data: dict) -> None:
+def write_json(path: Path | None, data: dict, quiet: bool = False) -> None:
+    """Write atomically (a reader, or a kill mid-write, never sees half a file)."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str))
-    click.echo(f"wrote {path}", err=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+    if not quiet:
+        click.echo(f"wrote {path}", err=True)

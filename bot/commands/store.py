@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -100,10 +101,10 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
 
     Exit code 1 when any check fails.
     """
-    import concurrent.futures as futures
     import threading
 
     from bot.knowledge.check import finish_entry, prepare_entry
+    from bot.lanes import map_on_lanes
 
     if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise click.BadParameter(f"{device!r}: expected cpu, cuda or cuda:N", param_hint="--device")
@@ -123,16 +124,26 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
         with lock:
             click.echo(msg, err=True)
 
-    def one(i_e):
-        i, (e, prep) = i_e
-        lane = lanes[i % len(lanes)]
-        say(f"{e.id}: kernel tests and validation on {lane}")
-        return finish_entry(e, prep, lane, run_dir, run_kernels=not no_kernels,
-                            run_validation=not (no_kernels or no_validate), preset=preset,
-                            log=lambda m, _id=e.id: say(f"  {_id}: {m}"))
+    done: dict[str, dict] = {}
 
-    with futures.ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-        results = list(pool.map(one, enumerate(zip(entries, prepared))))
+    def one(e_prep, lane: str):
+        e, prep = e_prep
+        say(f"{e.id}: kernel tests and validation on {lane}")
+        r = finish_entry(e, prep, lane, run_dir, run_kernels=not no_kernels,
+                         run_validation=not (no_kernels or no_validate), preset=preset,
+                         log=lambda m, _id=e.id: say(f"  {_id}: {m}"))
+        with lock:  # a partial file after each entry: a killed check keeps what it finished
+            done[e.id] = r.to_json()
+            write_json(run_dir / "store-check.partial.json", {"device": device, "lanes": lanes, "preset": preset,
+                                                              "command": command_line(), "partial": True,
+                                                              "entries": list(done.values())}, quiet=True)
+            if json_path:
+                write_json(json_path, {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
+                                       "partial": True, "entries": list(done.values())}, quiet=True)
+        say(f"{'ok  ' if r.ok else 'FAIL'} {e.id} ({len(done)}/{len(entries)} done)")
+        return r
+
+    results = map_on_lanes(one, zip(entries, prepared), lanes)
     for e, r in zip(entries, results):
         click.echo(f"{'ok  ' if r.ok else 'FAIL'} {e.id}")
         for c in r.checks:
@@ -140,7 +151,7 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-            _record_validation(e, r)
+            _record_validation(e, r.to_json())
     data = {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
             "ok": all(r.ok for r in results), "entries": [r.to_json() for r in results]}
     write_json(run_dir / "store-check.json", data)
@@ -212,22 +223,25 @@ def _set_status(entry, status: str) -> None:
     f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
 
 
-def _record_validation(entry, result) -> None:
+def _record_validation(entry, result, source: str | None = None, command: str | None = None) -> bool:
     """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
     its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
-    verdicts = {c.name.split(":", 1)[1]: validation_numbers(c.details) for c in result.checks
-                if c.name.startswith("validate:") and c.details.get("status")}
+    checks = [c if isinstance(c, dict) else asdict(c) for c in result["checks"]]
+    verdicts = {c["name"].split(":", 1)[1]: validation_numbers(c["details"]) for c in checks
+                if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
     if not verdicts:
-        return
+        return False
     bench = entry.bench()
-    rec = {"command": command_line(), "recorded_at": _now(), "device": result.device, "workloads": verdicts}
-    if result.device.startswith("cuda"):
+    rec = {"command": command or command_line(), "recorded_at": _now(), "device": result["device"],
+           **({"source": source} if source else {}), "workloads": verdicts}
+    if result["device"].startswith("cuda"):
         bench.setdefault("gpu", {})["validation"] = rec
         if all(v["status"] == "accepted" for v in verdicts.values()):
             _set_status(entry, "validated-gpu")
     else:
         bench.setdefault("correctness", {})["cpu_validation"] = rec
     _write_bench(entry, bench)
+    return True
 
 
 @command.command("record-bench")
@@ -251,8 +265,10 @@ def record_bench_cmd(store_dir, results):
                 if c["name"].startswith("kernels:") and c.get("details", {}).get("micro"):
                     micro[c["name"].split(":", 1)[1]] = {"micro": c["details"]["micro"], "env": c["details"].get("env"),
                                                          "passed": c["ok"]}
+            e = get_entry(r["entry_id"], store_dir)
+            validated = _record_validation(e, r, str(results), data.get("command"))
+            n += int(validated and not micro)
             if micro:
-                e = get_entry(r["entry_id"], store_dir)
                 bench = e.bench()
                 bench.setdefault("gpu", {})["micro"] = {"source": str(results), "command": data.get("command"),
                                                         "recorded_at": _now(), "device": data.get("device"), "tests": micro}

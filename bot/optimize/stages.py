@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 
-import concurrent.futures as futures
 import importlib
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -551,14 +550,14 @@ class Stages:
         gpus = max(1, ctx.options.gpus)
         devices = [f"cuda:{i}" for i in range(gpus)] if t.device.startswith("cuda") and gpus > 1 else [t.device]
 
-        def one(i_c):
-            i, c = i_c
+        def one(c: CandidateRecord, device: str) -> VerdictRecord:
             if ctx.budget.exhausted():
                 return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
-            return self.verdict_of(ctx, c.sha, c.id, devices[i % len(devices)])
+            return self.verdict_of(ctx, c.sha, c.id, device)
 
-        with futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
-            verdicts = list(pool.map(one, enumerate(cands)))
+        from bot.lanes import map_on_lanes
+
+        verdicts = map_on_lanes(one, cands, devices)
         n_ok = sum(v.status == "accepted" for v in verdicts)
         return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
 
