@@ -29,6 +29,7 @@ from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
 from bot.target import Target, base_worktree, resolve_target
+from bot.trailers import parse_trailers, trailer_values
 from runner.job import Job
 
 # ------------------------------------------------------------------------------------------------
@@ -315,14 +316,9 @@ def knowledge_branch_name(workload: str, base_sha: str) -> str:
 
 
 def commit_trailers(repo: git.Repo, sha: str) -> dict[str, str]:
-    """Git trailers of a commit (DESIGN decision 5), e.g. {"Optbot-Kind": "merge-siblings"}."""
-    out = repo.git.log("-1", "--format=%(trailers:only,unfold)", sha)
-    trailers = {}
-    for line in out.splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            trailers[k.strip()] = v.strip()
-    return trailers
+    """Optbot-* trailers of a commit (DESIGN decision 5), e.g. {"Optbot-Kind": "merge-siblings"},
+    read by the bot's one trailer parser (bot/trailers.py) so every step agrees on them."""
+    return parse_trailers(repo.commit(sha).message)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -675,7 +671,6 @@ class Stages:
             added = {f: repo.git.show(f"{c.sha}:{f}") for f in
                      repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
             kt = c.trailers
-            split = (lambda x: [] if not x or x == "none" else [k.strip() for k in x.split(",") if k.strip()])
             o = outcome_cls(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id,
                             status=v["status"], reason=v["reason"], numbers=v.get("raw", {}).get("speed_summary", {}),
                             device=v.get("device") or t.device, hardware=self._hardware(ctx),
@@ -683,8 +678,8 @@ class Stages:
                             base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
                             changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
                             workload=t.workload.name, dtype=t.dtype,
-                            adds_kernels=split(kt.get("Optbot-Adds-Kernels")),
-                            removes_kernels=split(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
+                            adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
+                            removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
             learned = learn_fn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
             ld = as_dict(learned)
             if ld.get("entry_dir"):
