@@ -13,7 +13,7 @@ from pathlib import Path
 
 import git
 
-from bot.generate.candidate import TRAILER_KEYS, make_trailers as _design_trailers  # noqa: F401
+from bot.generate.candidate import make_trailers as _design_trailers
 from bot.trailers import parse_trailers
 
 ACTOR_NAME, ACTOR_EMAIL = "optbot", "optbot@localhost"
