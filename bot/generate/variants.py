@@ -351,10 +351,12 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
     for shape, ms in res.chosen.get("per_shape_ms", {}).items():
         own = (res.timings.get(shape) or {}).get(entry_label)
         ref = res.chosen.get("reference_ms", {}).get(shape)
-        body.append(f"  shape {shape}: {ms:.4f} ms" + (f", entry's config {own['median_ms']:.4f} ms" if isinstance(own, dict) else "")
+        body.append(f"  shape {shape}: {ms:.4f} ms"
+                    + (f", entry's config {own['median_ms']:.4f} ms" if isinstance(own, dict) else "")
                     + (f", torch reference {ref:.4f} ms" if ref is not None else ""))
     body += ["", f"Config: {_config_text(config)}", "", entry.description]
-    trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels), entry.id),
+    trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels),
+                                entry.id),
                 "Optbot-Generator": "variant-search", "Optbot-Config": _label(config)}
     title = f"{entry.title} ({_label(config)})"
     sha, err = commit_all(wt, commit_message(f"optbot: {title}", "\n".join(body), trailers), amend=True)

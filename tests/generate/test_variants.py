@@ -141,3 +141,22 @@ def test_best_config_becomes_a_commit(tmp_path, diffusers_engine, entry_id, spac
     # everything else is the entry's patch as replay applies it
     plain = apply_entry(diffusers_engine, entry, "opp-7", name=f"test-plain-{entry_id}")
     assert repo.git.diff(plain.candidate.commit_sha, c.commit_sha, "--name-only").split() == [engine_path]
+
+
+def test_choose_config_sums_over_shapes_and_skips_wrong_configs():
+    from bot.generate.variants import VariantResult, choose_config
+
+    def t(ms):
+        return {"median_ms": ms}
+
+    res = VariantResult("t.py", {}, "", "cuda", 1, rows=[
+        {"label": "a", "config": {"n": 1}, "correct": True}, {"label": "b", "config": {"n": 2}, "correct": True},
+        {"label": "c", "config": {"n": 3}, "correct": False}])
+    # b wins the small shape, a the large one; c is fastest but wrong
+    res.timings = {"[big]": {"reference": t(9.0), "a": t(4.0), "b": t(5.0), "c": t(0.1)},
+                   "[small]": {"reference": t(1.0), "a": t(0.6), "b": t(0.2), "c": t(0.1)}}
+    chosen = choose_config(res)
+    assert chosen["config"] == {"n": 1} and chosen["total_ms"] == pytest.approx(4.6)
+    assert chosen["reference_ms"] == {"[big]": 9.0, "[small]": 1.0}
+    res.device = "cpu"
+    assert choose_config(res) is None
