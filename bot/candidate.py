@@ -14,7 +14,6 @@ Comma-separated values; a stack's trailers are the union over its commits.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +21,9 @@ import git
 
 from bot.engine import BOT_ACTOR, FIXED_DATE, EngineCheckout, add_worktree
 from bot.errors import OptbotError
+# the validator reads trailer values as lists ("none" = no values); bot/trailers.py is the one parser
+from bot.trailers import parse_trailer_lists as parse_trailers
 
-TRAILER_RE = re.compile(r"^(Optbot-[A-Za-z-]+):\s*(.*)$")
 GIT_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE,
            "GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
            "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
@@ -37,18 +37,6 @@ class Candidate:
     worktree: Path
     commits: list[tuple[str, str]] = field(default_factory=list)  # (sha, subject), oldest first
     trailers: dict[str, list[str]] = field(default_factory=dict)
-
-
-def parse_trailers(message: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in message.splitlines():
-        m = TRAILER_RE.match(line.strip())
-        if m:
-            # "none" is how a commit says it declares nothing (bot/generate/candidate.make_trailers)
-            vals = [v.strip() for v in m.group(2).split(",") if v.strip() and v.strip().lower() != "none"]
-            out.setdefault(m.group(1), [])
-            out[m.group(1)] += [v for v in vals if v not in out[m.group(1)]]
-    return out
 
 
 def resolve_base(checkout: EngineCheckout, base: str | None) -> str:

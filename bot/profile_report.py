@@ -5,16 +5,19 @@ results).
 """
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from runner.module_pattern import module_pattern as _runner_module_pattern
+
 
 def module_pattern(path: str) -> str:
-    return re.sub(r"\.\d+(?=\.|$)", ".*", path) or "(top level)"
+    # the runner's rule (runner/module_pattern.py imports nothing, so the bot may import it); a
+    # kernel launched outside every module has the empty path, shown as "(top level)"
+    return _runner_module_pattern(path) or "(top level)"
 
 
 def grouped_kernels(profile: dict, top: int = 25) -> list[dict]:

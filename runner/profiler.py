@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
@@ -50,11 +49,6 @@ def attach_module_ranges(model: torch.nn.Module) -> list:
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
     return handles
-
-
-def module_pattern(path: str) -> str:
-    """transformer_blocks.3.attn.to_q -> transformer_blocks.*.attn.to_q (groups repeated blocks)."""
-    return re.sub(r"\.\d+(?=\.|$)", ".*", path)
 
 
 def _walk(events: list[dict], queries: dict[int, list[tuple[float, int]]]):

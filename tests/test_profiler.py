@@ -8,7 +8,8 @@ from torch import nn
 import pytest
 
 from runner.categorize import categorize
-from runner.profiler import count_flops, module_pattern, parse_trace, profile_step
+from runner.module_pattern import module_pattern
+from runner.profiler import count_flops, parse_trace, profile_step
 
 
 class ToyBlock(nn.Module):

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import git
 
+from bot.generate.candidate import make_trailers as _design_trailers
+from bot.trailers import parse_trailers
+
 ACTOR_NAME, ACTOR_EMAIL = "optbot", "optbot@localhost"
 _SAFE = ("-c", "core.hooksPath=/dev/null", "-c", f"user.name={ACTOR_NAME}", "-c", f"user.email={ACTOR_EMAIL}",
          "-c", "commit.gpgsign=false")
@@ -54,14 +57,7 @@ def commit_candidate(worktree: Path, base_sha: str, subject: str, body: str, tra
 
 
 def read_trailers(repo_path: Path, sha: str) -> dict[str, str]:
-    msg = git.Repo(repo_path).commit(sha).message
-    out = {}
-    for line in msg.strip().splitlines()[::-1]:
-        m = re.match(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$", line)
-        if not m:
-            break
-        out[m[1]] = m[2]
-    return dict(reversed(list(out.items())))
+    return parse_trailers(git.Repo(repo_path).commit(sha).message)
 
 
 def diff_against(worktree: Path, base_sha: str, sha: str | None = None) -> str:
@@ -74,22 +70,12 @@ def changed_files(worktree: Path, base_sha: str, sha: str | None = None) -> list
     return [p for p in repo.git.diff(base_sha, sha or "HEAD", "--name-only").splitlines() if p]
 
 
-TRAILER_KEYS = ("Optbot-Opportunity", "Optbot-Kind", "Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Entry")
-
-
 def make_trailers(opportunity_id: str, kind: str, generator: str, run_id: str, adds: list[str] | None = None,
                   removes: list[str] | None = None, entry_id: str = "") -> dict[str, str]:
-    """The five DESIGN trailers (same keys and order as bot/generate/candidate.make_trailers) plus who
+    """The five DESIGN trailers (bot/generate/candidate.make_trailers, one writer) plus who
     generated it in which run."""
-    return {
-        "Optbot-Opportunity": opportunity_id or "none",
-        "Optbot-Kind": kind,
-        "Optbot-Adds-Kernels": ", ".join(adds or []) or "none",
-        "Optbot-Removes-Kernels": ", ".join(removes or []) or "none",
-        "Optbot-Entry": entry_id or "none",
-        "Optbot-Generator": generator,
-        "Optbot-Run": run_id,
-    }
+    return {**_design_trailers(opportunity_id, kind, list(adds or []), list(removes or []), entry_id),
+            "Optbot-Generator": generator, "Optbot-Run": run_id}
 
 
 @dataclass

@@ -6,10 +6,11 @@ flow, never by a model's class or module names.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+
+from runner.module_pattern import module_pattern  # the profile's rule, so opportunities and kernel rows group alike
 
 GEMM_OPS = {"linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_mm", "_addmm_activation", "conv1d",
             "conv2d", "conv3d", "convolution", "_convolution", "einsum"}
@@ -61,11 +62,6 @@ def op_family(op: str) -> str:
              "float", "half", "bfloat16"):
         return "copy"
     return b
-
-
-def module_pattern(path: str) -> str:
-    """transformer_blocks.3.attn.to_q -> transformer_blocks.*.attn.to_q"""
-    return re.sub(r"\.\d+(?=\.|$)", ".*", path)
 
 
 @dataclass

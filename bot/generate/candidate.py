@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# one trailer parser for the bot (bot/trailers.py); split_kernels is its value reader under the old name
+from bot.trailers import parse_trailers, trailer_values as split_kernels  # noqa: F401
+
 # Trailer keys, in the order they are written (DESIGN decision 5).
 TRAILER_KEYS = ("Optbot-Opportunity", "Optbot-Kind", "Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Entry")
 
@@ -50,20 +53,3 @@ def commit_message(title: str, body: str, trailers: dict[str, str]) -> str:
         lines += [body.strip(), ""]
     lines += [f"{k}: {v}" for k, v in trailers.items()]
     return "\n".join(lines) + "\n"
-
-
-def parse_trailers(message: str) -> dict[str, str]:
-    """The Optbot-* trailers of a commit message (last paragraph), as a dict."""
-    out: dict[str, str] = {}
-    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
-    if not paragraphs:
-        return out
-    for line in paragraphs[-1].splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().startswith("Optbot-"):
-            out[key.strip()] = value.strip()
-    return out
-
-
-def split_kernels(value: str) -> list[str]:
-    return [] if value.strip() in ("", "none") else [k.strip() for k in value.split(",") if k.strip()]

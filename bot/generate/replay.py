@@ -9,6 +9,7 @@ conflicted files; it never stops the run.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +62,18 @@ def _git(wt: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=wt, capture_output=True, text=True)
 
 
+def commit_all(wt: Path, message: str, amend: bool = False) -> tuple[str, str]:
+    """Commit everything in the worktree as the bot (hooks off); (sha, "") or ("", why it failed)."""
+    _git(wt, "add", "-A")
+    env = {"GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
+           "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
+    proc = subprocess.run(["git", "commit", "-q", "--no-gpg-sign", "--no-verify", *(["--amend"] if amend else []),
+                           "-F", "-"], cwd=wt, input=message, capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode != 0:
+        return "", f"git commit failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+    return _git(wt, "rev-parse", "HEAD").stdout.strip(), ""
+
+
 def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = "", name: str | None = None,
                 onto: str | None = None) -> ReplayResult:
     """Apply entry's patch in a fresh worktree at `onto` (default: the base sha) and commit it."""
@@ -83,17 +96,10 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
             + (f" by {entry.provenance.author}" if entry.provenance.author else "")
             + (f", run {entry.provenance.run_id}" if entry.provenance.run_id else "") + ").\n\n" + entry.description)
     msg = commit_message(f"optbot: {entry.title}", body, trailers)
-    _git(wt, "add", "-A")
-    env = {"GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
-           "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
-    import os
-
-    proc = subprocess.run(["git", "commit", "-q", "--no-gpg-sign", "--no-verify", "-F", "-"], cwd=wt, input=msg,
-                          capture_output=True, text=True, env={**os.environ, **env})
-    if proc.returncode != 0:
-        res.reason = f"git commit failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+    sha, err = commit_all(wt, msg)
+    if not sha:
+        res.reason = err
         return res
-    sha = _git(wt, "rev-parse", "HEAD").stdout.strip()
     res.status, res.reason = "applied", f"applied at {onto or checkout.base_sha[:12]} as {sha[:12]}"
     res.candidate = Candidate(
         id=f"replay-{entry.id}", opportunity_id=opportunity_id, kind=entry.pattern, generator="replay",

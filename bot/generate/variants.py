@@ -9,6 +9,11 @@ The configs are the cartesian product, split round-robin over workers: one runne
 (runner/kinds/variant_bench.py): correctness of every config against the reference, and on a GPU
 the timing of the correct ones against the reference with runner/timing.time_interleaved. On CPU
 there is no speed verdict ("speed needs a GPU"), so no best config is chosen.
+
+The generator (search_entry with a checkout): the config with the smallest total time over the timed
+shapes becomes a candidate commit = the entry's patch replayed (replay.apply_entry) with that config
+written as the defaults of the kernel-source function that takes the config keys (the engine calls
+the wrapper with its defaults), so the diff against the entry is one signature line and a comment.
 """
 from __future__ import annotations
 
@@ -18,11 +23,16 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
+from bot.engine import EngineCheckout
 from bot.errors import ConfigError, OptbotError
+from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.generate.replay import ReplayResult, apply_entry, commit_all
 from bot.jobs import run_job
+from bot.knowledge.store import Entry, added_file_content, load_entry, patch_added_files
 from runner.job import Job
 
 MAX_CONFIGS = 256
@@ -95,6 +105,10 @@ class VariantResult:
     best: dict = field(default_factory=dict)  # shape -> {label, config, median_ms, reference_ms, speedup}
     note: str = ""
     failures: list[str] = field(default_factory=list)  # workers that crashed / timed out
+    device_name: str = ""  # the GPU model that timed (from the workers' environment)
+    chosen: dict = field(default_factory=dict)  # the one config a commit carries (choose_config), {} when none
+    commit_note: str = ""  # what became of the chosen config (committed as <sha>, unchanged, why none)
+    candidate: Candidate | None = None  # the variant-search commit
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -110,6 +124,10 @@ class VariantResult:
                          f"x{b['speedup']:.2f}, cuda)")
         if self.note:
             lines.append("  " + self.note)
+        if self.chosen:
+            lines.append(f"  chosen: {self.chosen['label']} ({self.chosen['by']}: {self.chosen['total_ms']:.4f} ms)")
+        if self.commit_note:
+            lines.append("  " + self.commit_note)
         for f in self.failures:
             lines.append("  worker failed: " + f)
         return "\n".join(lines)
@@ -144,6 +162,7 @@ def search(test_module: Path, space: dict[str, list], *, device: str, run_dir: P
                                  "reason": f"worker {out.status}: {out.reason()}"})
             continue
         res.rows += out.result["rows"]
+        res.device_name = res.device_name or (out.result.get("env") or {}).get("device_name", "")
         res.note = res.note or out.result.get("note", "")
         for shape, t in out.result.get("timings", {}).items():
             res.timings.setdefault(shape, {}).update(t)
@@ -160,18 +179,199 @@ def search(test_module: Path, space: dict[str, list], *, device: str, run_dir: P
         cfg = next(r["config"] for r in res.rows if r["label"] == label)
         res.best[shape] = {"label": label, "config": cfg, "median_ms": stats[label]["median_ms"], "reference_ms": ref,
                            "speedup": ref / stats[label]["median_ms"] if stats[label]["median_ms"] > 0 else 0.0}
+    _save(res, run_dir)
+    return res
+
+
+def _save(res: VariantResult, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "variants.json").write_text(json.dumps(res.to_json(), indent=2, default=str))
-    return res
 
 
 def _label(cfg: dict) -> str:
     return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
 
 
-def search_entry(entry_dir: Path, *, device: str, run_dir: Path, gpus: int = 1, workers: int = 2) -> VariantResult:
-    """Variant search for a kernel_store entry: its declared space, its test module."""
+def search_entry(entry_dir: Path, *, device: str, run_dir: Path, gpus: int = 1, workers: int = 2,
+                 dtype: str | None = None, space: dict[str, list] | None = None, checkout: EngineCheckout | None = None,
+                 opportunity_id: str = "", choose: Callable[[VariantResult], dict | None] | None = None) -> VariantResult:
+    """Variant search for a kernel_store entry: its declared space (or `space`), its test module.
+    With a checkout, the chosen config becomes a candidate commit (res.candidate); res.commit_note
+    says what happened. `choose` defaults to choose_config (timings; nothing on CPU); tests inject a
+    choice there because a CPU run has no speed to choose by."""
     test = find_test_module(entry_dir)
-    space, where = find_config_space(entry_dir, test)
-    dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return search(test, space, device=device, run_dir=run_dir, gpus=gpus, workers=workers, dtype=dtype, space_from=where)
+    where = "the space passed in"
+    if space is None:
+        space, where = find_config_space(entry_dir, test)
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    res = search(test, space, device=device, run_dir=run_dir, gpus=gpus, workers=workers, dtype=dtype, space_from=where)
+    if checkout is None:
+        return res
+    res.chosen = (choose or choose_config)(res) or {}
+    if not res.chosen:
+        res.commit_note = ("no config chosen, no commit: speed needs a GPU (configs were only checked for correctness)"
+                           if res.device != "cuda" else
+                           "no config chosen, no commit: no correct config was timed on every shape")
+    else:
+        r = commit_config(checkout, load_entry(Path(entry_dir)), res, opportunity_id)
+        res.commit_note, res.candidate = r.reason, r.candidate
+    _save(res, run_dir)
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# the chosen config -> a candidate commit
+
+
+def choose_config(res: VariantResult) -> dict | None:
+    """The one config a commit carries (the engine has one default, not one per shape): correct,
+    timed on every shape, smallest sum of median times, so the large shapes where the step spends
+    its time weigh most. None without GPU timings: a CPU run has no speed verdict."""
+    if res.device != "cuda" or not res.timings:
+        return None
+    correct = {r["label"]: r["config"] for r in res.rows if r["correct"]}
+    shapes = list(res.timings)
+    timed = [lb for lb in correct if all(isinstance(res.timings[s].get(lb), dict) for s in shapes)]
+    if not timed:
+        return None
+
+    def total(lb: str) -> float:
+        return sum(res.timings[s][lb]["median_ms"] for s in shapes)
+
+    label = min(timed, key=total)
+    return {"label": label, "config": correct[label], "total_ms": total(label),
+            "by": f"smallest sum of median times over {len(shapes)} shape{'s' if len(shapes) != 1 else ''}",
+            "per_shape_ms": {s: res.timings[s][label]["median_ms"] for s in shapes},
+            "reference_ms": {s: res.timings[s]["reference"]["median_ms"] for s in shapes
+                             if isinstance(res.timings[s].get("reference"), dict)}}
+
+
+@dataclass
+class ConfigSite:
+    """Where a config lives in a kernel source: the defaults of the function's config parameters."""
+    function: str
+    lineno: int  # first line of the def (its first decorator, if any): the comment goes above it
+    indent: str
+    spans: dict[str, tuple[int, int, int, int]]  # key -> (line, col, end line, end col) of its default (ast: utf-8 cols)
+    defaults: dict[str, str]  # key -> the default's source text
+
+
+def config_site(source: str, keys: list[str] | set[str], where: str = "kernel source") -> ConfigSite:
+    """The function whose parameters include every config key, each with a default: the same
+    function the variant_bench worker drives (a public one is preferred when several qualify)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        pos = a.posonlyargs + a.args
+        defaults = dict(zip([x.arg for x in pos[len(pos) - len(a.defaults):]], a.defaults))
+        defaults.update({x.arg: d for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+        if set(keys) <= set(defaults):
+            found.append((node, {k: defaults[k] for k in keys}))
+    if len(found) > 1:
+        found = [f for f in found if not f[0].name.startswith("_")]
+    if len(found) != 1:
+        raise OptbotError(f"{where}: {len(found) or 'no'} functions have every config key {sorted(keys)} as a "
+                          f"defaulted parameter; the config needs exactly one place to go")
+    node, defaults = found[0]
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    line = source.splitlines()[first - 1]
+    return ConfigSite(node.name, first, line[:len(line) - len(line.lstrip())],
+                      {k: (d.lineno, d.col_offset, d.end_lineno, d.end_col_offset) for k, d in defaults.items()},
+                      {k: ast.get_source_segment(source, d) for k, d in defaults.items()})
+
+
+def write_config(source: str, site: ConfigSite, config: dict, comment: str = "") -> str:
+    """source with the site's defaults replaced by the config's values (and a comment above the
+    def): nothing else in the file changes, so the diff reads as the config and only the config."""
+    lines = source.splitlines(keepends=True)
+
+    def offset(line: int, col: int) -> int:  # ast columns count utf-8 bytes
+        return sum(len(x) for x in lines[:line - 1]) + len(lines[line - 1].encode()[:col].decode())
+
+    out = source
+    for key in sorted(site.spans, key=lambda k: site.spans[k], reverse=True):  # from the end: offsets stay valid
+        l0, c0, l1, c1 = site.spans[key]
+        out = out[:offset(l0, c0)] + repr(config[key]) + out[offset(l1, c1):]
+    if comment:
+        new = out.splitlines(keepends=True)
+        new.insert(site.lineno - 1, f"{site.indent}# {comment}\n")
+        out = "".join(new)
+    return out
+
+
+def _config_text(config: dict) -> str:
+    return ", ".join(f"{k}={config[k]!r}" for k in sorted(config))
+
+
+def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, opportunity_id: str = "",
+                  name: str | None = None) -> ReplayResult:
+    """The entry's patch replayed in its own worktree plus res.chosen written into the engine's copy
+    of the kernel source, as one commit with the Optbot-* trailers (generator variant-search)."""
+    config = res.chosen["config"]
+    keys = sorted(config)
+    sites = []
+    for k in entry.kernel_files():
+        try:
+            sites.append((k, config_site(k.read_text(), keys, str(k))))
+        except OptbotError:
+            continue
+    if len(sites) != 1:
+        return ReplayResult(entry.id, opportunity_id, "error",
+                            f"variant search {entry.id}: {len(sites) or 'no'} kernel sources have the config "
+                            f"keys {keys} as defaulted parameters; nothing committed")
+    kfile, site = sites[0]
+    if all(site.defaults[k] == repr(config[k]) for k in keys):
+        return ReplayResult(entry.id, opportunity_id, "unchanged",
+                            f"the entry's own defaults ({_config_text(config)}) are the fastest config; nothing to commit")
+    patch = entry.patch_path.read_text()
+    targets = [p for p in patch_added_files(patch) if added_file_content(patch, p) == kfile.read_text()] \
+        or [p for p in patch_added_files(patch) if Path(p).name == kfile.name]
+    if len(targets) != 1:
+        return ReplayResult(entry.id, opportunity_id, "error",
+                            f"variant search {entry.id}: the patch adds {len(targets) or 'no'} copies of {kfile.name}")
+    r = apply_entry(checkout, entry, opportunity_id, name=name or f"variant-{entry.id}")
+    if r.candidate is None:
+        return r
+    wt = Path(r.worktree)
+    engine_file = wt / targets[0]
+    text = engine_file.read_text()
+    site = config_site(text, keys, str(engine_file))  # the engine's copy: apply --3way may have moved lines
+    device = res.device_name or res.device
+    engine_file.write_text(write_config(text, site, config, comment=(
+        f"{', '.join(keys)}: chosen by optbot variant search on {device} (kernel_store/{entry.id} config_space)")))
+    was = ", ".join(f"{k}={site.defaults[k]}" for k in keys)
+    body = [f"kernel_store/{entry.id} replayed with the launch config that variant search found fastest on {device}:",
+            f"  {site.function}({_config_text(config)}) in {targets[0]} (the entry's defaults: {was})", "",
+            f"Variant search: {len(res.rows)} config{'s' if len(res.rows) != 1 else ''} from {res.space_from}, "
+            f"{sum(r['correct'] for r in res.rows)} correct, timed on {res.device} ({device}), {res.workers} "
+            f"worker{'s' if res.workers != 1 else ''}; chosen by {res.chosen['by']}:"]
+    entry_label = _label({k: _literal(site.defaults[k]) for k in keys})
+    for shape, ms in res.chosen.get("per_shape_ms", {}).items():
+        own = (res.timings.get(shape) or {}).get(entry_label)
+        ref = res.chosen.get("reference_ms", {}).get(shape)
+        body.append(f"  shape {shape}: {ms:.4f} ms"
+                    + (f", entry's config {own['median_ms']:.4f} ms" if isinstance(own, dict) else "")
+                    + (f", torch reference {ref:.4f} ms" if ref is not None else ""))
+    body += ["", f"Config: {_config_text(config)}", "", entry.description]
+    trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels),
+                                entry.id),
+                "Optbot-Generator": "variant-search", "Optbot-Config": _label(config)}
+    title = f"{entry.title} ({_label(config)})"
+    sha, err = commit_all(wt, commit_message(f"optbot: {title}", "\n".join(body), trailers), amend=True)
+    if not sha:
+        return ReplayResult(entry.id, opportunity_id, "error", err, worktree=str(wt))
+    r.reason = f"{_label(config)} committed at {r.candidate.base_sha[:12]} as {sha[:12]}"
+    r.candidate = Candidate(
+        id=f"variant-{entry.id}", opportunity_id=opportunity_id, kind=entry.pattern, generator="variant-search",
+        worktree=str(wt), commit_sha=sha, base_sha=r.candidate.base_sha, entry_id=entry.id,
+        adds_kernels=list(entry.adds_kernels), removes_kernels=list(entry.removes_kernels), trailers=trailers, title=title)
+    return r
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except ValueError:
+        return text

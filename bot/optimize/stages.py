@@ -28,6 +28,7 @@ from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
 from bot.target import Target, base_worktree, resolve_target
+from bot.trailers import parse_trailers, trailer_values
 from runner.job import Job
 
 # ------------------------------------------------------------------------------------------------
@@ -314,14 +315,9 @@ def knowledge_branch_name(workload: str, base_sha: str) -> str:
 
 
 def commit_trailers(repo: git.Repo, sha: str) -> dict[str, str]:
-    """Git trailers of a commit (DESIGN decision 5), e.g. {"Optbot-Kind": "merge-siblings"}."""
-    out = repo.git.log("-1", "--format=%(trailers:only,unfold)", sha)
-    trailers = {}
-    for line in out.splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            trailers[k.strip()] = v.strip()
-    return trailers
+    """Optbot-* trailers of a commit (DESIGN decision 5), e.g. {"Optbot-Kind": "merge-siblings"},
+    read by the bot's one trailer parser (bot/trailers.py) so every step agrees on them."""
+    return parse_trailers(repo.commit(sha).message)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -439,6 +435,7 @@ class Stages:
         hardware = self._hardware(ctx)
         # store replay (store helper): every matching kernel_store entry -> a commit in its own worktree
         replay = _piece("bot.generate.replay", "replay")
+        replayed = []
         if replay is None:
             notes.append("store replay: not available (bot.generate.replay is not installed)")
         else:
@@ -447,8 +444,10 @@ class Stages:
                 if r.candidate is None:
                     notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
                     continue
+                replayed.append(r)
                 recs.append(self._candidate_record(t, r.candidate, len(recs), opps))
                 notes.append(f"store replay {r.entry_id}: {r.reason}")
+        notes += self._variants(ctx, replayed, recs, opps)
         # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
         cr = _piece("bot.generate.compile_region", "generate")
         if cr is None:
@@ -467,12 +466,47 @@ class Stages:
             else:
                 recs.append(self._candidate_record(t, c, len(recs), opps))
                 notes.append(f"compile region: {c.title}")
-        notes.append("variant search: tunes kernel_store entries' configs (bot.generate.variants.search_entry); "
-                     "it yields configs, not commits, so optimize does not run it")
         notes += self._agent(ctx, opps, recs)
         if ctx.budget.exhausted():
             notes.append("wall-time budget spent during generation")
         return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
+
+    def _variants(self, ctx: RunContext, replayed: list, recs: list[CandidateRecord], opps: list[dict]) -> list[str]:
+        """Variant search (generate helper) for each replayed entry that declares a config_space: its
+        configs checked and timed on the run's GPUs, the fastest committed as the entry's patch with
+        that config, a candidate of its own beside the plain replay. All configs, times and the device
+        are kept in <run dir>/variants/<entry>/variants.json. On CPU nothing is timed, so nothing runs."""
+        search_entry = _piece("bot.generate.variants", "search_entry")
+        if search_entry is None:
+            return ["variant search: not available (bot.generate.variants is not installed)"]
+        from bot.knowledge.store import get_entry
+        tunable = [(r, get_entry(r.entry_id)) for r in replayed]
+        tunable = [(r, e) for r, e in tunable if e.config_space]
+        if not tunable:
+            return ["variant search: no replayed entry declares a config_space"]
+        t = self.target(ctx)
+        if not t.device.startswith("cuda"):
+            return ["variant search: needs a GPU to choose a config (config spaces of "
+                    + ", ".join(e.id for _, e in tunable) + " not searched)"]
+        notes = []
+        for r, e in tunable:
+            if ctx.budget.exhausted():
+                notes.append(f"variant search {e.id}: not run, the wall-time budget is spent")
+                continue
+            try:
+                res = search_entry(e.path, device=t.device, run_dir=ctx.run_dir / "variants" / e.id,
+                                   gpus=max(1, ctx.options.gpus), dtype=t.dtype, checkout=t.checkout,
+                                   opportunity_id=r.opportunity_id)
+            except OptbotError as err:  # a broken config space or test module is this entry's problem only
+                notes.append(f"variant search {e.id}: {err}")
+                continue
+            ctx.log(res.table())
+            failed = f"; {len(res.failures)} workers failed" if res.failures else ""
+            if res.candidate is not None:
+                recs.append(self._candidate_record(t, res.candidate, len(recs), opps))
+            notes.append(f"variant search {e.id}: {len(res.rows)} configs on {res.device_name or res.device}{failed}; "
+                         f"{res.commit_note}")
+        return notes
 
     def _agent(self, ctx: RunContext, opps: list[dict], recs: list[CandidateRecord]) -> list[str]:
         """The Anthropic agent (generate helper) on the best-ranked opportunity no replayed entry covers.
@@ -611,9 +645,10 @@ class Stages:
         verdicts = {v["candidate_id"]: verdict_from_dict(v["candidate_id"], v)
                     for v in ctx.results.get("validate", {}).get("verdicts", [])}
         accepted = [cands[cid] for cid, v in verdicts.items() if v.status == "accepted" and cid in cands]
+        accepted, superseded = _prefer_tuned(accepted)
         branch = branch_name(t.workload.name, t.checkout.base_sha)
         commits, dropped, head = build_stack(t.checkout, branch, accepted, verdicts, ctx)
-        res = CombineResult("done", branch, t.checkout.base_sha, head, commits, dropped)
+        res = CombineResult("done", branch, t.checkout.base_sha, head, commits, superseded + dropped)
         if not commits:
             res.stack_note = "no accepted optimization: the branch equals the base"
             res.ablation_note = "nothing to ablate"
@@ -674,7 +709,6 @@ class Stages:
             added = {f: repo.git.show(f"{c.sha}:{f}") for f in
                      repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
             kt = c.trailers
-            split = (lambda x: [] if not x or x == "none" else [k.strip() for k in x.split(",") if k.strip()])
             o = outcome_cls(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id,
                             status=v["status"], reason=v["reason"], numbers=v.get("raw", {}).get("speed_summary", {}),
                             device=v.get("device") or t.device, hardware=self._hardware(ctx),
@@ -682,8 +716,8 @@ class Stages:
                             base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
                             changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
                             workload=t.workload.name, dtype=t.dtype,
-                            adds_kernels=split(kt.get("Optbot-Adds-Kernels")),
-                            removes_kernels=split(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
+                            adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
+                            removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
             learned = learn_fn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
             ld = as_dict(learned)
             if ld.get("entry_dir"):
@@ -699,6 +733,22 @@ class Stages:
     def deliver(self, ctx: RunContext) -> DeliverResult:
         from bot.deliver import deliver
         return deliver.deliver(ctx)
+
+
+def _prefer_tuned(accepted: list[CandidateRecord]) -> tuple[list[CandidateRecord], list[str]]:
+    """A variant-search commit is its entry's patch with a tuned config: it and the plain replay add
+    the same kernel file, so they cannot both land. When both are accepted the tuned one stays (its
+    config won the microbenchmark) and the replay is dropped with that reason, instead of failing
+    to cherry-pick later."""
+    tuned = {c.trailers.get("Optbot-Entry"): c.id for c in accepted if c.generator == "variant-search"}
+    keep, dropped = [], []
+    for c in accepted:
+        other = tuned.get(c.trailers.get("Optbot-Entry")) if c.generator == "replay" else None
+        if other:
+            dropped.append(f"{c.id}: superseded by {other} (the same entry with its tuned config)")
+        else:
+            keep.append(c)
+    return keep, dropped
 
 
 def verdict_from_dict(cid: str, v: dict) -> VerdictRecord:

@@ -100,7 +100,7 @@ def run(job) -> dict:
     shape0, seed0 = job.shapes[0], job.seeds[0]
     if p.get("profile"):
         from runner.profiler import profile_step
-        from runner.profiler import module_pattern
+        from runner.module_pattern import module_pattern
 
         step, _ = make_step(built, job, shape0, seed0)
         step()  # warm: first-call work (JIT, lazy init) must not be the histogram

@@ -7,7 +7,9 @@ Job.params:
                 kernel_path() (must say "triton" after a call, proving the Triton path ran); the
                 config is passed as keyword arguments to kernel_with_config(*inputs, **config) if the
                 module defines it, else to kernel(*inputs, **config) if kernel takes them, else to the
-                one public function of the kernel sources beside it that takes every config key
+                one public function of the kernel sources beside it that takes every config key, else
+                as the defaults of the one kernel-source function with every config key as a defaulted
+                parameter, for a call of kernel(*inputs)
   configs       list of config dicts (names -> values) this worker checks
   shapes        optional list of shapes (default: SHAPES; on GPU timing uses BENCH_SHAPES if given)
 Job.seeds are the input seeds of the correctness check; Job.device picks the device (cuda:N).
@@ -36,10 +38,51 @@ def _load(path: str):
     return mod
 
 
+def _kernel_source_functions(mod) -> list:
+    """Functions defined by the kernel sources beside the test module (already imported by it)."""
+    folder = Path(mod.__file__).resolve().parent
+    out = []
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if m is mod or not f or Path(f).resolve().parent != folder:
+            continue
+        out += [obj for obj in vars(m).values() if inspect.isfunction(obj) and obj.__module__ == m.__name__]
+    return out
+
+
+def _defaulted(fn, keys: set[str]) -> bool:
+    params = inspect.signature(fn).parameters
+    return keys <= set(params) and all(params[k].default is not inspect.Parameter.empty for k in keys)
+
+
+def _with_defaults(fn, kernel):
+    """kernel(*inputs) with fn's defaults set to the config for the call: exactly what a committed
+    config does (bot/generate/variants.write_config rewrites these defaults in the engine's copy),
+    for wrappers whose config keywords the public entry points do not pass on (norm_modulate's
+    _launch(num_warps=None))."""
+    names = [p.name for p in inspect.signature(fn).parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    tail = names[len(names) - len(fn.__defaults__ or ()):]  # the parameters __defaults__ belongs to
+
+    def call(*inputs, **config):  # runs inside the timed region too: kept to a few dict lookups
+        saved = fn.__defaults__, fn.__kwdefaults__
+        if fn.__defaults__:
+            fn.__defaults__ = tuple(config.get(n, d) for n, d in zip(tail, fn.__defaults__))
+        if fn.__kwdefaults__:
+            fn.__kwdefaults__ = {k: config.get(k, v) for k, v in fn.__kwdefaults__.items()}
+        try:
+            return kernel(*inputs)
+        finally:
+            fn.__defaults__, fn.__kwdefaults__ = saved
+    return call
+
+
 def _caller(mod, keys: set[str]):
     """What to call with (*inputs, **config): kernel_with_config; else kernel if it takes the config
-    keywords; else the one public function of the kernel sources beside the test module (already
-    imported by it) whose parameters include every config key, e.g. swiglu(x, block_n=, num_warps=)."""
+    keywords; else the one public function of the kernel sources beside the test module whose
+    parameters include every config key, e.g. swiglu(x, block_n=, num_warps=); else kernel(*inputs)
+    with the defaults of the one kernel-source function (private too) that has every config key as a
+    defaulted parameter set to the config."""
     fn = getattr(mod, "kernel_with_config", None)
     if fn is not None:
         return fn
@@ -47,20 +90,16 @@ def _caller(mod, keys: set[str]):
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) or keys <= set(params):
         return fn
-    folder = Path(mod.__file__).resolve().parent
-    found = []
-    for m in list(sys.modules.values()):
-        f = getattr(m, "__file__", None)
-        if m is mod or not f or Path(f).resolve().parent != folder:
-            continue
-        for name, obj in vars(m).items():
-            if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == m.__name__ \
-                    and keys <= set(inspect.signature(obj).parameters):
-                found.append(obj)
+    funcs = _kernel_source_functions(mod)
+    found = [f for f in funcs if not f.__name__.startswith("_") and keys <= set(inspect.signature(f).parameters)]
     if len(found) == 1:
         return found[0]
-    raise TypeError(f"{mod.__file__}: kernel(*inputs) takes no config keywords {sorted(keys)} and "
-                    f"{len(found)} kernel-source functions take them all; define kernel_with_config(*inputs, **config)")
+    defaulted = [f for f in funcs if _defaulted(f, keys)]
+    if not found and len(defaulted) == 1:
+        return _with_defaults(defaulted[0], fn)
+    raise TypeError(f"{mod.__file__}: kernel(*inputs) takes no config keywords {sorted(keys)}, "
+                    f"{len(found)} public kernel-source functions take them all and {len(defaulted)} have them "
+                    f"all as defaults; define kernel_with_config(*inputs, **config)")
 
 
 def _label(cfg: dict) -> str:

@@ -12,6 +12,7 @@ from bot.errors import ConfigError, OptbotError
 from bot.generate.variants import config_space_from_module, expand, find_config_space, search
 
 KDIR = Path(__file__).resolve().parent / "kernels"
+STORE = Path(__file__).resolve().parents[2] / "kernel_store"
 
 
 def test_space_from_module_and_entry(tmp_path):
@@ -71,3 +72,91 @@ def test_config_reaches_the_kernel_source_function(tmp_path):
     res = search(d / "test_scaled_add.py", {"BLOCK": [32], "buggy": [True]}, device="cpu", run_dir=tmp_path / "v",
                  workers=1, seeds=(0,), shapes=[[37]])
     assert res.failures == [] and [r["correct"] for r in res.rows] == [False]  # buggy=True reached the kernel
+
+
+# --- the variant-search candidate commit ------------------------------------------------------
+
+
+def test_no_commit_without_gpu_timings(tmp_path, diffusers_engine):
+    """On CPU nothing is timed, so no config is chosen and no commit is made; the result says so."""
+    from bot.generate.variants import search_entry
+
+    res = search_entry(STORE / "flux2-swiglu", device="cpu", run_dir=tmp_path / "v", workers=1,
+                       space={"block_n": [256], "num_warps": [2]}, checkout=diffusers_engine)
+    assert [r["correct"] for r in res.rows] == [True]
+    assert res.chosen == {} and res.candidate is None and "speed needs a GPU" in res.commit_note
+    assert "speed needs a GPU" in (tmp_path / "v" / "variants.json").read_text()
+
+
+def fake_choice_for_test(res):
+    """TEST SEAM: a CPU run has no timings, so the test names the winner itself (the first correct
+    config) in the shape choose_config returns; the commit path after it is the real one."""
+    row = next(r for r in res.rows if r["correct"])
+    return {"label": row["label"], "config": row["config"], "total_ms": 0.0, "by": "fake_choice_for_test",
+            "per_shape_ms": {}, "reference_ms": {}}
+
+
+@pytest.mark.parametrize("entry_id, space, function", [
+    ("flux2-swiglu", {"block_n": [512], "num_warps": [2]}, "swiglu"),
+    ("flux2-norm-modulate", {"num_warps": [8]}, "_launch"),  # num_warps only reachable as _launch's default
+])
+def test_best_config_becomes_a_commit(tmp_path, diffusers_engine, entry_id, space, function):
+    import difflib
+
+    import git
+
+    from bot.generate.candidate import parse_trailers
+    from bot.generate.replay import apply_entry
+    from bot.generate.variants import config_site, search_entry
+    from bot.knowledge.store import get_entry
+
+    entry = get_entry(entry_id)
+    res = search_entry(entry.path, device="cpu", run_dir=tmp_path / "v", workers=1, space=space,
+                       checkout=diffusers_engine, opportunity_id="opp-7", choose=fake_choice_for_test)
+    assert all(r["correct"] for r in res.rows), res.table()  # the config reached the kernel and is right
+    c = res.candidate
+    assert c is not None, res.commit_note
+    assert c.generator == "variant-search" and c.entry_id == entry_id and c.kind == entry.pattern
+    repo = diffusers_engine.repo
+    commit = repo.commit(c.commit_sha)
+    # one commit on top of the engine base, and it cherry-picks onto the base cleanly
+    assert commit.parents[0].hexsha == diffusers_engine.base_sha
+    wt = git.Repo(c.worktree)
+    assert not wt.is_dirty(untracked_files=True)
+    tr = parse_trailers(commit.message)
+    assert tr["Optbot-Kind"] == entry.pattern and tr["Optbot-Entry"] == entry_id
+    assert tr["Optbot-Generator"] == "variant-search" and tr["Optbot-Opportunity"] == "opp-7"
+    assert tr["Optbot-Config"] == res.chosen["label"] and "Config: " in commit.message
+    # the kernel file differs from the entry's only in the config: the def line and a comment
+    (kfile,) = entry.kernel_files()
+    engine_path = next(p for p in commit.stats.files if p.endswith("/" + kfile.name))
+    old, new = kfile.read_text(), repo.git.show(f"{c.commit_sha}:{engine_path}") + "\n"
+    changed = [ln for ln in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    site_old, site_new = config_site(old, list(space)), config_site(new, list(space))
+    assert site_old.function == site_new.function == function
+    assert {k: site_new.defaults[k] for k in space} == {k: repr(v[0]) for k, v in space.items()}
+    assert len(changed) == 3 and changed[0].startswith("-") and changed[1].startswith("+") and \
+        "variant search" in changed[1] and changed[2].startswith("+") and f"def {function}(" in changed[2]
+    # everything else is the entry's patch as replay applies it
+    plain = apply_entry(diffusers_engine, entry, "opp-7", name=f"test-plain-{entry_id}")
+    assert repo.git.diff(plain.candidate.commit_sha, c.commit_sha, "--name-only").split() == [engine_path]
+
+
+def test_choose_config_sums_over_shapes_and_skips_wrong_configs():
+    from bot.generate.variants import VariantResult, choose_config
+
+    def t(ms):
+        return {"median_ms": ms}
+
+    res = VariantResult("t.py", {}, "", "cuda", 1, rows=[
+        {"label": "a", "config": {"n": 1}, "correct": True}, {"label": "b", "config": {"n": 2}, "correct": True},
+        {"label": "c", "config": {"n": 3}, "correct": False}])
+    # b wins the small shape, a the large one; c is fastest but wrong
+    res.timings = {"[big]": {"reference": t(9.0), "a": t(4.0), "b": t(5.0), "c": t(0.1)},
+                   "[small]": {"reference": t(1.0), "a": t(0.6), "b": t(0.2), "c": t(0.1)}}
+    chosen = choose_config(res)
+    assert chosen["config"] == {"n": 1} and chosen["total_ms"] == pytest.approx(4.6)
+    assert chosen["reference_ms"] == {"[big]": 9.0, "[small]": 1.0}
+    res.device = "cpu"
+    assert choose_config(res) is None

@@ -112,3 +112,69 @@ def test_dry_run_with_token_stays_local(forge_env):
     assert make_forge(ctx).name == "local"
     ctx.options.dry_run = False
     assert make_forge(ctx).name == "github"
+
+
+def test_tuned_variant_supersedes_its_plain_replay():
+    from bot.optimize.stages import CandidateRecord, _prefer_tuned
+
+    def rec(cid, gen, entry):
+        return CandidateRecord(cid, cid, "0" * 40, "", generator=gen, trailers={"Optbot-Entry": entry})
+
+    keep, dropped = _prefer_tuned([rec("replay-a", "replay", "a"), rec("replay-b", "replay", "b"),
+                                   rec("variant-a", "variant-search", "a"), rec("agent-1", "agent/fuse", "none")])
+    assert [c.id for c in keep] == ["replay-b", "variant-a", "agent-1"]
+    assert dropped == ["replay-a: superseded by variant-a (the same entry with its tuned config)"]
+
+
+def _generate_ctx(tmp_path, device, checkout=None):
+    from types import SimpleNamespace
+
+    from bot.optimize.stages import Budget, RunContext
+
+    ctx = RunContext("r", tmp_path, Options(workload="flux2", gpus=2), Budget(), {}, log=lambda m: None)
+    ctx.target = SimpleNamespace(device=device, dtype="float32", checkout=checkout)
+    return ctx
+
+
+def test_variant_search_in_generate_needs_a_gpu(tmp_path):
+    from types import SimpleNamespace
+
+    from bot.optimize.stages import Stages
+
+    replayed = [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1"),
+                SimpleNamespace(entry_id="flux2-merge-qkv", opportunity_id="o2")]  # no config_space
+    recs = []
+    notes = Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed, recs, [])
+    assert recs == [] and notes == ["variant search: needs a GPU to choose a config (config spaces of flux2-swiglu "
+                                    "not searched)"]
+    assert Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed[1:], recs, []) == \
+        ["variant search: no replayed entry declares a config_space"]
+
+
+def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffusers_engine):
+    """The CUDA branch of generate, wired to the real search and commit; only the device and the
+    choice are replaced (TEST SEAM: this machine has no GPU, so the search runs on CPU with a
+    narrowed space and the test names the winner)."""
+    from types import SimpleNamespace
+
+    import bot.generate.variants as variants
+    from bot.optimize.stages import Stages
+
+    real = variants.search_entry
+    seen = {}
+
+    def on_cpu_with_fake_choice(path, **kw):
+        seen.update(kw)
+        return real(path, **{**kw, "device": "cpu", "workers": 1, "space": {"block_n": [512], "num_warps": [2]},
+                             "choose": lambda res: {"label": "block_n=512,num_warps=2", "by": "the test",
+                                                    "config": {"block_n": 512, "num_warps": 2}, "total_ms": 0.0}})
+
+    monkeypatch.setattr(variants, "search_entry", on_cpu_with_fake_choice)
+    recs = []
+    notes = Stages()._variants(_generate_ctx(tmp_path, "cuda", diffusers_engine),
+                               [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1")], recs, [])
+    assert seen["gpus"] == 2 and seen["device"] == "cuda" and seen["opportunity_id"] == "o1"
+    assert [r.id for r in recs] == ["variant-flux2-swiglu"] and recs[0].generator == "variant-search"
+    assert recs[0].trailers["Optbot-Config"] == "block_n=512,num_warps=2" and recs[0].opportunity == "o1"
+    assert "committed" in notes[0], notes
+    assert (tmp_path / "variants" / "flux2-swiglu" / "variants.json").is_file()

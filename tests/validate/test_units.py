@@ -24,6 +24,20 @@ def test_trailers_parsed_and_merged():
     assert parse_trailers(msg) == {"Optbot-Kind": ["merge-siblings"], "Optbot-Adds-Kernels": ["a", "b", "c"]}
 
 
+def test_one_trailer_parser_for_validator_and_generators():
+    """bot/candidate (lists) and bot/generate/candidate (text) read the same trailers: the last
+    paragraph only, "none" = no values, folded lines joined."""
+    from bot.candidate import parse_trailers as lists
+    from bot.generate.candidate import commit_message, make_trailers, parse_trailers as text, split_kernels
+
+    msg = commit_message("t", "prose\nOptbot-Kind: not-a-trailer", make_trailers("", "absorb-bias", ["k1", "k2"], []))
+    msg += "Optbot-Generator: variant-search,\n  extra\n"
+    assert text(msg)["Optbot-Kind"] == "absorb-bias" and text(msg)["Optbot-Removes-Kernels"] == "none"
+    assert lists(msg)["Optbot-Kind"] == ["absorb-bias"] and lists(msg)["Optbot-Removes-Kernels"] == []
+    assert lists(msg)["Optbot-Generator"] == ["variant-search", "extra"]
+    assert {k: split_kernels(v) for k, v in text(msg).items()} == lists(msg)
+
+
 def test_fresh_seeds_are_random_and_never_zero():
     from bot.validate import fresh_seeds
 
