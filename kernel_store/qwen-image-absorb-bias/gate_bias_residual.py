@@ -141,7 +141,10 @@ def linear_deferring_bias(linear: nn.Module, x: torch.Tensor):
     if (type(linear) is nn.Linear and linear.bias is not None and "forward" not in vars(linear)
             and fuses(x) and not torch.is_autocast_enabled(x.device.type)
             and not (torch.is_grad_enabled() and linear.weight.requires_grad)):
-        return F.linear(x, linear.weight), linear.bias
+        # one 2-D GEMM, as the biased path's addmm: a 3-D input whose batch stride is not dense (a
+        # token slice of the joint attention output, B = 1) would go to bmm instead
+        y = F.linear(x.reshape(-1, x.shape[-1]), linear.weight)
+        return y.view(*x.shape[:-1], y.shape[-1]), linear.bias
     return linear(x), None
 
 

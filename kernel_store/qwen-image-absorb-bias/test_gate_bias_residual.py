@@ -106,6 +106,11 @@ def test_linear_deferring_bias():
             torch.testing.assert_close(y + b, lin(x))
         else:  # nothing would absorb it: the module runs as before, bit for bit
             assert b is None and torch.equal(y, lin(x))
+        # a token slice of a joint [B=1, txt + img, D] tensor, as the attention processor passes it
+        joint = torch.randn(1, 5 + 7, 32, device=DEVICE)
+        y, b = op.linear_deferring_bias(lin, joint[:, 5:].contiguous())
+        torch.testing.assert_close(y + b if b is not None else y, lin(joint[:, 5:]))
+        assert y.shape == (1, 7, 48)
         no_bias = nn.Linear(32, 48, bias=False).to(DEVICE)
         assert op.linear_deferring_bias(no_bias, x)[1] is None
         # run_deferring_bias = the modules in order, the last one's bias deferred
