@@ -2,6 +2,7 @@
 and a conflict that is recorded, not raised."""
 from __future__ import annotations
 
+import itertools
 import subprocess
 
 import git
@@ -17,14 +18,17 @@ OPPS = [
     {"id": "opp-1", "kind": "attention-waste"},
     {"id": "opp-2", "kind": "attention-waste"},
     {"id": "opp-9", "kind": "launch-bound"},
+    {"id": "opp-4", "kind": "absorb-bias"},
 ]
+QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias")
 
 
 def test_match_by_kind_engine_hardware_workload():
     pairs = {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "flux2")}
     assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1")}
     assert match(load_store(), OPPS, "sglang", "h200") == []
-    assert {e.id for e, _ in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {"qwen-image-drop-all-ones-mask"}
+    assert {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {
+        ("qwen-image-drop-all-ones-mask", "opp-1"), ("qwen-image-absorb-bias", "opp-4")}
 
 
 def test_replay_commits_candidates_with_trailers(diffusers_engine):
@@ -45,7 +49,7 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
 
 
 @pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"),
-                                   ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache")])
+                                   QWEN_SEEDS])
 def test_seed_patches_stack(diffusers_engine, group):
     """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
     onto = None
@@ -55,6 +59,20 @@ def test_seed_patches_stack(diffusers_engine, group):
         onto = r.candidate.commit_sha
     log = git.Repo(r.worktree).git.log("--format=%s", f"{diffusers_engine.base_sha}..{onto}").splitlines()
     assert len(log) == len(group)
+
+
+def test_qwen_seed_patches_stack_in_any_order(diffusers_engine):
+    """The three Qwen-Image entries edit transformer_qwenimage.py at distinct anchors: every order
+    applies, and every order ends at the same tree."""
+    trees = set()
+    for n, order in enumerate(itertools.permutations(QWEN_SEEDS)):
+        onto = None
+        for eid in order:
+            r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-qwen-order{n}-{eid}", onto=onto)
+            assert r.status == "applied", (order, r.reason)
+            onto = r.candidate.commit_sha
+        trees.add(git.Repo(r.worktree).head.commit.tree.hexsha)
+    assert len(trees) == 1
 
 
 def test_conflict_is_recorded_not_fatal(diffusers_engine):
