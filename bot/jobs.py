@@ -83,6 +83,31 @@ class JobOutcome:
         return f"crashed ({how}) with no result"
 
 
+class DeviceLedger:
+    """Seconds of runner jobs per device kind, for this process: a run's GPU time is the sum of its
+    jobs' wall time on CUDA devices (each job holds one GPU for its whole life)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+        self.jobs: dict[str, int] = {}
+
+    def add(self, device: str, seconds: float) -> None:
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        with self._lock:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+            self.jobs[kind] = self.jobs.get(kind, 0) + 1
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.seconds)
+
+
+LEDGER = DeviceLedger()
+
+
 def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job") -> JobOutcome:
     work_dir.mkdir(parents=True, exist_ok=True)
     job_path, result_path, log_path = work_dir / f"{name}.job.json", work_dir / f"{name}.result.json", work_dir / f"{name}.log"
@@ -100,6 +125,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
             _kill_group(proc)
             rc, status = proc.returncode, "timeout"
     seconds = time.monotonic() - t0
+    LEDGER.add(job.device, seconds)
     tail = _tail(log_path)
     result: dict = {}
     if status is None:

@@ -54,12 +54,14 @@ class Outcome:
     adds_kernels: list[str] = field(default_factory=list)
     removes_kernels: list[str] = field(default_factory=list)
     validated_by: str = ""
+    entry_id: str = ""  # the kernel_store entry this candidate replays (Optbot-Entry), if any
 
 
 @dataclass
 class Learned:
     entry_dir: Path | None
-    lesson_path: Path
+    lesson_path: Path | None
+    history: Path | None = None  # bench.json of a replayed entry that got this run's verdict
 
 
 def hardware_name(device: str, device_name: str = "") -> str:
@@ -103,10 +105,31 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
     store_dir = Path(store_dir or STORE_DIR)
     lessons_dir = Path(lessons_dir or LESSONS_DIR)
     entry_dir = None
+    if outcome.entry_id and (store_dir / outcome.entry_id / "entry.yaml").is_file():
+        # A stored entry, replayed (or re-tuned): its verdict joins the entry's history rather than
+        # becoming a second copy of the same patch. Only a failure is news worth a lesson.
+        history = record_history(outcome, store_dir / outcome.entry_id)
+        lesson = None if outcome.status == "accepted" else write_outcome_lesson(outcome, lessons_dir, outcome.entry_id)
+        return Learned(None, lesson, history)
     if outcome.status == "accepted":
         entry_dir = write_entry(outcome, store_dir)
     lesson = write_outcome_lesson(outcome, lessons_dir, entry_dir.name if entry_dir else "")
     return Learned(entry_dir, lesson)
+
+
+def record_history(o: Outcome, entry_dir: Path) -> Path:
+    """Append this run's verdict on a stored entry to its bench.json `history` (one row per run and
+    generator: a resumed run rewrites its own row)."""
+    f = entry_dir / "bench.json"
+    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    rows = [r for r in bench.get("history", []) if not (r.get("run_id") == o.run_id and r.get("generator") == o.generator)]
+    rows.append({"run_id": o.run_id, "generator": o.generator, "status": o.status, "reason": o.reason,
+                 "device": o.device, "hardware": o.hardware, "workload": o.workload, "dtype": o.dtype,
+                 "base_sha": o.base_sha, "engine_sha": o.commit_sha, "numbers": o.numbers,
+                 "validated_by": o.validated_by, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    bench["history"] = rows
+    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    return f
 
 
 def write_entry(o: Outcome, store_dir: Path) -> Path:

@@ -40,6 +40,12 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
                    "repeat or separate with commas.")
 @click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
+@click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
+              metavar="LIST", help="Which generators run (comma-separated subset of the default).")
+@click.option("--revalidate", is_flag=True,
+              help="Validate every candidate on the GPU, even where the store holds a verdict recorded for the "
+                   "same patch, base, workload, preset, dtype, hardware, torch and triton (default: reuse it; "
+                   "skip known-rejected entries). The delivered stack is always validated fresh.")
 @click.option("--repo", envvar="OPTBOT_ENGINE_REPO", metavar="OWNER/NAME", default=None,
               help="The engine's GitHub repository (where the engine PR opens and the trigger PR lives).")
 @click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
@@ -54,7 +60,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
 @click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
 @click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
-def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, dry_run, iters, repo,
+def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, dry_run, iters, generators,
+            revalidate, repo,
             knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
             trigger_comment):
     """Optimize WORKLOAD end to end and deliver the result as pull requests.
@@ -91,6 +98,12 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
     from bot.optimize.state import RunState
 
     wall, cost = parse_budget(budget)
+    known_gens = ("replay", "variants", "compile-region", "agent")
+    gens = tuple(g.strip() for g in generators.split(",") if g.strip())
+    bad = [g for g in gens if g not in known_gens]
+    if bad or not gens:
+        raise click.BadParameter(f"{generators!r}: expected a comma-separated subset of {','.join(known_gens)}",
+                                 param_hint="--generators")
     if resume:
         saved = RunState.load(resume)
         if saved.workload != workload:
@@ -101,7 +114,8 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
                        trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
-                       github_api_url=github_api_url, iters=iters, command=command_line())
+                       github_api_url=github_api_url, iters=iters, command=command_line(),
+                       generators=gens, revalidate=revalidate)
         state = run_optimize(opts)
     if json_path is not None:
         from bot.optimize.state import STEPS

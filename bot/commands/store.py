@@ -231,6 +231,15 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
                 if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
     if not verdicts:
         return False
+    # the patch the verdict was made on, so a later run reuses it only for the same patch
+    # (bot/knowledge/known.py); results from before store check recorded it get today's file's hash
+    from bot.knowledge.known import patch_sha256
+
+    checked = next((c["details"].get("patch_sha256") for c in checks if c["name"] == "patch"), None)
+    for v in verdicts.values():
+        v["patch_sha256"] = checked or patch_sha256(entry)
+        if not checked:
+            v["patch_sha256_from"] = "record time (the check's JSON did not carry it)"
     bench = entry.bench()
     rec = {"command": command or command_line(), "recorded_at": _now(), "device": result["device"],
            **({"source": source} if source else {}), "workloads": verdicts}

@@ -167,8 +167,11 @@ def prepare_entry(entry: Entry, device: str) -> Prepared:
         result.checks.append(Check("patch", False, f"engine {entry.engine.source} @ {entry.engine.base_sha[:12]}: {e}"))
         return Prepared(result)
     rr = apply_entry(checkout, entry, name=f"check-{entry.id}")
+    from bot.knowledge.known import patch_sha256
+
     result.checks.append(Check("patch", rr.status == "applied", rr.reason,
-                               {"worktree": rr.worktree, "conflicts": rr.conflicts}))
+                               {"worktree": rr.worktree, "conflicts": rr.conflicts,
+                                "patch_sha256": patch_sha256(entry)}))
     if rr.status != "applied":
         return Prepared(result, checkout)
     from bot.engine import add_worktree

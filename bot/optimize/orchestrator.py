@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - exercised only where rich is missing
     from bot.optimize.plain import Console, Table
 
 from bot.errors import OptbotError
+from bot.jobs import LEDGER
 from bot.optimize.stages import Budget, Options, RunContext, Stages
 from bot.optimize.state import STEPS, InjectedAbort, RunState, maybe_abort, to_jsonable
 from bot.paths import new_run_dir
@@ -82,6 +83,7 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
             ctx.results["_command"] = options.command
             ctx.results["_steps"] = [to_jsonable(s) for s in state.steps.values()]
         t0 = time.monotonic()
+        gpu0 = LEDGER.snapshot().get("cuda", 0.0)
         try:
             with console.status(f"[{i}/{len(STEPS)}] {step} ...", spinner="dots"):
                 result = getattr(stages, step)(ctx)
@@ -95,9 +97,11 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
             raise
         secs = time.monotonic() - t0
         summary = _summary(step, result)
-        state.record(step, _status(result), result, secs, summary)
+        gpu_s = LEDGER.snapshot().get("cuda", 0.0) - gpu0
+        state.record(step, _status(result), result, secs, summary, gpu_s)
         ctx.results[step] = to_jsonable(result)
-        console.print(f"[{i}/{len(STEPS)}] {step}: {_status(result)} in {secs:.1f} s — {summary}")
+        console.print(f"[{i}/{len(STEPS)}] {step}: {_status(result)} in {secs:.1f} s"
+                      + (f" ({gpu_s:.1f} GPU-s)" if gpu_s else "") + f" — {summary}")
         maybe_abort(step)
     state.finished = True
     state.save()
@@ -115,15 +119,18 @@ def _react(ctx: RunContext, content: str, console: Console) -> None:
 
 def print_summary(state: RunState, console: Console) -> None:
     t = Table(title=f"optbot optimize {state.workload} — run {state.run_id}")
-    for col in ("step", "status", "seconds", "result"):
+    for col in ("step", "status", "seconds", "GPU-s", "result"):
         t.add_column(col, overflow="fold")
     for s in STEPS:
         rec = state.steps.get(s)
         if rec is None:
-            t.add_row(s, "not run", "", "")
+            t.add_row(s, "not run", "", "", "")
         else:
-            t.add_row(s, rec.status, f"{rec.seconds:.1f}", rec.summary)
+            t.add_row(s, rec.status, f"{rec.seconds:.1f}", f"{rec.gpu_s:.1f}" if rec.gpu_s else "-", rec.summary)
     console.print(t)
+    gpu = state.gpu_seconds()
+    if gpu:
+        console.print(f"GPU time: {gpu:.1f} s (wall seconds of the run's runner jobs on CUDA devices)")
     d = state.result("deliver")
     if d:
         console.print(f"optimization branch: {d['engine_branch']} @ {d['engine_head'][:12]} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+import dataclasses
 import importlib
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -120,6 +121,7 @@ class CandidateRecord:
     description: str = ""
     trailers: dict[str, str] = field(default_factory=dict)
     estimated_gain_ms: float | None = None
+    known: dict = field(default_factory=dict)  # the store's recorded GPU verdict that applies unchanged
 
 
 @dataclass
@@ -264,6 +266,8 @@ class Options:
     github_api_url: str | None = None
     iters: int | None = None
     command: str = ""
+    generators: tuple[str, ...] = ("replay", "variants", "compile-region", "agent")
+    revalidate: bool = False  # ignore the store's recorded GPU verdicts: validate every candidate
 
 
 @dataclass
@@ -436,21 +440,39 @@ class Stages:
         # store replay (store helper): every matching kernel_store entry -> a commit in its own worktree
         replay = _piece("bot.generate.replay", "replay")
         replayed = []
-        if replay is None:
+        gens = set(ctx.options.generators)
+        if "replay" not in gens:
+            notes.append("store replay: not selected (--generators)")
+        elif replay is None:
             notes.append("store replay: not available (bot.generate.replay is not installed)")
         else:
             for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware,
-                            t.workload.name):
+                            t.workload.name, store_root=self._store_root(ctx)):
                 if r.candidate is None:
                     notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
                     continue
+                rec = self._candidate_record(t, r.candidate, len(recs), opps)
+                known, why = self._known(ctx, r.entry_id)
+                if known is not None and known.status != "accepted":
+                    # the same patch, base, workload and machine were measured: measuring again
+                    # would spend GPU time on a known answer (--revalidate to do it anyway)
+                    notes.append(f"store replay {r.entry_id}: skipped, known on {hardware}: {known.line()}")
+                    continue
+                if known is not None:
+                    rec.known = dataclasses.asdict(known)
                 replayed.append(r)
-                recs.append(self._candidate_record(t, r.candidate, len(recs), opps))
-                notes.append(f"store replay {r.entry_id}: {r.reason}")
-        notes += self._variants(ctx, replayed, recs, opps)
+                recs.append(rec)
+                notes.append(f"store replay {r.entry_id}: {r.reason}"
+                             + (f"; known on {hardware}: {known.line()}" if known else (f"; {why}" if why else "")))
+        if "variants" in gens:
+            notes += self._variants(ctx, replayed, recs, opps)
+        else:
+            notes.append("variant search: not selected (--generators)")
         # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
         cr = _piece("bot.generate.compile_region", "generate")
-        if cr is None:
+        if "compile-region" not in gens:
+            notes.append("compile region: not selected (--generators)")
+        elif cr is None:
             notes.append("compile region: not available (bot.generate.compile_region is not installed)")
         elif not t.device.startswith("cuda"):
             notes.append("compile region: not run on CPU (inductor compiles in every validation process, and "
@@ -466,7 +488,7 @@ class Stages:
             else:
                 recs.append(self._candidate_record(t, c, len(recs), opps))
                 notes.append(f"compile region: {c.title}")
-        notes += self._agent(ctx, opps, recs)
+        notes += self._agent(ctx, opps, recs) if "agent" in gens else ["agent: not selected (--generators)"]
         if ctx.budget.exhausted():
             notes.append("wall-time budget spent during generation")
         return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
@@ -480,7 +502,7 @@ class Stages:
         if search_entry is None:
             return ["variant search: not available (bot.generate.variants is not installed)"]
         from bot.knowledge.store import get_entry
-        tunable = [(r, get_entry(r.entry_id)) for r in replayed]
+        tunable = [(r, get_entry(r.entry_id, self._store_root(ctx))) for r in replayed]
         tunable = [(r, e) for r, e in tunable if e.config_space]
         if not tunable:
             return ["variant search: no replayed entry declares a config_space"]
@@ -550,6 +572,26 @@ class Stages:
             note += "; no candidate"
         return [note]
 
+    @staticmethod
+    def _store_root(ctx: RunContext) -> Path:
+        from bot.deliver.knowledge import knowledge_root
+        return knowledge_root(ctx.options) / "kernel_store"
+
+    def _known(self, ctx: RunContext, entry_id: str):
+        """(KnownVerdict | None, why not): the store's GPU verdict for this entry when it applies to
+        this run unchanged (bot/knowledge/known.py). Only on CUDA, and not with --revalidate."""
+        t = self.target(ctx)
+        if not t.device.startswith("cuda") or ctx.options.revalidate:
+            return None, ""
+        from bot.knowledge.known import known_verdict
+        from bot.knowledge.store import get_entry
+        try:
+            entry = get_entry(entry_id, self._store_root(ctx))
+        except OptbotError:
+            return None, ""
+        env = ctx.results.get("baseline", {}).get("env", {})
+        return known_verdict(entry, t.workload.name, self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype, env)
+
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
         env = ctx.results.get("baseline", {}).get("env", {})
@@ -585,12 +627,15 @@ class Stages:
         devices = [f"cuda:{i}" for i in range(gpus)] if t.device.startswith("cuda") and gpus > 1 else [t.device]
 
         def one(c: CandidateRecord, device: str) -> VerdictRecord:
+            if c.known and c.known.get("status") == "accepted":
+                return reused_verdict(c.id, c.known)
             if ctx.budget.exhausted():
                 return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
             return self.verdict_of(ctx, c.sha, c.id, device)
 
         from bot.lanes import map_on_lanes
 
+        # known verdicts cost nothing: they go first, so the lanes only hold real validations
         verdicts = map_on_lanes(one, cands, devices)
         n_ok = sum(v.status == "accepted" for v in verdicts)
         return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
@@ -704,8 +749,8 @@ class Stages:
         files, entries, lessons = [], [], []
         for v in verdicts:
             c = cands.get(v["candidate_id"])
-            if c is None:
-                continue
+            if c is None or (v.get("raw") or {}).get("reused"):
+                continue  # a reused store verdict is already the store's knowledge
             added = {f: repo.git.show(f"{c.sha}:{f}") for f in
                      repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
             kt = c.trailers
@@ -717,17 +762,24 @@ class Stages:
                             changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
                             workload=t.workload.name, dtype=t.dtype,
                             adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
-                            removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate")
+                            removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate",
+                            entry_id=next(iter(trailer_values(kt.get("Optbot-Entry"))), "")
+                            if c.generator in ("replay", "variant-search") else "")
             learned = learn_fn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
             ld = as_dict(learned)
             if ld.get("entry_dir"):
                 ed = Path(ld["entry_dir"])
                 entries.append(str(ed.relative_to(root) / "entry.yaml"))
                 files += [str(p.relative_to(root)) for p in sorted(ed.rglob("*")) if p.is_file()]
-            lp = Path(ld["lesson_path"])
-            lessons.append(str(lp.relative_to(root)))
-            files.append(str(lp.relative_to(root)))
-        return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons", str(root), files, entries, lessons)
+            if ld.get("history"):
+                files.append(str(Path(ld["history"]).relative_to(root)))
+            if ld.get("lesson_path"):
+                lp = Path(ld["lesson_path"])
+                lessons.append(str(lp.relative_to(root)))
+                files.append(str(lp.relative_to(root)))
+        hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
+        return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
+                           + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:
@@ -749,6 +801,43 @@ def _prefer_tuned(accepted: list[CandidateRecord]) -> tuple[list[CandidateRecord
         else:
             keep.append(c)
     return keep, dropped
+
+
+def reused_verdict(cid: str, known: dict) -> VerdictRecord:
+    """A candidate's verdict taken from the store (bot/knowledge/known.py): the recorded numbers,
+    labelled with where they came from. Nothing is re-measured or recomputed here."""
+    w = known.get("numbers") or {}
+    env = w.get("env") or {}
+
+    def meas(mode: str, side: str) -> Measurement | None:
+        sp = (w.get("speed") or {}).get(mode) or {}
+        ms = sp.get(f"{side}_process_ms") or []
+        if not ms:
+            return None
+        import statistics
+        return Measurement(device=sp.get("device", "cuda"), device_name=env.get("device_name", ""), mode=mode,
+                           median_ms=float(statistics.median(ms)), min_ms=float(min(ms)), max_ms=float(max(ms)),
+                           stdev_ms=float(statistics.stdev(ms)) if len(ms) > 1 else 0.0,
+                           n=int(sp.get("trials_per_process") or 0) * len(ms), passes=int(sp.get("passes") or 1))
+
+    worst = w.get("worst_output") or {}
+    rec = VerdictRecord(candidate_id=cid, status="accepted",
+                        reason=f"reused: {known.get('summary') or w.get('summary', '')} (store verdict recorded "
+                               f"{known.get('recorded_at', '?')} by `{known.get('command', '?')}`; same patch, "
+                               f"base, workload, preset, dtype, hardware, torch and triton)",
+                        device=env.get("device_kind", "cuda"),
+                        base_eager=meas("eager", "base"), cand_eager=meas("eager", "patched"),
+                        base_graph=meas("graph", "base"), cand_graph=meas("graph", "patched"),
+                        graph_note=((w.get("speed") or {}).get("graph") or {}).get("note", "") or "",
+                        correctness=[{"output": worst.get("output"), "shape": (worst.get("label") or "").split(" seed ")[0],
+                                      "seed": (worst.get("label") or "").partition(" seed ")[2], "max_abs": worst.get("max_abs"),
+                                      "max_rel": worst.get("rel_l2"), "ok": True, "device": env.get("device_kind", "cuda")}]
+                        if worst else [])
+    rec.raw = {"reused": True, "summary": w.get("summary"), "seeds": w.get("seeds"), "shapes": w.get("shapes"),
+               "rule": w.get("rule"),
+               "speed_summary": {m: {"speedup": sp.get("speedup"), "device": sp.get("device"), "outcome": sp.get("outcome")}
+                                 for m, sp in (w.get("speed") or {}).items()}}
+    return rec
 
 
 def verdict_from_dict(cid: str, v: dict) -> VerdictRecord:

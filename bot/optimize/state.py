@@ -52,6 +52,7 @@ class StepRecord:
     summary: str = ""
     result_file: str = ""
     finished_at: str = ""
+    gpu_s: float = 0.0  # wall seconds of this step's runner jobs on CUDA devices (bot/jobs.LEDGER)
 
 
 @dataclass
@@ -97,17 +98,21 @@ class RunState:
                 return s
         return None
 
-    def record(self, step: str, status: str, result: Any, seconds: float, summary: str) -> None:
+    def record(self, step: str, status: str, result: Any, seconds: float, summary: str, gpu_s: float = 0.0) -> None:
         result_file = self.run_dir / f"{step}.json"
         write_json_atomic(result_file, result)  # the result first: a record always has its file
         self.steps[step] = StepRecord(step, status, round(seconds, 2), summary, str(result_file),
-                                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(gpu_s, 2))
         self.save()
 
     def record_failure(self, step: str, seconds: float, message: str) -> None:
         self.steps[step] = StepRecord(step, "failed", round(seconds, 2), message, "",
                                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.save()
+
+    def gpu_seconds(self) -> float:
+        """GPU time of the run: its runner jobs' wall seconds on CUDA devices, over all steps."""
+        return round(sum(r.gpu_s for r in self.steps.values()), 2)
 
     def result(self, step: str) -> dict:
         rec = self.steps.get(step)

@@ -1,0 +1,69 @@
+"""What the store already knows about an entry on this hardware: its recorded GPU verdict.
+
+`store check --device cuda --record` (or `store record-bench`) keeps, per workload, the validator's
+verdict on the entry's replayed commit in bench.json `gpu.validation`. A later run may use that
+verdict instead of measuring again only when everything that determined it is unchanged:
+
+  the patch         sha256 of patch.diff recorded with the verdict == the file now
+  the engine base   the verdict's base sha == this run's base sha
+  the workload      same workload, preset and dtype
+  the machine       same hardware name (e.g. h200), torch and triton versions
+
+Anything else, or no record, means unknown: the candidate is validated as usual. The stack that a
+run delivers is always validated fresh, on new seeds (bot/optimize/stages.py combine).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from bot.knowledge.store import Entry
+
+
+def patch_sha256(entry: Entry) -> str:
+    return hashlib.sha256(entry.patch_path.read_bytes()).hexdigest()
+
+
+@dataclass
+class KnownVerdict:
+    entry_id: str
+    workload: str
+    status: str  # accepted | rejected | held
+    reason: str | None
+    summary: str
+    speedup: float | None  # eager
+    recorded_at: str
+    command: str
+    numbers: dict  # the recorded per-workload record (bench.json gpu.validation.workloads[wl])
+
+    def line(self) -> str:
+        sp = f"{self.speedup:.3f}x eager" if self.speedup else "no speed"
+        return (f"{self.status}" + (f" ({self.reason})" if self.reason else "") + f", {sp}, recorded "
+                f"{self.recorded_at} by `{self.command}`")
+
+
+def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, preset: str, dtype: str,
+                  env: dict | None = None) -> tuple[KnownVerdict | None, str]:
+    """(the recorded verdict, "") when it applies unchanged to this run, else (None, why not)."""
+    from bot.learn import hardware_name
+
+    rec = (entry.bench().get("gpu") or {}).get("validation") or {}
+    w = (rec.get("workloads") or {}).get(workload)
+    if not w:
+        return None, "no GPU verdict recorded"
+    renv = w.get("env") or {}
+    checks = [
+        ("patch", w.get("patch_sha256"), patch_sha256(entry)),
+        ("base", w.get("base_sha"), base_sha),
+        ("preset", w.get("preset"), preset),
+        ("dtype", w.get("dtype"), dtype),
+        ("hardware", hardware_name("cuda", renv.get("device_name", "")), hardware),
+    ]
+    if env:
+        checks += [("torch", renv.get("torch"), env.get("torch")), ("triton", renv.get("triton"), env.get("triton"))]
+    for what, have, want in checks:
+        if have != want:
+            return None, f"recorded verdict is for another {what} ({have} vs {want})"
+    eager = (w.get("speed") or {}).get("eager") or {}
+    return KnownVerdict(entry.id, workload, w.get("status", "held"), w.get("reason"), w.get("summary", ""),
+                        eager.get("speedup"), rec.get("recorded_at", ""), rec.get("command", ""), w), ""

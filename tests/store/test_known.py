@@ -1,0 +1,96 @@
+"""What the store already knows (bot/knowledge/known.py): a recorded GPU verdict is reused only when
+patch, base, workload, preset, dtype, hardware, torch and triton are all unchanged; a replayed
+entry's new verdict joins its history instead of duplicating it (bot/learn.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bot.knowledge.known import known_verdict, patch_sha256
+from bot.knowledge.store import STORE_DIR, get_entry
+from bot.learn import Outcome, learn
+from bot.optimize.stages import reused_verdict
+
+ENV = {"device_kind": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0"}
+
+
+def _record(entry, **over) -> dict:
+    """A gpu.validation record in the shape `store check --record` writes (test data, not a result)."""
+    w = {"status": "accepted", "reason": None, "summary": "correct, engaged, eager 1.036x", "preset": "full",
+         "dtype": "bfloat16", "base_sha": "b" * 40, "patch_sha256": patch_sha256(entry), "env": dict(ENV),
+         "worst_output": {"label": "1024x1024/txt512/b1 seed 7", "output": "noise_pred", "rel_l2": 0.0, "max_abs": 0.0},
+         "speed": {"eager": {"device": "cuda", "speedup": 1.036, "passes": 1, "trials_per_process": 10,
+                             "base_process_ms": [551.9, 550.2], "patched_process_ms": [530.6, 532.7]}}}
+    w.update(over)
+    bench = {"entry": entry.id, "gpu": {"validation": {"command": "optbot store check --device cuda",
+                                                        "recorded_at": "2026-11-29T22:16:00+00:00", "workloads": {"flux2": w}}}}
+    entry.bench_path.write_text(json.dumps(bench))
+    return w
+
+
+@pytest.fixture
+def entry(tmp_path):
+    shutil.copytree(STORE_DIR / "flux2-swiglu", tmp_path / "store" / "flux2-swiglu")
+    return get_entry("flux2-swiglu", tmp_path / "store")
+
+
+def _ask(entry, **kw):
+    args = dict(workload="flux2", hardware="h200", base_sha="b" * 40, preset="full", dtype="bfloat16", env=ENV)
+    args.update(kw)
+    return known_verdict(entry, **args)
+
+
+def test_a_recorded_verdict_applies_only_unchanged(entry):
+    _record(entry)
+    k, why = _ask(entry)
+    assert k is not None and why == "" and k.status == "accepted" and k.speedup == 1.036
+    for change, word in [(dict(base_sha="c" * 40), "base"), (dict(preset="tiny"), "preset"),
+                         (dict(dtype="float32"), "dtype"), (dict(hardware="h100"), "hardware"),
+                         (dict(env={**ENV, "triton": "3.7.0"}), "triton"), (dict(workload="qwen-image"), "no GPU verdict")]:
+        k, why = _ask(entry, **change)
+        assert k is None and word in why, (change, why)
+    # the patch changed since the verdict: unknown again
+    entry.patch_path.write_text(entry.patch_path.read_text() + "\n")
+    k, why = _ask(entry)
+    assert k is None and "patch" in why
+
+
+def test_no_record_means_unknown(entry):
+    entry.bench_path.unlink(missing_ok=True)
+    assert _ask(entry) == (None, "no GPU verdict recorded")
+
+
+def test_reused_verdict_carries_the_recorded_numbers(entry):
+    _record(entry)
+    k, _ = _ask(entry)
+    import dataclasses
+    v = reused_verdict("replay-flux2-swiglu", dataclasses.asdict(k))
+    assert v.status == "accepted" and v.reason.startswith("reused:") and v.raw["reused"] is True
+    assert v.base_eager.median_ms == pytest.approx(551.05) and v.cand_eager.median_ms == pytest.approx(531.65)
+    assert v.base_eager.device_name == "NVIDIA H200" and v.speedup == pytest.approx(551.05 / 531.65)
+
+
+def _outcome(status: str, **kw) -> Outcome:
+    base = dict(candidate_id="replay-flux2-swiglu", kind="fuse-elementwise-chain", generator="replay", run_id="r-1",
+                status=status, reason="accepted" if status == "accepted" else "no-change: 1.004x",
+                numbers={"eager": {"speedup": 1.03}}, device="cuda", hardware="h200", engine="diffusers",
+                engine_source="x", base_sha="b" * 40, commit_sha="c" * 40, title="Fused SwiGLU", patch="",
+                workload="flux2", dtype="bfloat16", entry_id="flux2-swiglu")
+    base.update(kw)
+    return Outcome(**base)
+
+
+def test_a_replayed_entry_gets_history_not_a_copy(entry, tmp_path):
+    store, lessons = entry.path.parent, tmp_path / "lessons"
+    got = learn(_outcome("accepted"), store_dir=store, lessons_dir=lessons)
+    assert got.entry_dir is None and got.lesson_path is None  # success of a known entry: no new files
+    assert sorted(p.name for p in store.iterdir()) == ["flux2-swiglu"]
+    hist = json.loads(entry.bench_path.read_text())["history"]
+    assert [(h["run_id"], h["status"]) for h in hist] == [("r-1", "accepted")]
+    learn(_outcome("accepted"), store_dir=store, lessons_dir=lessons)  # a resumed run: same row rewritten
+    assert len(json.loads(entry.bench_path.read_text())["history"]) == 1
+    got = learn(_outcome("rejected", run_id="r-2"), store_dir=store, lessons_dir=lessons)
+    assert got.lesson_path is not None and "flux2-swiglu" in got.lesson_path.read_text()  # a failure is news
+    assert [h["run_id"] for h in json.loads(entry.bench_path.read_text())["history"]] == ["r-1", "r-2"]
