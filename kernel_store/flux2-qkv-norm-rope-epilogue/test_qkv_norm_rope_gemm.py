@@ -18,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qkv_norm_rope_gemm as op  # noqa: E402
 
 SHAPES = [(1, 1, 1, 32, 1, 32), (1, 5, 19, 48, 2, 32), (2, 3, 11, 64, 2, 64), (1, 7, 9, 40, 1, 128)]
-# bf16: one rounding step of the linear output can differ (fp32 accumulation order), and RoPE can
-# cancel two normalized values of size ~3, so an absolute bound of a few bf16 ulps at that size.
-CASES = [("float32", 1e-4, 1e-4), ("bfloat16", 5e-2, 2e-2)]
+# bf16: a different fp32 accumulation order can flip the rounding of a linear output; RoPE then mixes
+# two normalized values of size up to ~4 (bf16 ulp 0.0156 there) and rounds again: a few ulps at that
+# size (the interpreter's worst case is 3 ulps, 0.047), so 5 ulps; a wrong pairing or norm is O(1).
+CASES = [("float32", 1e-4, 1e-4), ("bfloat16", 8e-2, 2e-2)]
 # FLUX.2-dev: dim 6144, 48 heads x 128, 512 text tokens, 4096 image tokens (1024 x 1024 / 16^2).
 BENCH_SHAPES = [(1, 512, 4096, 6144, 48, 128)]
 
