@@ -16,6 +16,14 @@ row reduction inside the tile and the rotation pairs are neighbours in it. The s
 concatenation passes (and their reads and writes of q, k, v) disappear. Intermediates are rounded to
 the activation dtype where the unfused code stores them (linear output, normalized tensor).
 
+Engine conventions (the reference replays each exactly; the kernel's math is the same up to rounding):
+  norm_style "torch"     torch.nn.RMSNorm (FLUX.2)
+             "diffusers" diffusers' RMSNorm: x * rsqrt(mean(x^2) + eps), rounded to the weight's half
+                         dtype before the weight multiply (Qwen-Image)
+  rope_style "real"      apply_rotary_emb(use_real=True, use_real_unbind_dim=-1) with cos/sin (FLUX.2)
+             "complex"   apply_rotary_emb_qwen(use_real=False): x as complex pairs times
+                         complex(cos[2j], sin[2j]) (Qwen-Image)
+
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the interpreter);
 else the torch reference, the exact ops of the unfused engine code (bit-identical on CPU).
 Imports only torch (and triton if present).
@@ -51,16 +59,38 @@ def _rope(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return (n.float() * c + rot.float() * s).to(n.dtype)
 
 
-def reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads):
+def _rope_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_emb_qwen(use_real=False) with freqs_cis = complex(cos[:, 0::2], sin[:, 0::2]) (exact)."""
+    freqs = torch.complex(cos[:, 0::2].float(), sin[:, 0::2].float()).unsqueeze(1)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+
+
+def _rms_norm_diffusers(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """diffusers.models.normalization.RMSNorm.forward (non-NPU path), op for op."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    x_n = x * torch.rsqrt(variance + eps)
+    if weight is None:
+        return x_n.to(x.dtype)
+    if weight.dtype in (torch.float16, torch.bfloat16):
+        x_n = x_n.to(weight.dtype)
+    return x_n * weight
+
+
+def reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style="torch", rope_style="real"):
     """One stream, the unfused engine ops: three linears (on the row blocks of the merged weight, the
     same data as to_q/to_k/to_v), unflatten heads, RMSNorm q and k, RoPE. Returns q, k, v [B, S, H, D]."""
     n = w.shape[0] // 3
     outs = [F.linear(x, w[i * n:(i + 1) * n], None if bias is None else bias[i * n:(i + 1) * n]) for i in range(3)]
     q, k, v = (t.unflatten(-1, (heads, -1)) for t in outs)
-    q = F.rms_norm(q, (q.shape[-1],), norm_q, eps_q)
-    k = F.rms_norm(k, (k.shape[-1],), norm_k, eps_k)
+    if norm_style == "diffusers":
+        q, k = _rms_norm_diffusers(q, norm_q, eps_q), _rms_norm_diffusers(k, norm_k, eps_k)
+    else:
+        q = F.rms_norm(q, (q.shape[-1],), norm_q, eps_q)
+        k = F.rms_norm(k, (k.shape[-1],), norm_k, eps_k)
     if cos is not None:
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        rope = _rope_complex if rope_style == "complex" else _rope
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
     return q, k, v
 
 
@@ -73,6 +103,7 @@ if triton is not None:
                                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                                    HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr, ROUND: tl.constexpr,
+                                   ROUND_BEFORE_W: tl.constexpr,
                                    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
         HALF: tl.constexpr = D // 2
         pid = tl.program_id(0)
@@ -123,6 +154,8 @@ if triton is not None:
             else:
                 r = 1.0 / tl.sqrt(ms + eps_k)
             acc = acc * r[:, None]
+            if ROUND_BEFORE_W:  # diffusers' RMSNorm casts to the weight's half dtype before the multiply
+                acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
             if HAS_NW:
                 if which == 0:
                     nw = tl.load(NQ + rn).to(tl.float32)
@@ -148,6 +181,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset=0,
+                         norm_style="torch", rope_style="real",
                          block_m=None, block_k=None, group_m=None, num_stages=None, num_warps=None):
     """One stream into the joint buffer.
 
@@ -161,7 +195,8 @@ def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, hea
     pow2 = D >= 32 and (D & (D - 1)) == 0  # the tile is one head: tl.arange and the pair split need a power of 2
     if not _use_triton(x) or not pow2 or (norm_q is None) != (norm_k is None):
         _last_path = "torch"
-        for i, t in enumerate(reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads)):
+        for i, t in enumerate(reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads,
+                                               norm_style, rope_style)):
             out[i, :, seq_offset:seq_offset + S] = t
         return out
     cfg = dict(DEFAULT_CONFIG)
@@ -191,6 +226,7 @@ def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, hea
         D=D, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
         EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None, HAS_NW=norm_q is not None,
         HAS_ROPE=has_rope, ROUND=x.dtype != torch.float32,
+        ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None and norm_q.dtype in (torch.float16, torch.bfloat16),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda and x.dtype != torch.float32,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
@@ -199,7 +235,7 @@ def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, hea
 
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
-                  **config):
+                  norm_style="torch", rope_style="real", **config):
     """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
     (text first). cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt, k_txt, q_img, k_img).
     config: block_m, block_k, group_m, num_stages, num_warps (Triton path only)."""
@@ -209,26 +245,32 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     s_txt = 0 if x_txt is None else x_txt.shape[1]
     D = w_img.shape[0] // (3 * heads)
     out = torch.empty((3, B, s_txt + s_img, heads, D), dtype=x_img.dtype, device=x_img.device)
+    style = {"norm_style": norm_style, "rope_style": rope_style, **config}
     path = []
     if x_txt is not None:
         qkv_norm_rope_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
-                             None if sin is None else sin[:s_txt], heads, out, 0, **config)
+                             None if sin is None else sin[:s_txt], heads, out, 0, **style)
         path.append(_last_path)
     qkv_norm_rope_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
-                         None if sin is None else sin[s_txt:], heads, out, s_txt, **config)
+                         None if sin is None else sin[s_txt:], heads, out, s_txt, **style)
     path.append(_last_path)
     _last_path = "triton" if set(path) == {"triton"} else "torch"
     return out
 
 
-def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads):
-    """The unfused engine code for both streams: per stream linear -> heads -> RMSNorm, then
-    concatenate [txt, img] and apply RoPE over the joint sequence. Returns [3, B, S, H, D]."""
+def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
+              norm_style="torch", rope_style="real"):
+    """The unfused engine code for both streams, in the engine's order: per stream linear -> heads ->
+    RMSNorm; FLUX.2 then concatenates [txt, img] and applies RoPE over the joint sequence, Qwen-Image
+    applies RoPE per stream and then concatenates. Returns [3, B, S, H, D]."""
     eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
-    qi, ki, vi = reference_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, None, None, heads)
+    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    per_stream = rope_style == "complex" and cos is not None
+    cs = (lambda a, b: (None, None)) if not per_stream else (lambda a, b: (cos[a:b], sin[a:b]))
+    qi, ki, vi = reference_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, *cs(s_txt, None), heads, norm_style, rope_style)
     if x_txt is not None:
-        qt, kt, vt = reference_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None, None, heads)
+        qt, kt, vt = reference_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, *cs(0, s_txt), heads, norm_style, rope_style)
         qi, ki, vi = torch.cat([qt, qi], dim=1), torch.cat([kt, ki], dim=1), torch.cat([vt, vi], dim=1)
-    if cos is not None:
+    if cos is not None and not per_stream:
         qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
     return torch.stack([qi, ki, vi])
