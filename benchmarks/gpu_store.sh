@@ -37,7 +37,8 @@ case "$what" in
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-flux2.json" 2>&1 | tee "$OUT/store-bench-flux2.txt"
     ;;
   e2e-qwen)
-    python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache --device cuda --preset full \
+    python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache \
+      qwen-image-qkv-norm-rope-epilogue --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
     ;;
   *) echo "usage: $0 micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;

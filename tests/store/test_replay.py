@@ -25,7 +25,8 @@ def test_match_by_kind_engine_hardware_workload():
     assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1"),
                      ("flux2-qkv-norm-rope-epilogue", "opp-1")}
     assert match(load_store(), OPPS, "sglang", "h200") == []
-    assert {e.id for e, _ in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {"qwen-image-drop-all-ones-mask"}
+    assert {e.id for e, _ in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {
+        "qwen-image-drop-all-ones-mask", "qwen-image-qkv-norm-rope-epilogue"}
 
 
 def test_replay_commits_candidates_with_trailers(diffusers_engine):
@@ -47,7 +48,10 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
 
 @pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"),
                                    ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate"),
-                                   ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache")])
+                                   ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache",
+                                    "qwen-image-qkv-norm-rope-epilogue"),
+                                   ("qwen-image-qkv-norm-rope-epilogue", "qwen-image-cfg-modulation-cache",
+                                    "qwen-image-drop-all-ones-mask")])
 def test_seed_patches_stack(diffusers_engine, group):
     """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
     onto = None
