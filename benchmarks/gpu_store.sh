@@ -41,11 +41,13 @@ case "$what" in
     python3 -m bot store check --device cuda --json "$OUT/store-check-cuda.json" 2>&1 | tee "$OUT/store-check-cuda.txt"
     ;;
   e2e-flux2)
-    python3 -m bot store bench flux2-qk-rmsnorm-rope flux2-swiglu flux2-norm-modulate flux2-merge-qkv --device cuda --preset full \
+    python3 -m bot store bench flux2-qk-rmsnorm-rope flux2-swiglu flux2-norm-modulate flux2-merge-qkv \
+      flux2-qkv-norm-rope-epilogue --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-flux2.json" 2>&1 | tee "$OUT/store-bench-flux2.txt"
     ;;
   e2e-qwen)
-    python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache qwen-image-absorb-bias --device cuda --preset full \
+    python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache qwen-image-absorb-bias \
+      qwen-image-qkv-norm-rope-epilogue --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
     ;;
   *) echo "usage: $0 check|micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;

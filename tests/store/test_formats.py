@@ -13,7 +13,8 @@ from bot.knowledge.lessons import load_lessons, parse_lesson, search, write_less
 from bot.knowledge.store import STORE_DIR, added_file_content, find_entries, load_entry, load_store, patch_added_files
 
 SEEDS = {"flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "qwen-image-drop-all-ones-mask",
-         "qwen-image-absorb-bias"}
+         "qwen-image-absorb-bias", "flux2-qkv-norm-rope-epilogue", "qwen-image-qkv-norm-rope-epilogue",
+         "flux2-merge-qkv", "qwen-image-cfg-modulation-cache"}
 
 
 def test_seed_store_loads():

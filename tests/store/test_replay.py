@@ -20,20 +20,23 @@ OPPS = [
     {"id": "opp-9", "kind": "launch-bound"},
     {"id": "opp-4", "kind": "absorb-bias"},
 ]
-QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias")
+QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
+              "qwen-image-qkv-norm-rope-epilogue")
 
 
 def test_match_by_kind_engine_hardware_workload():
     pairs = {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "flux2")}
-    assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1")}
+    assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1"),
+                     ("flux2-qkv-norm-rope-epilogue", "opp-1")}
     assert match(load_store(), OPPS, "sglang", "h200") == []
     assert {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {
-        ("qwen-image-drop-all-ones-mask", "opp-1"), ("qwen-image-absorb-bias", "opp-4")}
+        ("qwen-image-drop-all-ones-mask", "opp-1"), ("qwen-image-qkv-norm-rope-epilogue", "opp-1"),
+        ("qwen-image-absorb-bias", "opp-4")}
 
 
 def test_replay_commits_candidates_with_trailers(diffusers_engine):
     results = replay(diffusers_engine, OPPS, "diffusers", "h200", workload="flux2")
-    assert [r.status for r in results] == ["applied", "applied"], [r.reason for r in results]
+    assert [r.status for r in results] == ["applied"] * 3, [r.reason for r in results]
     for r in results:
         c = r.candidate
         repo = git.Repo(c.worktree)
@@ -49,6 +52,7 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
 
 
 @pytest.mark.parametrize("group", [("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"),
+                                   ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate"),
                                    QWEN_SEEDS])
 def test_seed_patches_stack(diffusers_engine, group):
     """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
@@ -73,6 +77,18 @@ def test_qwen_seed_patches_stack_in_any_order(diffusers_engine):
             onto = r.candidate.commit_sha
         trees.add(git.Repo(r.worktree).head.commit.tree.hexsha)
     assert len(trees) == 1
+
+
+@pytest.mark.parametrize("first", ["flux2-merge-qkv", "flux2-qk-rmsnorm-rope"])
+def test_epilogue_entry_conflicts_with_what_it_supersedes(diffusers_engine, first):
+    """flux2-qkv-norm-rope-epilogue rewrites the code these entries change (its entry.yaml says so):
+    stacked on either, replay records a conflict on transformer_flux2.py instead of a broken commit."""
+    r = apply_entry(diffusers_engine, get_entry(first), "opp-a", name=f"test-supersede-{first}")
+    assert r.status == "applied", r.reason
+    c = apply_entry(diffusers_engine, get_entry("flux2-qkv-norm-rope-epilogue"), "opp-b",
+                    name=f"test-supersede-{first}-epilogue", onto=r.candidate.commit_sha)
+    assert c.status == "conflict", c.reason
+    assert "src/diffusers/models/transformers/transformer_flux2.py" in c.conflicts
 
 
 def test_conflict_is_recorded_not_fatal(diffusers_engine):

@@ -1,0 +1,276 @@
+"""Merged Q/K/V projection with QK RMSNorm and interleaved RoPE in the GEMM's epilogue.
+
+Per stream (text, image) of a joint-attention block:
+
+    [q | k | v] = x @ W_qkv^T (+ b_qkv)             W_qkv: [3*H*D, K], the three projections stacked
+    q, k       <- rope(rms_norm(q or k per head) * norm_weight)
+    out[:, :, seq_offset + s]  = q, k, v             out: [3, B, S_joint, H, D], the joint [txt, img] layout
+
+RoPE pairs interleaved channels (2j, 2j+1) (diffusers' apply_rotary_emb(use_real=True,
+use_real_unbind_dim=-1), and the complex form of Qwen-Image's apply_rotary_emb_qwen):
+    out[2j]   = n[2j] cos[2j]     - n[2j+1] sin[2j]
+    out[2j+1] = n[2j+1] cos[2j+1] + n[2j]   sin[2j+1]
+
+One program computes a BLOCK_M x D tile: one whole head of q, k or v, so the per-head RMSNorm is a
+row reduction inside the tile and the rotation pairs are neighbours in it. The separate norm, RoPE and
+concatenation passes (and their reads and writes of q, k, v) disappear. Intermediates are rounded to
+the activation dtype where the unfused code stores them (linear output, normalized tensor).
+
+Engine conventions (the reference replays each exactly; the kernel's math is the same up to rounding):
+  norm_style "torch"     torch.nn.RMSNorm (FLUX.2)
+             "diffusers" diffusers' RMSNorm: x * rsqrt(mean(x^2) + eps), rounded to the weight's half
+                         dtype before the weight multiply (Qwen-Image)
+  rope_style "real"      apply_rotary_emb(use_real=True, use_real_unbind_dim=-1) with cos/sin (FLUX.2)
+             "complex"   apply_rotary_emb_qwen(use_real=False): x as complex pairs times
+                         complex(cos[2j], sin[2j]) (Qwen-Image)
+
+Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the interpreter);
+else the torch reference, the exact ops of the unfused engine code (bit-identical on CPU).
+Imports only torch (and triton if present).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU machine without triton: the torch path only
+    triton = None
+
+_last_path = ""  # "triton" | "torch": which path the last call took (tests prove the kernel ran)
+
+# Tuned for Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head).
+DEFAULT_CONFIG = {"block_m": 128, "block_k": 64, "group_m": 8, "num_stages": 3, "num_warps": 8}
+
+
+def last_path() -> str:
+    return _last_path
+
+
+def _rope(n: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_emb(use_real=True, use_real_unbind_dim=-1, sequence_dim=1), op for op."""
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    re, im = n.reshape(*n.shape[:-1], -1, 2).unbind(-1)
+    rot = torch.stack([-im, re], dim=-1).flatten(3)
+    return (n.float() * c + rot.float() * s).to(n.dtype)
+
+
+def _rope_complex(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_emb_qwen(use_real=False) with freqs_cis = complex(cos[:, 0::2], sin[:, 0::2]) (exact)."""
+    freqs = torch.complex(cos[:, 0::2].float(), sin[:, 0::2].float()).unsqueeze(1)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+
+
+def _rms_norm_diffusers(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """diffusers.models.normalization.RMSNorm.forward (non-NPU path), op for op."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    x_n = x * torch.rsqrt(variance + eps)
+    if weight is None:
+        return x_n.to(x.dtype)
+    if weight.dtype in (torch.float16, torch.bfloat16):
+        x_n = x_n.to(weight.dtype)
+    return x_n * weight
+
+
+def reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style="torch", rope_style="real"):
+    """One stream, the unfused engine ops: three linears (on the row blocks of the merged weight, the
+    same data as to_q/to_k/to_v), unflatten heads, RMSNorm q and k, RoPE. Returns q, k, v [B, S, H, D]."""
+    n = w.shape[0] // 3
+    outs = [F.linear(x, w[i * n:(i + 1) * n], None if bias is None else bias[i * n:(i + 1) * n]) for i in range(3)]
+    q, k, v = (t.unflatten(-1, (heads, -1)) for t in outs)
+    if norm_style == "diffusers":
+        q, k = _rms_norm_diffusers(q, norm_q, eps_q), _rms_norm_diffusers(k, norm_k, eps_k)
+    else:
+        q = F.rms_norm(q, (q.shape[-1],), norm_q, eps_q)
+        k = F.rms_norm(k, (k.shape[-1],), norm_k, eps_k)
+    if cos is not None:
+        rope = _rope_complex if rope_style == "complex" else _rope
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+    return q, k, v
+
+
+if triton is not None:
+
+    @triton.jit
+    def _qkv_norm_rope_gemm_kernel(X, W, BIAS, NQ, NK, COS, SIN, OUT,
+                                   M, K, S, H, seq_off, eps_q, eps_k,
+                                   sxm, swn, so3, sob, sos, soh, scs,
+                                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                   HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr, ROUND: tl.constexpr,
+                                   ROUND_BEFORE_W: tl.constexpr,
+                                   DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+        HALF: tl.constexpr = D // 2
+        pid = tl.program_id(0)
+        # Grouped tile order: GROUP_M row tiles sweep all 3*H head tiles together, so the x rows stay
+        # in L2 while W streams (W is the large operand at these shapes: 3*H*D x K).
+        n_m = tl.cdiv(M, BLOCK_M)
+        n_n = 3 * H
+        per_group = GROUP_M * n_n
+        first_m = (pid // per_group) * GROUP_M
+        gsize = tl.minimum(n_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % gsize
+        pid_n = (pid % per_group) // gsize  # = which * H + h: rows pid_n*D .. of W_qkv
+        which = pid_n // H  # 0 q, 1 k, 2 v
+        h = pid_n % H
+
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rm_ld = rm % M  # rows past M load a valid row; they are never stored
+        rn = tl.arange(0, D)
+        rk = tl.arange(0, BLOCK_K)
+        xp = X + rm_ld[:, None] * sxm + rk[None, :]
+        wp = W + (pid_n * D + rn)[None, :] * swn + rk[:, None]  # [BLOCK_K, D]: W^T tile
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(xp)
+                b = tl.load(wp)
+            else:
+                kin = rk < K - k0 * BLOCK_K
+                a = tl.load(xp, mask=kin[None, :], other=0.0)
+                b = tl.load(wp, mask=kin[:, None], other=0.0)
+            if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw uint16 (triton 3.9); fp32 is exact
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            xp += BLOCK_K
+            wp += BLOCK_K
+
+        if HAS_BIAS:  # nn.Linear adds the bias before rounding its output
+            acc += tl.load(BIAS + pid_n * D + rn).to(tl.float32)[None, :]
+        if ROUND:  # the unfused linear stores its output in the activation dtype
+            acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
+        b_idx = rm // S
+        s_idx = rm % S
+        if which < 2:
+            ms = tl.sum(acc * acc, axis=1) / D
+            if which == 0:
+                r = 1.0 / tl.sqrt(ms + eps_q)
+            else:
+                r = 1.0 / tl.sqrt(ms + eps_k)
+            acc = acc * r[:, None]
+            if ROUND_BEFORE_W:  # diffusers' RMSNorm casts to the weight's half dtype before the multiply
+                acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
+            if HAS_NW:
+                if which == 0:
+                    nw = tl.load(NQ + rn).to(tl.float32)
+                else:
+                    nw = tl.load(NK + rn).to(tl.float32)
+                acc = acc * nw[None, :]
+            if ROUND:  # the unfused RMSNorm stores the normalized tensor in the activation dtype
+                acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
+            if HAS_ROPE:
+                cp = COS + (s_idx * scs)[:, None] + rn[None, :]
+                c = tl.load(cp, mask=(rm < M)[:, None], other=0.0)
+                sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
+                # the pair partner of every channel: (2j, 2j+1) -> (-x[2j+1], x[2j])
+                ev, od = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
+                rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, D))
+                acc = acc * c + rot * sn
+        op = OUT + which * so3 + (b_idx * sob + (seq_off + s_idx) * sos + h * soh)[:, None] + rn[None, :]
+        tl.store(op, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None])
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset=0,
+                         norm_style="torch", rope_style="real",
+                         block_m=None, block_k=None, group_m=None, num_stages=None, num_warps=None):
+    """One stream into the joint buffer.
+
+    x: [B, S, K]; w: [3*H*D, K] (q, k, v rows stacked); bias: [3*H*D] or None; norm_q, norm_k: [D] or None;
+    cos, sin: [S, D] for this stream's tokens, or None (no RoPE); out: [3, B, S_joint, H, D], rows
+    seq_offset .. seq_offset + S are written. Returns out.
+    """
+    global _last_path
+    B, S, K = x.shape
+    D = w.shape[0] // (3 * heads)
+    pow2 = D >= 32 and (D & (D - 1)) == 0  # the tile is one head: tl.arange and the pair split need a power of 2
+    if not _use_triton(x) or not pow2 or (norm_q is None) != (norm_k is None):
+        _last_path = "torch"
+        for i, t in enumerate(reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads,
+                                               norm_style, rope_style)):
+            out[i, :, seq_offset:seq_offset + S] = t
+        return out
+    cfg = dict(DEFAULT_CONFIG)
+    for key, val in (("block_m", block_m), ("block_k", block_k), ("group_m", group_m),
+                     ("num_stages", num_stages), ("num_warps", num_warps)):
+        if val is not None:
+            cfg[key] = val
+    x2 = x.reshape(B * S, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    assert out.stride(-1) == 1 and out.shape[-1] == D and out.shape[-2] == heads, "out: [3, B, S_joint, H, D]"
+    has_rope = cos is not None
+    if has_rope:
+        cos = cos.to(device=x.device, dtype=torch.float32).contiguous()
+        sin = sin.to(device=x.device, dtype=torch.float32).contiguous()
+        assert cos.shape == (S, D) and sin.shape == (S, D), "cos/sin: [S, D] for this stream"
+    M = B * S
+    grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
+    _qkv_norm_rope_gemm_kernel[grid](
+        x2, w, bias if bias is not None else w, norm_q if norm_q is not None else w,
+        norm_k if norm_k is not None else w, cos if has_rope else w, sin if has_rope else w, out,
+        M, K, S, heads, seq_offset, float(eps_q), float(eps_k),
+        x2.stride(0), w.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        cos.stride(0) if has_rope else 0,
+        D=D, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
+        EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None, HAS_NW=norm_q is not None,
+        HAS_ROPE=has_rope, ROUND=x.dtype != torch.float32,
+        ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None and norm_q.dtype in (torch.float16, torch.bfloat16),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=not x.is_cuda and x.dtype != torch.float32,
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+    _last_path = "triton"
+    return out
+
+
+def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
+                  norm_style="torch", rope_style="real", **config):
+    """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
+    (text first). cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt, k_txt, q_img, k_img).
+    config: block_m, block_k, group_m, num_stages, num_warps (Triton path only)."""
+    global _last_path
+    eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
+    B, s_img = x_img.shape[:2]
+    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    D = w_img.shape[0] // (3 * heads)
+    out = torch.empty((3, B, s_txt + s_img, heads, D), dtype=x_img.dtype, device=x_img.device)
+    style = {"norm_style": norm_style, "rope_style": rope_style, **config}
+    path = []
+    if x_txt is not None:
+        qkv_norm_rope_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
+                             None if sin is None else sin[:s_txt], heads, out, 0, **style)
+        path.append(_last_path)
+    qkv_norm_rope_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
+                         None if sin is None else sin[s_txt:], heads, out, s_txt, **style)
+    path.append(_last_path)
+    _last_path = "triton" if set(path) == {"triton"} else "torch"
+    return out
+
+
+def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
+              norm_style="torch", rope_style="real"):
+    """The unfused engine code for both streams, in the engine's order: per stream linear -> heads ->
+    RMSNorm; FLUX.2 then concatenates [txt, img] and applies RoPE over the joint sequence, Qwen-Image
+    applies RoPE per stream and then concatenates. Returns [3, B, S, H, D]."""
+    eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
+    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    per_stream = rope_style == "complex" and cos is not None
+    cs = (lambda a, b: (None, None)) if not per_stream else (lambda a, b: (cos[a:b], sin[a:b]))
+    qi, ki, vi = reference_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, *cs(s_txt, None), heads, norm_style, rope_style)
+    if x_txt is not None:
+        qt, kt, vt = reference_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, *cs(0, s_txt), heads, norm_style, rope_style)
+        qi, ki, vi = torch.cat([qt, qi], dim=1), torch.cat([kt, ki], dim=1), torch.cat([vt, vi], dim=1)
+    if cos is not None and not per_stream:
+        qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
+    return torch.stack([qi, ki, vi])

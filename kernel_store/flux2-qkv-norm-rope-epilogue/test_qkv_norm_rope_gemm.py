@@ -1,0 +1,74 @@
+"""Kernel test for qkv_norm_rope_gemm.py (the kernel test contract, docs/store.md):
+reference(*inputs), kernel(*inputs), make_inputs(shape, dtype, device, seed), SHAPES, CASES.
+Shapes are (B, S_txt, S_img, K, H, D): one text and one image token (M=1 per stream), odd sequence
+lengths and an odd K (the masked K loop), two heads, batch 2. D is a power of two (a tile is one head).
+Inputs are laid out as the FLUX.2 double-stream attention passes them: the modulated activations
+[B, S, K] and the merged [W_q; W_k; W_v] of each stream (no bias in FLUX.2).
+Run on CPU with TRITON_INTERPRET=1 to execute the Triton kernel in the interpreter.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qkv_norm_rope_gemm as op  # noqa: E402
+
+SHAPES = [(1, 1, 1, 32, 1, 32), (1, 5, 19, 48, 2, 32), (2, 3, 11, 64, 2, 64), (1, 7, 9, 40, 1, 128)]
+# bf16: a different fp32 accumulation order can flip the rounding of a linear output; RoPE then mixes
+# two normalized values of size up to ~4 (bf16 ulp 0.0156 there) and rounds again: a few ulps at that
+# size (the interpreter's worst case is 3 ulps, 0.047), so 5 ulps; a wrong pairing or norm is O(1).
+CASES = [("float32", 1e-4, 1e-4), ("bfloat16", 8e-2, 2e-2)]
+# FLUX.2-dev: dim 6144, 48 heads x 128, 512 text tokens, 4096 image tokens (1024 x 1024 / 16^2).
+BENCH_SHAPES = [(1, 512, 4096, 6144, 48, 128)]
+
+
+def make_inputs(shape, dtype, device, seed):
+    B, s_txt, s_img, K, H, D = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+    def rnd(*size, scale=1.0):
+        return (scale * torch.randn(*size, generator=g)).to(device, dt)
+
+    x_txt, x_img = rnd(B, s_txt, K), rnd(B, s_img, K)
+    w_txt, w_img = rnd(3 * H * D, K, scale=K ** -0.5), rnd(3 * H * D, K, scale=K ** -0.5)
+    nq_txt, nk_txt, nq_img, nk_img = (1.0 + rnd(D, scale=0.1) for _ in range(4))
+    # positions as FLUX.2 feeds them: text tokens then image tokens, interleaved cos/sin pairs, fp32
+    pos = torch.arange(s_txt + s_img, dtype=torch.float64)[:, None]
+    freqs = pos * (2000.0 ** (-torch.arange(D // 2, dtype=torch.float64) / (D // 2)))
+    cos = freqs.cos().repeat_interleave(2, dim=1).float().to(device)
+    sin = freqs.sin().repeat_interleave(2, dim=1).float().to(device)
+    return x_txt, x_img, w_txt, w_img, None, None, nq_txt, nk_txt, nq_img, nk_img, cos, sin, 1e-6, H
+
+
+def reference(*inputs):
+    return op.reference(*inputs)
+
+
+def kernel(*inputs, **config):
+    return op.qkv_norm_rope(*inputs, **config)
+
+
+def kernel_path() -> str:
+    return op.last_path()
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_reference(shape, dtype, atol, rtol):
+    for seed in (0, 1):
+        inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", seed)
+        x_before = inputs[1].clone()
+        torch.testing.assert_close(kernel(*inputs), reference(*inputs), atol=atol, rtol=rtol)
+        assert torch.equal(inputs[1], x_before), "the kernel modified its input"
+
+
+def test_small_config_runs():
+    """A non-default config (the variant search passes these as keywords) computes the same."""
+    inputs = make_inputs((1, 3, 21, 40, 1, 32), "float32", "cuda" if torch.cuda.is_available() else "cpu", 0)
+    out = kernel(*inputs, block_m=16, block_k=16, group_m=2, num_stages=2, num_warps=4)
+    torch.testing.assert_close(out, reference(*inputs), atol=1e-4, rtol=1e-4)

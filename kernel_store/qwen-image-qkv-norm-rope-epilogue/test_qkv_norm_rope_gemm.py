@@ -1,0 +1,67 @@
+"""Kernel test for qkv_norm_rope_gemm.py in the Qwen-Image conventions (the kernel test contract,
+docs/store.md): projections WITH bias (added in the epilogue before the norm), diffusers' RMSNorm
+(norm_style "diffusers") and the complex-pair RoPE of apply_rotary_emb_qwen (rope_style "complex").
+Shapes are (B, S_txt, S_img, K, H, D): M=1 per stream, odd sequence lengths and K, batch 2; D a power
+of two (a tile is one head). Run on CPU with TRITON_INTERPRET=1 to execute the Triton kernel.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qkv_norm_rope_gemm as op  # noqa: E402
+
+SHAPES = [(1, 1, 1, 32, 1, 32), (1, 5, 19, 48, 2, 32), (2, 3, 11, 64, 2, 64), (1, 7, 9, 40, 1, 128)]
+# bf16: as in flux2-qkv-norm-rope-epilogue (a flipped rounding of the linear output, then RoPE mixing two
+# values of size up to ~4: a few bf16 ulps there), plus one more rounding inside diffusers' RMSNorm.
+CASES = [("float32", 1e-4, 1e-4), ("bfloat16", 8e-2, 2e-2)]
+# Qwen-Image: dim 3072, 24 heads x 128, 512 text tokens, 4096 image tokens (1024 x 1024 / 16^2).
+BENCH_SHAPES = [(1, 512, 4096, 3072, 24, 128)]
+
+
+def make_inputs(shape, dtype, device, seed):
+    B, s_txt, s_img, K, H, D = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+    def rnd(*size, scale=1.0):
+        return (scale * torch.randn(*size, generator=g)).to(device, dt)
+
+    x_txt, x_img = rnd(B, s_txt, K), rnd(B, s_img, K)
+    w_txt, w_img = rnd(3 * H * D, K, scale=K ** -0.5), rnd(3 * H * D, K, scale=K ** -0.5)
+    b_txt, b_img = rnd(3 * H * D, scale=0.5), rnd(3 * H * D, scale=0.5)
+    nq_txt, nk_txt, nq_img, nk_img = (1.0 + rnd(D, scale=0.1) for _ in range(4))
+    # Qwen's freqs are complex64 [S, D/2] (text and image positions); the kernel takes them as
+    # interleaved cos/sin [S, D], exactly the real and imaginary parts repeated per pair
+    pos = torch.arange(s_txt + s_img, dtype=torch.float32)[:, None]
+    freqs = torch.polar(torch.ones(s_txt + s_img, D // 2), pos * (10000.0 ** (-torch.arange(D // 2) / (D // 2))))
+    cos = freqs.real.repeat_interleave(2, dim=1).to(device)
+    sin = freqs.imag.repeat_interleave(2, dim=1).to(device)
+    return (x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, 1e-6, H,
+            "diffusers", "complex")
+
+
+def reference(*inputs):
+    return op.reference(*inputs)
+
+
+def kernel(*inputs, **config):
+    return op.qkv_norm_rope(*inputs, **config)
+
+
+def kernel_path() -> str:
+    return op.last_path()
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_reference(shape, dtype, atol, rtol):
+    for seed in (0, 1):
+        inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", seed)
+        x_before = inputs[1].clone()
+        torch.testing.assert_close(kernel(*inputs), reference(*inputs), atol=atol, rtol=rtol)
+        assert torch.equal(inputs[1], x_before), "the kernel modified its input"
