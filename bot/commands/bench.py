@@ -78,9 +78,13 @@ def _job(t: Target, wt: Path, sha: str, model_class: str, modes: list[str], out_
               help="Also bench another engine the workload defines (e.g. sglang). Repeatable.")
 @click.option("--modes", default=None, help="Comma list of eager,graph,compile,compile+graph. "
               "Default: eager,graph,compile on cuda; eager on cpu.")
+@click.option("--other-modes", default=None, metavar="LIST",
+              help="Modes for the --candidate and --with-engine rows (default: the same as --modes); e.g. "
+                   "eager,graph to time torch.compile on upstream only.")
 @click.option("--iters", default=None, type=int, help="Timed steps per mode (default 10 on cuda, 3 on cpu).")
 @click.option("--timeout", default=1800, show_default=True, help="Seconds per runner job.")
-def command(workload, engine, ref, preset, device, json_path, candidate, extra_engines, modes, iters, timeout):
+def command(workload, engine, ref, preset, device, json_path, candidate, extra_engines, modes, other_modes, iters,
+            timeout):
     """Per-step latency of upstream vs optimized vs other engines vs the roofline, outputs checked.
 
     \b
@@ -100,6 +104,9 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     mode_list = [m.strip() for m in (modes or ("eager,graph,compile" if is_cuda else "eager")).split(",") if m.strip()]
     if mode_list[0] != "eager":
         mode_list = ["eager"] + [m for m in mode_list if m != "eager"]  # eager is the reference
+    others = [m.strip() for m in other_modes.split(",") if m.strip()] if other_modes else mode_list
+    if others[0] != "eager":
+        others = ["eager"] + [m for m in others if m != "eager"]
     iters = iters or (10 if is_cuda else 3)
     run_dir = new_run_dir("bench")
     console = Console(width=None if Console().is_terminal else 150)
@@ -122,8 +129,9 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
                       t.workload.step.passes, command=command_line())
     outputs: dict[str, str] = {}
     for label, wt, sha, cls, eng in variants:
-        console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(mode_list)} on {t.device} ...")
-        job = _job(t, wt, sha, cls, mode_list, run_dir / label, iters, flops=(label == "upstream"), engine=eng)
+        ml = mode_list if label == "upstream" else others
+        console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(ml)} on {t.device} ...")
+        job = _job(t, wt, sha, cls, ml, run_dir / label, iters, flops=(label == "upstream"), engine=eng)
         out = run_job(job, run_dir, timeout_s=timeout, name=f"bench-{label}")
         if not out.ok:
             if label == "upstream":

@@ -42,6 +42,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
 @click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
               metavar="LIST", help="Which generators run (comma-separated subset of the default).")
+@click.option("--ablation-rounds", default=2, show_default=True, type=click.IntRange(0, 10),
+              help="Leave-one-out rounds over the stack on a GPU (0: no ablation).")
 @click.option("--revalidate", is_flag=True,
               help="Validate every candidate on the GPU, even where the store holds a verdict recorded for the "
                    "same patch, base, workload, preset, dtype, hardware, torch and triton (default: reuse it; "
@@ -61,7 +63,7 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
 @click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
 def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, dry_run, iters, generators,
-            revalidate, repo,
+            ablation_rounds, revalidate, repo,
             knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
             trigger_comment):
     """Optimize WORKLOAD end to end and deliver the result as pull requests.
@@ -115,7 +117,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
                        github_api_url=github_api_url, iters=iters, command=command_line(),
-                       generators=gens, revalidate=revalidate)
+                       generators=gens, revalidate=revalidate, ablation_rounds=ablation_rounds)
         state = run_optimize(opts)
     if json_path is not None:
         from bot.optimize.state import STEPS

@@ -268,6 +268,7 @@ class Options:
     command: str = ""
     generators: tuple[str, ...] = ("replay", "variants", "compile-region", "agent")
     revalidate: bool = False  # ignore the store's recorded GPU verdicts: validate every candidate
+    ablation_rounds: int = 2  # leave-one-out rounds of the stack on a GPU; 0 = no ablation
 
 
 @dataclass
@@ -717,7 +718,12 @@ class Stages:
             # whose time says nothing about the kernels (DESIGN decision 7: speed needs a GPU).
             return [], ("ablation needs a GPU: on cpu the Triton kernels run in the interpreter, whose "
                         "timings say nothing about them (DESIGN decision 7)")
-        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log))
+        if ctx.options.ablation_rounds <= 0:
+            return [], "ablation not run (--ablation-rounds 0)"
+        if len(res.commits) < 2:
+            return [], "one commit: its contribution is the stack's verdict (nothing to leave out)"
+        ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
+                        rounds=ctx.options.ablation_rounds))
         by_sha = {c.sha: c for c in res.commits}
         out = []
         for d in ab.get("rows", []):
