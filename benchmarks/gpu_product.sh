@@ -18,6 +18,8 @@ case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$P
 export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="/tmp/optbot-runs-$wl"
 export OPTBOT_KNOWLEDGE_PATH="$PWD"
 mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/diffusers-*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
+# the slim sglang wheel (its .so files stripped, same sha) travels as .whl.keep so pip does not install it
+for f in .whl/*.whl.keep; do [[ -f "$f" ]] && cp -n "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$RES/nvidia-smi.txt"
 start=$(date +%s)
 python3 -m bot optimize "$wl" --preset full --device cuda --dry-run --generators "${GENERATORS:-replay}" \
@@ -32,7 +34,7 @@ branch="optbot/$wl/${base:0:12}"
 cand=()
 if git -C "$repo" rev-parse -q --verify "refs/heads/$branch" >/dev/null && [ "$(git -C "$repo" rev-parse "$branch")" != "$base" ]; then
   cand=(--candidate "$branch")
-  git -C "$repo" format-patch -q "$base..$branch" -o "$RES/branch-patches"
+  git -C "$repo" format-patch -q "$base..$branch" -o "$PWD/$RES/branch-patches"  # -o is relative to -C
   git -C "$repo" log --format='%h %s' "$base..$branch" > "$RES/branch.txt"
 fi
 engines=()
