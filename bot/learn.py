@@ -55,6 +55,8 @@ class Outcome:
     removes_kernels: list[str] = field(default_factory=list)
     validated_by: str = ""
     entry_id: str = ""  # the kernel_store entry this candidate replays (Optbot-Entry), if any
+    verdict: dict = field(default_factory=dict)  # the validator's whole Verdict (bot/verdict.py) as JSON
+    command: str = ""  # the command of the run, for provenance
 
 
 @dataclass
@@ -117,6 +119,23 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
     return Learned(entry_dir, lesson)
 
 
+def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
+    """A verdict measured on a GPU goes into bench.json `gpu.validation` in the format `store check
+    --record` writes, so the next run can reuse it (bot/knowledge/known.py) when nothing changed."""
+    if not (o.device.startswith("cuda") and o.verdict.get("status") and o.workload):
+        return
+    import hashlib
+
+    from bot.knowledge.known import validation_numbers
+
+    w = validation_numbers(o.verdict)
+    w["patch_sha256"] = hashlib.sha256((entry_dir / "patch.diff").read_bytes()).hexdigest()
+    bench.setdefault("gpu", {})["validation"] = {
+        "command": o.command or f"optbot optimize (run {o.run_id})", "run_id": o.run_id,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": o.device,
+        "workloads": {o.workload: w}}
+
+
 def record_history(o: Outcome, entry_dir: Path) -> Path:
     """Append this run's verdict on a stored entry to its bench.json `history` (one row per run and
     generator: a resumed run rewrites its own row)."""
@@ -128,6 +147,7 @@ def record_history(o: Outcome, entry_dir: Path) -> Path:
                  "base_sha": o.base_sha, "engine_sha": o.commit_sha, "numbers": o.numbers,
                  "validated_by": o.validated_by, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     bench["history"] = rows
+    record_gpu_verdict(o, entry_dir, bench)
     f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
     return f
 
@@ -165,6 +185,7 @@ def write_entry(o: Outcome, store_dir: Path) -> Path:
     bench = {"validated_by": o.validated_by, "device": o.device, "hardware": o.hardware, "verdict": o.status,
              "reason": o.reason, "numbers": o.numbers, "engine_sha": o.commit_sha, "base_sha": o.base_sha,
              "run_id": o.run_id}
+    record_gpu_verdict(o, d, bench)
     (d / "bench.json").write_text(json.dumps(bench, indent=2, default=str) + "\n")
     return d
 

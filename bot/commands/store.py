@@ -188,33 +188,6 @@ def _record_correctness(entry, result) -> None:
     _write_bench(entry, bench)
 
 
-def validation_numbers(verdict: dict) -> dict:
-    """The end-to-end numbers of one verdict (bot/verdict.Verdict as JSON), copied, not computed:
-    per mode the process medians of each side, their speedup and A/A noise; the worst output."""
-    import statistics
-
-    speed = {}
-    for sp in verdict.get("speed") or []:
-        b, c = sp.get("base_ms") or [], sp.get("candidate_ms") or []
-        passes = sp.get("passes") or 1
-        speed[sp["mode"]] = {
-            "device": sp.get("device"), "base_step_ms": statistics.median(b) if b else None,
-            "patched_step_ms": statistics.median(c) if c else None, "passes": passes,
-            "base_per_pass_ms": statistics.median(b) / passes if b else None,
-            "patched_per_pass_ms": statistics.median(c) / passes if c else None,
-            "speedup": sp.get("speedup"), "noise_pct": sp.get("noise_pct"), "outcome": sp.get("outcome"),
-            "base_process_ms": b, "patched_process_ms": c, "trials_per_process": sp.get("n"), "note": sp.get("note")}
-    corr = verdict.get("correctness") or {}
-    ranked = [ch for ch in corr.get("checks", []) if ch.get("rel_l2") is not None]
-    worst = max(ranked, key=lambda ch: ch["rel_l2"]) if ranked else None
-    return {"status": verdict.get("status"), "reason": verdict.get("reason"), "summary": verdict.get("summary"),
-            "preset": verdict.get("preset"), "dtype": verdict.get("dtype"), "base_sha": verdict.get("base_sha"),
-            "candidate_sha": verdict.get("candidate_sha"), "seeds": corr.get("seeds"), "shapes": corr.get("shapes"),
-            "rule": corr.get("rule"), "worst_output": {"label": worst.get("label"), "output": worst.get("output"),
-                                                       "rel_l2": worst.get("rel_l2"), "max_abs": worst.get("max_abs")}
-            if worst else None, "speed": speed, "env": verdict.get("env"), "seconds": verdict.get("seconds")}
-
-
 def _set_status(entry, status: str) -> None:
     """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
     import re
@@ -226,6 +199,8 @@ def _set_status(entry, status: str) -> None:
 def _record_validation(entry, result, source: str | None = None, command: str | None = None) -> bool:
     """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
     its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
+    from bot.knowledge.known import patch_sha256, validation_numbers
+
     checks = [c if isinstance(c, dict) else asdict(c) for c in result["checks"]]
     verdicts = {c["name"].split(":", 1)[1]: validation_numbers(c["details"]) for c in checks
                 if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
@@ -233,8 +208,6 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
         return False
     # the patch the verdict was made on, so a later run reuses it only for the same patch
     # (bot/knowledge/known.py); results from before store check recorded it get today's file's hash
-    from bot.knowledge.known import patch_sha256
-
     checked = next((c["details"].get("patch_sha256") for c in checks if c["name"] == "patch"), None)
     for v in verdicts.values():
         v["patch_sha256"] = checked or patch_sha256(entry)

@@ -67,3 +67,30 @@ def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, pre
     eager = (w.get("speed") or {}).get("eager") or {}
     return KnownVerdict(entry.id, workload, w.get("status", "held"), w.get("reason"), w.get("summary", ""),
                         eager.get("speedup"), rec.get("recorded_at", ""), rec.get("command", ""), w), ""
+
+
+def validation_numbers(verdict: dict) -> dict:
+    """The end-to-end numbers of one verdict (bot/verdict.Verdict as JSON), copied, not computed:
+    per mode the process medians of each side, their speedup and A/A noise; the worst output."""
+    import statistics
+
+    speed = {}
+    for sp in verdict.get("speed") or []:
+        b, c = sp.get("base_ms") or [], sp.get("candidate_ms") or []
+        passes = sp.get("passes") or 1
+        speed[sp["mode"]] = {
+            "device": sp.get("device"), "base_step_ms": statistics.median(b) if b else None,
+            "patched_step_ms": statistics.median(c) if c else None, "passes": passes,
+            "base_per_pass_ms": statistics.median(b) / passes if b else None,
+            "patched_per_pass_ms": statistics.median(c) / passes if c else None,
+            "speedup": sp.get("speedup"), "noise_pct": sp.get("noise_pct"), "outcome": sp.get("outcome"),
+            "base_process_ms": b, "patched_process_ms": c, "trials_per_process": sp.get("n"), "note": sp.get("note")}
+    corr = verdict.get("correctness") or {}
+    ranked = [ch for ch in corr.get("checks", []) if ch.get("rel_l2") is not None]
+    worst = max(ranked, key=lambda ch: ch["rel_l2"]) if ranked else None
+    return {"status": verdict.get("status"), "reason": verdict.get("reason"), "summary": verdict.get("summary"),
+            "preset": verdict.get("preset"), "dtype": verdict.get("dtype"), "base_sha": verdict.get("base_sha"),
+            "candidate_sha": verdict.get("candidate_sha"), "seeds": corr.get("seeds"), "shapes": corr.get("shapes"),
+            "rule": corr.get("rule"), "worst_output": {"label": worst.get("label"), "output": worst.get("output"),
+                                                       "rel_l2": worst.get("rel_l2"), "max_abs": worst.get("max_abs")}
+            if worst else None, "speed": speed, "env": verdict.get("env"), "seconds": verdict.get("seconds")}

@@ -765,6 +765,7 @@ class Stages:
                             device=v.get("device") or t.device, hardware=self._hardware(ctx),
                             engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
                             base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
+                            verdict=(v.get("raw") or {}).get("verdict") or {}, command=ctx.options.command,
                             changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
                             workload=t.workload.name, dtype=t.dtype,
                             adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
@@ -916,7 +917,8 @@ def verdict_from_validator(cid: str, v: dict) -> VerdictRecord:
         elif isinstance(micro, str):
             rec.micro.append({"kernel": k.get("name"), "shape": "", "base_ms": None, "cand_ms": None, "speedup": None,
                               "n": "", "device": micro})
-    rec.raw = {"summary": v.get("summary"), "run_dir": v.get("run_dir"), "notes": v.get("notes", []),
+    rec.raw = {"verdict": v,  # the validator's whole verdict: learn records it in the store (bench.json)
+               "summary": v.get("summary"), "run_dir": v.get("run_dir"), "notes": v.get("notes", []),
                "speed_summary": {s.get("mode"): {"speedup": s.get("speedup"), "device": s.get("device"),
                                                   "outcome": s.get("outcome")} for s in v.get("speed", [])},
                "seeds": corr.get("seeds"), "shapes": corr.get("shapes"), "rule": corr.get("rule")}

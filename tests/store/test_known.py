@@ -94,3 +94,27 @@ def test_a_replayed_entry_gets_history_not_a_copy(entry, tmp_path):
     got = learn(_outcome("rejected", run_id="r-2"), store_dir=store, lessons_dir=lessons)
     assert got.lesson_path is not None and "flux2-swiglu" in got.lesson_path.read_text()  # a failure is news
     assert [h["run_id"] for h in json.loads(entry.bench_path.read_text())["history"]] == ["r-1", "r-2"]
+
+
+def test_a_gpu_verdict_learned_in_a_run_is_known_to_the_next(entry, tmp_path):
+    """The loop closes: a verdict measured in one run (learn) is what the next run looks up (known)."""
+    store, lessons = entry.path.parent, tmp_path / "lessons"
+    entry.bench_path.unlink(missing_ok=True)
+    verdict = {"status": "accepted", "reason": None, "summary": "correct, engaged, eager 1.04x", "preset": "full",
+               "dtype": "bfloat16", "base_sha": "b" * 40, "candidate_sha": "c" * 40, "env": dict(ENV), "seconds": 150.0,
+               "correctness": {"seeds": [5, 9, 11], "shapes": ["1024x1024/txt512/b1"], "rule": "rel_l2 <= 0.05",
+                               "checks": [{"label": "1024x1024/txt512/b1 seed 5", "output": "noise_pred", "ok": True,
+                                           "reason": "", "rel_l2": 0.003, "max_abs": 0.01}]},
+               "speed": [{"mode": "eager", "device": "cuda", "base_ms": [550.0, 552.0], "candidate_ms": [530.0, 531.0],
+                          "speedup": 1.04, "noise_pct": 0.4, "outcome": "faster", "n": 10, "passes": 1}]}
+    learn(_outcome("accepted", verdict=verdict, command="optbot optimize flux2 --device cuda"),
+          store_dir=store, lessons_dir=lessons)
+    rec = json.loads(entry.bench_path.read_text())["gpu"]["validation"]
+    assert rec["run_id"] == "r-1" and rec["command"] == "optbot optimize flux2 --device cuda"
+    k, why = _ask(entry)
+    assert k is not None, why
+    assert k.status == "accepted" and k.speedup == 1.04 and k.numbers["speed"]["eager"]["base_process_ms"] == [550.0, 552.0]
+    # a CPU verdict is not a GPU verdict: nothing recorded for reuse
+    entry.bench_path.unlink()
+    learn(_outcome("accepted", device="cpu", hardware="cpu", verdict=verdict), store_dir=store, lessons_dir=lessons)
+    assert "gpu" not in json.loads(entry.bench_path.read_text())
