@@ -96,7 +96,7 @@ ROOT_CAUSES = {
 
 
 def root_cause(reason: str) -> str:
-    r = reason.lower()
+    r = reason.lower().replace("-", " ")  # verdict reasons spell "no-change", "not-engaged"
     for key, why in ROOT_CAUSES.items():
         if r.startswith(key) or f"{key}:" in r:
             return why
@@ -117,6 +117,43 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
         entry_dir = write_entry(outcome, store_dir)
     lesson = write_outcome_lesson(outcome, lessons_dir, entry_dir.name if entry_dir else "")
     return Learned(entry_dir, lesson)
+
+
+def check_lesson(entry, workload: str, hardware: str, w: dict, command: str, lessons_dir: Path | None = None) -> Path | None:
+    """A store entry re-validated on a GPU (`store check --record`, `store record-bench`): a rejection
+    becomes a caveat lesson, one file per entry, workload and hardware, rewritten by each record;
+    an acceptance removes that caveat (the knowledge it held is out of date)."""
+    from bot.knowledge.lessons import write_lesson
+
+    lessons_dir = Path(lessons_dir or LESSONS_DIR)
+    slug = _slug(entry.id, "on", hardware, workload)
+    file = lessons_dir / f"{slug}.md"
+    if w.get("status") == "accepted":
+        if file.is_file():
+            file.unlink()
+        return None
+    eager = (w.get("speed") or {}).get("eager") or {}
+    graph = (w.get("speed") or {}).get("graph") or {}
+    worst = w.get("worst_output") or {}
+
+    def ms(x):
+        return "n/a" if x is None else f"{x:.1f}"
+
+    speed = (f"eager {eager.get('speedup')}x (base {ms(eager.get('base_step_ms'))} -> {ms(eager.get('patched_step_ms'))} ms "
+             f"per step, A/A noise {eager.get('noise_pct')}%)" if eager else "no speed measured")
+    if graph.get("speedup"):
+        speed += f", CUDA graph {graph['speedup']}x"
+    reason = f"{w.get('reason') or w.get('status')}: {w.get('summary', '')}"
+    body = (f"# {entry.id} on {hardware} ({workload}): {w.get('reason') or w.get('status')}\n\n"
+            f"Tried: the entry's patch on the {w.get('preset')} preset ({w.get('dtype')}), base "
+            f"{(w.get('base_sha') or '')[:12]}, re-validated by `{command}`.\n\n"
+            f"Happened: {w.get('status')} ({w.get('reason')}): {speed}; worst output rel L2 {worst.get('rel_l2')}.\n\n"
+            f"Root cause: {root_cause(reason)}. Replay skips this entry on {hardware} at this base while the "
+            f"patch, torch and triton are unchanged (bench.json gpu.validation; `optimize --revalidate` measures "
+            f"again).\n")
+    applies = {"pattern": entry.pattern, "engine": entry.engine.name, "hardware": hardware}
+    evidence = [f"entry:{entry.id}", f"kernel_store/{entry.id}/bench.json"]
+    return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
 def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:

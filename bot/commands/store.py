@@ -151,7 +151,7 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-            _record_validation(e, r.to_json())
+            _record_validation(e, r.to_json(), lessons_dir=_lessons_for(store_dir))
     data = {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
             "ok": all(r.ok for r in results), "entries": [r.to_json() for r in results]}
     write_json(run_dir / "store-check.json", data)
@@ -188,6 +188,15 @@ def _record_correctness(entry, result) -> None:
     _write_bench(entry, bench)
 
 
+def _lessons_for(store_dir: Path | None) -> Path | None:
+    """Lessons live beside the store: lessons/ of this repo, OPTBOT_LESSONS, or <store>/../lessons."""
+    import os
+
+    if os.environ.get("OPTBOT_LESSONS"):
+        return Path(os.environ["OPTBOT_LESSONS"])
+    return Path(store_dir).parent / "lessons" if store_dir else None
+
+
 def _set_status(entry, status: str) -> None:
     """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
     import re
@@ -196,7 +205,8 @@ def _set_status(entry, status: str) -> None:
     f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
 
 
-def _record_validation(entry, result, source: str | None = None, command: str | None = None) -> bool:
+def _record_validation(entry, result, source: str | None = None, command: str | None = None,
+                       lessons_dir: Path | None = None) -> bool:
     """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
     its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
     from bot.knowledge.known import patch_sha256, validation_numbers
@@ -220,6 +230,13 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
         bench.setdefault("gpu", {})["validation"] = rec
         if all(v["status"] == "accepted" for v in verdicts.values()):
             _set_status(entry, "validated-gpu")
+        from bot.learn import check_lesson, hardware_name
+
+        for wl, v in verdicts.items():  # a GPU rejection is a caveat lesson; an acceptance clears it
+            hw = hardware_name("cuda", (v.get("env") or {}).get("device_name", ""))
+            lesson = check_lesson(entry, wl, hw, v, rec["command"], lessons_dir)
+            if lesson:
+                click.echo(f"lesson {lesson}", err=True)
     else:
         bench.setdefault("correctness", {})["cpu_validation"] = rec
     _write_bench(entry, bench)
@@ -248,7 +265,7 @@ def record_bench_cmd(store_dir, results):
                     micro[c["name"].split(":", 1)[1]] = {"micro": c["details"]["micro"], "env": c["details"].get("env"),
                                                          "passed": c["ok"]}
             e = get_entry(r["entry_id"], store_dir)
-            validated = _record_validation(e, r, str(results), data.get("command"))
+            validated = _record_validation(e, r, str(results), data.get("command"), _lessons_for(store_dir))
             n += int(validated and not micro)
             if micro:
                 bench = e.bench()
