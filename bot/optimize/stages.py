@@ -520,8 +520,9 @@ class Stages:
                 res = search_entry(e.path, device=t.device, run_dir=ctx.run_dir / "variants" / e.id,
                                    gpus=max(1, ctx.options.gpus), dtype=t.dtype, checkout=t.checkout,
                                    opportunity_id=r.opportunity_id)
-            except OptbotError as err:  # a broken config space or test module is this entry's problem only
-                notes.append(f"variant search {e.id}: {err}")
+            except Exception as err:  # noqa: BLE001 - a broken config space, test module or worker is this
+                # entry's problem only: the plain replay stays a candidate, the run goes on
+                notes.append(f"variant search {e.id}: failed: {type(err).__name__}: {err}"[:400])
                 continue
             ctx.log(res.table())
             failed = f"; {len(res.failures)} workers failed" if res.failures else ""
