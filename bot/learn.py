@@ -56,6 +56,7 @@ class Outcome:
     validated_by: str = ""
     entry_id: str = ""  # the kernel_store entry this candidate replays (Optbot-Entry), if any
     verdict: dict = field(default_factory=dict)  # the validator's whole Verdict (bot/verdict.py) as JSON
+    config: str = ""  # variant search: the config the commit sets (Optbot-Config)
     command: str = ""  # the command of the run, for provenance
 
 
@@ -110,6 +111,8 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
     if outcome.entry_id and (store_dir / outcome.entry_id / "entry.yaml").is_file():
         # A stored entry, replayed (or re-tuned): its verdict joins the entry's history rather than
         # becoming a second copy of the same patch. Only a failure is news worth a lesson.
+        if outcome.generator == "variant-search":
+            adopt_variant(outcome, store_dir / outcome.entry_id)
         history = record_history(outcome, store_dir / outcome.entry_id)
         lesson = None if outcome.status == "accepted" else write_outcome_lesson(outcome, lessons_dir, outcome.entry_id)
         return Learned(None, lesson, history)
@@ -156,11 +159,44 @@ def check_lesson(entry, workload: str, hardware: str, w: dict, command: str, les
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
+def adopt_variant(o: Outcome, entry_dir: Path) -> None:
+    """A tuned config found by variant search (a commit = the entry's patch with new kernel defaults).
+    Accepted on a GPU: the entry adopts it (patch.diff and its kernel sources become the variant's),
+    so the next run replays the tuned entry; either way the search is recorded per hardware against
+    the entry's patch (`gpu.variant_search`), so the next run does not search the same space again."""
+    import hashlib
+
+    if not o.device.startswith("cuda"):
+        return
+    f = entry_dir / "bench.json"
+    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    adopted = o.status == "accepted" and bool(o.patch.strip())
+    if adopted:
+        sources = {p.name for p in entry_dir.glob("*.py") if not p.name.startswith("test_")}
+        for path, content in o.added_files.items():
+            if Path(path).name in sources:  # the tested kernel source must stay the file the patch adds
+                (entry_dir / Path(path).name).write_text(content)
+        (entry_dir / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
+    env = o.verdict.get("env") or {}
+    bench.setdefault("gpu", {}).setdefault("variant_search", {})[o.hardware] = {
+        "run_id": o.run_id, "config": o.config, "status": o.status, "reason": o.reason, "adopted": adopted,
+        "patch_sha256": hashlib.sha256((entry_dir / "patch.diff").read_bytes()).hexdigest(),
+        "torch": env.get("torch"), "triton": env.get("triton"),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
+
+
 def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
     """A verdict measured on a GPU goes into bench.json `gpu.validation` in the format `store check
-    --record` writes, so the next run can reuse it (bot/knowledge/known.py) when nothing changed."""
+    --record` writes, so the next run can reuse it (bot/knowledge/known.py) when nothing changed.
+    A rejected variant's verdict is about another patch than the entry's: not recorded there."""
     if not (o.device.startswith("cuda") and o.verdict.get("status") and o.workload):
         return
+    if o.generator == "variant-search" and o.status != "accepted":
+        return
+    vs = ((bench.get("gpu") or {}).get("variant_search") or {}).get(o.hardware) or {}
+    if o.generator == "replay" and vs.get("run_id") == o.run_id and vs.get("adopted"):
+        return  # this run's tuned variant replaced the patch the plain replay was validated on
     import hashlib
 
     from bot.knowledge.known import validation_numbers

@@ -516,6 +516,10 @@ class Stages:
             if ctx.budget.exhausted():
                 notes.append(f"variant search {e.id}: not run, the wall-time budget is spent")
                 continue
+            done = self._searched(ctx, e)
+            if done:
+                notes.append(f"variant search {e.id}: not run, {done}")
+                continue
             try:
                 res = search_entry(e.path, device=t.device, run_dir=ctx.run_dir / "variants" / e.id,
                                    gpus=max(1, ctx.options.gpus), dtype=t.dtype, checkout=t.checkout,
@@ -593,6 +597,20 @@ class Stages:
             return None, ""
         env = ctx.results.get("baseline", {}).get("env", {})
         return known_verdict(entry, t.workload.name, self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype, env)
+
+    def _searched(self, ctx: RunContext, entry) -> str:
+        """Why the entry's config space needs no search on this hardware, or "": a search for the same
+        patch, torch and triton is recorded in its bench.json (bot/learn.adopt_variant)."""
+        if ctx.options.revalidate:
+            return ""
+        from bot.knowledge.known import patch_sha256
+        rec = ((entry.bench().get("gpu") or {}).get("variant_search") or {}).get(self._hardware(ctx)) or {}
+        env = ctx.results.get("baseline", {}).get("env", {})
+        if (rec.get("patch_sha256") == patch_sha256(entry) and rec.get("torch") == env.get("torch")
+                and rec.get("triton") == env.get("triton")):
+            what = "adopted" if rec.get("adopted") else f"{rec.get('status')} ({rec.get('reason', '')[:80]})"
+            return f"searched in run {rec.get('run_id')} on {self._hardware(ctx)}: {rec.get('config')} {what}"
+        return ""
 
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
@@ -767,6 +785,7 @@ class Stages:
                             engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
                             base_sha=base, commit_sha=c.sha, title=c.title, patch=repo.git.diff(base, c.sha),
                             verdict=(v.get("raw") or {}).get("verdict") or {}, command=ctx.options.command,
+                            config=kt.get("Optbot-Config", ""),
                             changed_files=repo.git.diff(base, c.sha, "--name-only").splitlines(), added_files=added,
                             workload=t.workload.name, dtype=t.dtype,
                             adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),

@@ -118,3 +118,38 @@ def test_a_gpu_verdict_learned_in_a_run_is_known_to_the_next(entry, tmp_path):
     entry.bench_path.unlink()
     learn(_outcome("accepted", device="cpu", hardware="cpu", verdict=verdict), store_dir=store, lessons_dir=lessons)
     assert "gpu" not in json.loads(entry.bench_path.read_text())
+
+
+def test_an_accepted_variant_becomes_the_entry(entry, tmp_path):
+    """Variant search's winner, accepted on a GPU: the entry adopts its patch and kernel source, the
+    verdict is recorded against the new patch, and the search is recorded so it is not repeated."""
+    store, lessons = entry.path.parent, tmp_path / "lessons"
+    entry.bench_path.unlink(missing_ok=True)
+    old_patch = entry.patch_path.read_text()
+    assert "block_n=1024" in old_patch or "block_n" in old_patch
+    kernel = next(p for p in entry.path.glob("*.py") if not p.name.startswith("test_"))
+    new_src = kernel.read_text() + "\n# tuned by variant search (test)\n"
+    new_patch = old_patch + "\n"  # the variant commit's diff (test data: any change will do)
+    verdict = {"status": "accepted", "reason": None, "summary": "eager 1.05x", "preset": "full", "dtype": "bfloat16",
+               "base_sha": "b" * 40, "env": dict(ENV), "correctness": {"checks": []},
+               "speed": [{"mode": "eager", "device": "cuda", "base_ms": [550.0], "candidate_ms": [524.0],
+                          "speedup": 1.05, "n": 10, "passes": 1}]}
+    o = _outcome("accepted", generator="variant-search", candidate_id="variant-flux2-swiglu", patch=new_patch,
+                 added_files={f"src/diffusers/models/optbot_kernels/{kernel.name}": new_src}, verdict=verdict,
+                 config="block_n=2048,num_warps=8")
+    learn(o, store_dir=store, lessons_dir=lessons)
+    assert entry.patch_path.read_text() == new_patch and kernel.read_text() == new_src
+    gpu = json.loads(entry.bench_path.read_text())["gpu"]
+    vs = gpu["variant_search"]["h200"]
+    assert vs["adopted"] and vs["config"] == "block_n=2048,num_warps=8" and vs["patch_sha256"] == patch_sha256(entry)
+    assert gpu["validation"]["workloads"]["flux2"]["patch_sha256"] == patch_sha256(entry)
+    k, why = _ask(entry)
+    assert k is not None and k.speedup == 1.05, why
+
+    # a rejected variant changes nothing in the entry, but its search is remembered
+    o2 = _outcome("rejected", generator="variant-search", run_id="r-2", patch=new_patch + "\n", verdict={**verdict, "status": "rejected"},
+                  config="block_n=256,num_warps=2")
+    learn(o2, store_dir=store, lessons_dir=lessons)
+    assert entry.patch_path.read_text() == new_patch
+    vs = json.loads(entry.bench_path.read_text())["gpu"]["variant_search"]["h200"]
+    assert vs["run_id"] == "r-2" and not vs["adopted"] and vs["status"] == "rejected"
