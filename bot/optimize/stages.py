@@ -471,8 +471,11 @@ class Stages:
             notes.append("variant search: not selected (--generators)")
         # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
         cr = _piece("bot.generate.compile_region", "generate")
+        learned_cr = self._learned_from(ctx, replayed, "compile-region")
         if "compile-region" not in gens:
             notes.append("compile region: not selected (--generators)")
+        elif learned_cr:
+            notes.append(f"compile region: learned by an earlier run as store entry {learned_cr}, replayed above")
         elif cr is None:
             notes.append("compile region: not available (bot.generate.compile_region is not installed)")
         elif not t.device.startswith("cuda"):
@@ -597,6 +600,18 @@ class Stages:
             return None, ""
         env = ctx.results.get("baseline", {}).get("env", {})
         return known_verdict(entry, t.workload.name, self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype, env)
+
+    def _learned_from(self, ctx: RunContext, replayed: list, generator: str) -> str:
+        """The id of a replayed entry that an earlier run's `generator` produced (provenance), or ""."""
+        from bot.knowledge.store import get_entry
+        for r in replayed:
+            try:
+                e = get_entry(r.entry_id, self._store_root(ctx))
+            except OptbotError:
+                continue
+            if e.provenance.kind == "generated" and e.provenance.agent == generator:
+                return e.id
+        return ""
 
     def _searched(self, ctx: RunContext, entry) -> str:
         """Why the entry's config space needs no search on this hardware, or "": a search for the same
