@@ -50,6 +50,9 @@ for run in 1 2; do
   python3 -m bot optimize "$wl" --preset full --device cuda --gpus "$gpus" --dry-run --knowledge-path "$know" \
     --ablation-rounds "${ABLATION_ROUNDS:-1}" --json "$RES/run$run.json" > "$RES/run$run.txt" 2>&1
   echo "run $run: exit $?, $(( $(date +%s) - start )) s wall" | tee -a "$RES/wall.txt"
+  # a person merges the knowledge PR between the runs: here, the knowledge branch fast-forwards
+  kb=$(git -C "$know" for-each-ref --format='%(refname:short)' 'refs/heads/optbot/knowledge/*' | head -1)
+  [ -n "$kb" ] && git -C "$know" merge -q --ff-only "$kb" && git -C "$know" log --oneline -1 | tee -a "$RES/wall.txt"
 done
 python3 - "$RES" <<'PY'
 import json, sys

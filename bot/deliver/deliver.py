@@ -82,7 +82,8 @@ def deliver(ctx: RunContext, forge=None) -> DeliverResult:
         for rel, data in kfiles.items():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (out / rel).write_bytes(data)
-        kpr = PullRequestRef("none", note=f"{root} is not a git repository: knowledge files written to {out}")
+        kpr = PullRequestRef("none", note=f"{knowledge_root(ctx.options)} is not a git repository: knowledge "
+                                          f"files written to {out}")
         kbranch = ""
     notes.append(f"knowledge: {kpr.action} {kpr.url} {kpr.note}".strip())
     maybe_abort("deliver:knowledge-pr")

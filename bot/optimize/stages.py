@@ -781,7 +781,7 @@ class Stages:
         if not verdicts:
             return LearnResult("skipped", "nothing validated, nothing to learn")
         from bot.deliver.knowledge import knowledge_root
-        root = knowledge_root(ctx.options)
+        root = self._staging(knowledge_root(ctx.options), ctx.run_dir / "knowledge-staging")
         t = self.target(ctx)
         cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
         repo = t.checkout.repo
@@ -822,6 +822,21 @@ class Stages:
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
+
+    @staticmethod
+    def _staging(root: Path, staging: Path) -> Path:
+        """What a run learns is written into a copy of the knowledge (kernel_store/, lessons/) in the
+        run directory, never into the knowledge repository's working tree: deliver commits the
+        changed files to the knowledge branch, and they reach the next run when a person merges the
+        knowledge PR (reviewed like code). A resumed run starts its copy again."""
+        import shutil
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        for sub in ("kernel_store", "lessons"):
+            if (root / sub).is_dir():
+                shutil.copytree(root / sub, staging / sub, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        return staging
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:

@@ -6,6 +6,7 @@ and HTML) whose every latency row names the device that measured it."""
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import re
 import signal
@@ -26,6 +27,9 @@ def _env(tmp_path: Path) -> dict:
     know.mkdir()
     r = git.Repo.init(know, initial_branch="main")
     (know / "README.md").write_text("knowledge\n")
+    # a one-entry store: replay reads the knowledge path's store, learn writes back only to its branch
+    shutil.copytree(ROOT / "kernel_store" / "flux2-swiglu", know / "kernel_store" / "flux2-swiglu")
+    (know / "lessons").mkdir()
     r.git.add("-A")
     r.git.commit("-qm", "init", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@l",
                                      "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@l"})
@@ -79,5 +83,12 @@ def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_e
     know = git.Repo(env["OPTBOT_KNOWLEDGE_PATH"])
     files = know.git.ls_tree("-r", "--name-only", out["deliver"]["knowledge_branch"]).split()
     assert any(f.endswith("latency.png") for f in files)
+    # what the run learned is on the knowledge branch (the replayed entry's history), and the
+    # knowledge working tree is as the person left it: it changes when they merge the PR
+    assert "kernel_store/flux2-swiglu/bench.json" in out["learn"]["files"]
+    hist = json.loads(know.git.show(f"{out['deliver']['knowledge_branch']}:kernel_store/flux2-swiglu/bench.json"))["history"]
+    assert hist[-1]["run_id"] == runs[0].name and hist[-1]["generator"] == "replay"
+    assert not know.is_dirty(untracked_files=True)
+    assert "history" not in json.loads((Path(know.working_tree_dir) / "kernel_store/flux2-swiglu/bench.json").read_text())
     # the command said where things are
     assert "report:" in p2.stderr and "optimization branch:" in p2.stderr
