@@ -350,6 +350,8 @@ class Stages:
             co = ctx.results.get("checkout") or {}
             ctx.target = resolve_target(o.workload, o.engine, co.get("base_sha") or o.ref,
                                         co.get("preset") or o.preset, co.get("device") or o.device)
+            if ctx.results.get("generate"):
+                self._fetch_bundle(ctx, ctx.target)
         return ctx.target
 
     def _job(self, ctx: RunContext, kind: str, worktree: Path, out_dir: Path, iters: int, **kw) -> Job:
@@ -495,7 +497,57 @@ class Stages:
         notes += self._agent(ctx, opps, recs) if "agent" in gens else ["agent: not selected (--generators)"]
         if ctx.budget.exhausted():
             notes.append("wall-time budget spent during generation")
+        if recs:
+            notes.append(self._bundle(ctx, [r.sha for r in recs]))
         return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
+
+    @staticmethod
+    def _bundle_path(ctx: RunContext) -> Path:
+        return ctx.run_dir / "candidates.bundle"
+
+    def _bundle(self, ctx: RunContext, shas: list[str]) -> str:
+        """The candidate commits, as a git bundle in the run directory: a run resumed on another
+        machine (an ephemeral runner, a new device lease) fetches them into its freshly materialized
+        engine repository, which has the same base sha (engine repositories are deterministic)."""
+        repo = self.target(ctx).checkout.repo
+        f = self._bundle_path(ctx)
+        refs = []
+        for i, sha in enumerate(shas):
+            ref = f"refs/optbot/{ctx.run_id}/c{i}"
+            repo.git.update_ref(ref, sha)
+            refs.append(ref)
+        repo.git.bundle("create", str(f), *refs)
+        return f"candidate commits bundled in {f.name} (for a resume on another machine)"
+
+    def _fetch_bundle(self, ctx: RunContext, t: Target) -> None:
+        """On resume: candidate commits missing from this machine's engine repository come from the
+        run's bundle. Without the bundle (or with commits it does not hold) the run stops clearly."""
+        shas = [c["sha"] for c in (ctx.results.get("generate") or {}).get("candidates", [])]
+        repo = t.checkout.repo
+
+        def missing() -> list[str]:
+            out = []
+            for sha in shas:
+                try:
+                    repo.commit(sha)
+                except (ValueError, git.BadName):
+                    out.append(sha)
+            return out
+
+        comb = ctx.results.get("combine") or {}
+        if comb.get("commits") and comb.get("head_sha"):
+            shas.append(comb["head_sha"])
+        if not missing():
+            return
+        f = self._bundle_path(ctx)
+        if f.is_file():
+            repo.git.fetch("-q", str(f), "refs/optbot/*:refs/optbot/*")
+        gone = missing()
+        if not gone and comb.get("commits") and comb.get("branch"):
+            repo.git.update_ref(f"refs/heads/{comb['branch']}", comb["head_sha"])
+        if gone:
+            raise OptbotError(f"resume of {ctx.run_id}: candidate commits {', '.join(s[:12] for s in gone)} are not in "
+                              f"{t.checkout.repo_path}" + ("" if f.is_file() else f" and {f} does not exist"))
 
     def _variants(self, ctx: RunContext, replayed: list, recs: list[CandidateRecord], opps: list[dict]) -> list[str]:
         """Variant search (generate helper) for each replayed entry that declares a config_space: its
@@ -664,9 +716,14 @@ class Stages:
         def one(c: CandidateRecord, device: str) -> VerdictRecord:
             if c.known and c.known.get("status") == "accepted":
                 return reused_verdict(c.id, c.known)
+            done = self._checkpoint(ctx, c)
+            if done is not None:  # a resumed run: this candidate's verdict was reached before the stop
+                return done
             if ctx.budget.exhausted():
                 return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
-            return self.verdict_of(ctx, c.sha, c.id, device)
+            v = self.verdict_of(ctx, c.sha, c.id, device)
+            self._checkpoint(ctx, c, v)
+            return v
 
         from bot.lanes import map_on_lanes
 
@@ -674,6 +731,20 @@ class Stages:
         verdicts = map_on_lanes(one, cands, devices)
         n_ok = sum(v.status == "accepted" for v in verdicts)
         return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+
+    @staticmethod
+    def _checkpoint(ctx: RunContext, c: CandidateRecord, v: VerdictRecord | None = None) -> VerdictRecord | None:
+        """Each candidate's verdict is kept as soon as it is reached (validate/<id>/verdict-record.json),
+        so a run stopped in the middle of the validate step resumes without validating it again."""
+        from bot.optimize.state import write_json_atomic
+        f = ctx.run_dir / "validate" / c.id / "verdict-record.json"
+        if v is not None:
+            write_json_atomic(f, {"sha": c.sha, "verdict": asdict(v)})
+            return v
+        if not f.is_file():
+            return None
+        d = json.loads(f.read_text())
+        return verdict_from_dict(c.id, d["verdict"]) if d.get("sha") == c.sha else None
 
     def _validator(self):
         # validate helper: bot.validate.validate(target, candidate, base=None, opts=Options(...)) -> Verdict
@@ -729,6 +800,8 @@ class Stages:
         branch = branch_name(t.workload.name, t.checkout.base_sha)
         commits, dropped, head = build_stack(t.checkout, branch, accepted, verdicts, ctx)
         res = CombineResult("done", branch, t.checkout.base_sha, head, commits, superseded + dropped)
+        if commits:  # the stack joins the bundle: a resume on another machine finds the branch
+            self._bundle(ctx, [c.sha for c in cands.values()] + [head])
         if not commits:
             res.stack_note = "no accepted optimization: the branch equals the base"
             res.ablation_note = "nothing to ablate"

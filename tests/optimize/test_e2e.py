@@ -92,3 +92,33 @@ def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_e
     assert "history" not in json.loads((Path(know.working_tree_dir) / "kernel_store/flux2-swiglu/bench.json").read_text())
     # the command said where things are
     assert "report:" in p2.stderr and "optimization branch:" in p2.stderr
+
+
+@pytest.mark.slow
+def test_resume_on_another_machine_fetches_the_candidates(tmp_path, diffusers_engine):
+    """An ephemeral runner: the run is killed after validate, and resumed where OPTBOT_HOME is new
+    (the engine repository re-materialized from the release: same base sha, none of the candidate
+    commits). The candidates come from the run's bundle; each verdict comes from its checkpoint."""
+    env = _env(tmp_path)
+    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", "2"]
+    p = subprocess.run(cmd, env={**env, "OPTBOT_ABORT_AFTER": "validate", "OPTBOT_ABORT_MODE": "kill"},
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    run = next((tmp_path / "runs").iterdir())
+    assert (run / "candidates.bundle").is_file()
+    cands = json.loads((run / "generate.json").read_text())["candidates"]
+    assert cands and all((run / "validate" / c["id"] / "verdict-record.json").is_file() for c in cands)
+
+    home = tmp_path / "new-machine"
+    shutil.copytree(Path(os.environ["OPTBOT_HOME"]) / "downloads", home / "downloads")
+    env2 = {**env, "OPTBOT_HOME": str(home)}
+    p2 = subprocess.run([*cmd[:5], "--resume", run.name, "--json", str(tmp_path / "run.json")], env=env2,
+                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    out = json.loads((tmp_path / "run.json").read_text())
+    repo = git.Repo(home / "engines" / "diffusers-0.42.1")
+    assert repo.head.commit.hexsha == diffusers_engine.base_sha  # deterministic engine repository
+    for c in cands:
+        repo.commit(c["sha"])  # fetched from the bundle
+    if out["combine"]["commits"]:
+        assert repo.commit(out["combine"]["branch"]).hexsha == out["combine"]["head_sha"]

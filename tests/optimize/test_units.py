@@ -178,3 +178,20 @@ def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffu
     assert recs[0].trailers["Optbot-Config"] == "block_n=512,num_warps=2" and recs[0].opportunity == "o1"
     assert "committed" in notes[0], notes
     assert (tmp_path / "variants" / "flux2-swiglu" / "variants.json").is_file()
+
+
+def test_a_candidate_verdict_is_checkpointed_for_resume(tmp_path):
+    """validate keeps each verdict as soon as it is reached; a resumed run takes it back for the same
+    commit only."""
+    from types import SimpleNamespace
+
+    from bot.optimize.stages import CandidateRecord, Stages, VerdictRecord
+
+    ctx = SimpleNamespace(run_dir=tmp_path)
+    c = CandidateRecord(id="replay-x", title="x", sha="a" * 40, worktree="")
+    assert Stages._checkpoint(ctx, c) is None
+    Stages._checkpoint(ctx, c, VerdictRecord("replay-x", "rejected", "no-change: 1.004x", "cuda"))
+    back = Stages._checkpoint(ctx, c)
+    assert back.status == "rejected" and back.reason == "no-change: 1.004x" and back.device == "cuda"
+    other = CandidateRecord(id="replay-x", title="x", sha="b" * 40, worktree="")
+    assert Stages._checkpoint(ctx, other) is None  # another commit under the same id: validate again
