@@ -739,6 +739,7 @@ class Stages:
         from bot.optimize.state import write_json_atomic
         f = ctx.run_dir / "validate" / c.id / "verdict-record.json"
         if v is not None:
+            f.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(f, {"sha": c.sha, "verdict": asdict(v)})
             return v
         if not f.is_file():
