@@ -28,6 +28,8 @@ import git
 from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
+from bot.optimize.resume import (bundle_candidates, fetch_candidates, load_checkpoint, save_checkpoint,
+                                 staging_copy)
 from bot.target import Target, base_worktree, resolve_target
 from bot.trailers import parse_trailers, trailer_values
 from runner.job import Job
@@ -351,7 +353,7 @@ class Stages:
             ctx.target = resolve_target(o.workload, o.engine, co.get("base_sha") or o.ref,
                                         co.get("preset") or o.preset, co.get("device") or o.device)
             if ctx.results.get("generate"):
-                self._fetch_bundle(ctx, ctx.target)
+                fetch_candidates(ctx.target.checkout, ctx.run_dir, ctx.run_id, ctx.results)
         return ctx.target
 
     def _job(self, ctx: RunContext, kind: str, worktree: Path, out_dir: Path, iters: int, **kw) -> Job:
@@ -498,56 +500,8 @@ class Stages:
         if ctx.budget.exhausted():
             notes.append("wall-time budget spent during generation")
         if recs:
-            notes.append(self._bundle(ctx, [r.sha for r in recs]))
+            notes.append(bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [r.sha for r in recs]))
         return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
-
-    @staticmethod
-    def _bundle_path(ctx: RunContext) -> Path:
-        return ctx.run_dir / "candidates.bundle"
-
-    def _bundle(self, ctx: RunContext, shas: list[str]) -> str:
-        """The candidate commits, as a git bundle in the run directory: a run resumed on another
-        machine (an ephemeral runner, a new device lease) fetches them into its freshly materialized
-        engine repository, which has the same base sha (engine repositories are deterministic)."""
-        repo = self.target(ctx).checkout.repo
-        f = self._bundle_path(ctx)
-        refs = []
-        for i, sha in enumerate(shas):
-            ref = f"refs/optbot/{ctx.run_id}/c{i}"
-            repo.git.update_ref(ref, sha)
-            refs.append(ref)
-        repo.git.bundle("create", str(f), *refs)
-        return f"candidate commits bundled in {f.name} (for a resume on another machine)"
-
-    def _fetch_bundle(self, ctx: RunContext, t: Target) -> None:
-        """On resume: candidate commits missing from this machine's engine repository come from the
-        run's bundle. Without the bundle (or with commits it does not hold) the run stops clearly."""
-        shas = [c["sha"] for c in (ctx.results.get("generate") or {}).get("candidates", [])]
-        repo = t.checkout.repo
-
-        def missing() -> list[str]:
-            out = []
-            for sha in shas:
-                try:
-                    repo.commit(sha)
-                except (ValueError, git.BadName):
-                    out.append(sha)
-            return out
-
-        comb = ctx.results.get("combine") or {}
-        if comb.get("commits") and comb.get("head_sha"):
-            shas.append(comb["head_sha"])
-        if not missing():
-            return
-        f = self._bundle_path(ctx)
-        if f.is_file():
-            repo.git.fetch("-q", str(f), "refs/optbot/*:refs/optbot/*")
-        gone = missing()
-        if not gone and comb.get("commits") and comb.get("branch"):
-            repo.git.update_ref(f"refs/heads/{comb['branch']}", comb["head_sha"])
-        if gone:
-            raise OptbotError(f"resume of {ctx.run_id}: candidate commits {', '.join(s[:12] for s in gone)} are not in "
-                              f"{t.checkout.repo_path}" + ("" if f.is_file() else f" and {f} does not exist"))
 
     def _variants(self, ctx: RunContext, replayed: list, recs: list[CandidateRecord], opps: list[dict]) -> list[str]:
         """Variant search (generate helper) for each replayed entry that declares a config_space: its
@@ -716,13 +670,13 @@ class Stages:
         def one(c: CandidateRecord, device: str) -> VerdictRecord:
             if c.known and c.known.get("status") == "accepted":
                 return reused_verdict(c.id, c.known)
-            done = self._checkpoint(ctx, c)
+            done = load_checkpoint(ctx.run_dir, c.id, c.sha)
             if done is not None:  # a resumed run: this candidate's verdict was reached before the stop
-                return done
+                return verdict_from_dict(c.id, done)
             if ctx.budget.exhausted():
                 return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
             v = self.verdict_of(ctx, c.sha, c.id, device)
-            self._checkpoint(ctx, c, v)
+            save_checkpoint(ctx.run_dir, c.id, c.sha, asdict(v))
             return v
 
         from bot.lanes import map_on_lanes
@@ -731,21 +685,6 @@ class Stages:
         verdicts = map_on_lanes(one, cands, devices)
         n_ok = sum(v.status == "accepted" for v in verdicts)
         return ValidateResult("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
-
-    @staticmethod
-    def _checkpoint(ctx: RunContext, c: CandidateRecord, v: VerdictRecord | None = None) -> VerdictRecord | None:
-        """Each candidate's verdict is kept as soon as it is reached (validate/<id>/verdict-record.json),
-        so a run stopped in the middle of the validate step resumes without validating it again."""
-        from bot.optimize.state import write_json_atomic
-        f = ctx.run_dir / "validate" / c.id / "verdict-record.json"
-        if v is not None:
-            f.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(f, {"sha": c.sha, "verdict": asdict(v)})
-            return v
-        if not f.is_file():
-            return None
-        d = json.loads(f.read_text())
-        return verdict_from_dict(c.id, d["verdict"]) if d.get("sha") == c.sha else None
 
     def _validator(self):
         # validate helper: bot.validate.validate(target, candidate, base=None, opts=Options(...)) -> Verdict
@@ -802,7 +741,7 @@ class Stages:
         commits, dropped, head = build_stack(t.checkout, branch, accepted, verdicts, ctx)
         res = CombineResult("done", branch, t.checkout.base_sha, head, commits, superseded + dropped)
         if commits:  # the stack joins the bundle: a resume on another machine finds the branch
-            self._bundle(ctx, [c.sha for c in cands.values()] + [head])
+            bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.sha for c in cands.values()] + [head])
         if not commits:
             res.stack_note = "no accepted optimization: the branch equals the base"
             res.ablation_note = "nothing to ablate"
@@ -855,7 +794,7 @@ class Stages:
         if not verdicts:
             return LearnResult("skipped", "nothing validated, nothing to learn")
         from bot.deliver.knowledge import knowledge_root
-        root = self._staging(knowledge_root(ctx.options), ctx.run_dir / "knowledge-staging")
+        root = staging_copy(knowledge_root(ctx.options), ctx.run_dir / "knowledge-staging")
         t = self.target(ctx)
         cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
         repo = t.checkout.repo
@@ -896,21 +835,6 @@ class Stages:
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
-
-    @staticmethod
-    def _staging(root: Path, staging: Path) -> Path:
-        """What a run learns is written into a copy of the knowledge (kernel_store/, lessons/) in the
-        run directory, never into the knowledge repository's working tree: deliver commits the
-        changed files to the knowledge branch, and they reach the next run when a person merges the
-        knowledge PR (reviewed like code). A resumed run starts its copy again."""
-        import shutil
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
-        for sub in ("kernel_store", "lessons"):
-            if (root / sub).is_dir():
-                shutil.copytree(root / sub, staging / sub, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        return staging
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:

@@ -183,15 +183,13 @@ def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffu
 def test_a_candidate_verdict_is_checkpointed_for_resume(tmp_path):
     """validate keeps each verdict as soon as it is reached; a resumed run takes it back for the same
     commit only."""
-    from types import SimpleNamespace
+    from dataclasses import asdict
 
-    from bot.optimize.stages import CandidateRecord, Stages, VerdictRecord
+    from bot.optimize.resume import load_checkpoint, save_checkpoint
+    from bot.optimize.stages import VerdictRecord, verdict_from_dict
 
-    ctx = SimpleNamespace(run_dir=tmp_path)
-    c = CandidateRecord(id="replay-x", title="x", sha="a" * 40, worktree="")
-    assert Stages._checkpoint(ctx, c) is None
-    Stages._checkpoint(ctx, c, VerdictRecord("replay-x", "rejected", "no-change: 1.004x", "cuda"))
-    back = Stages._checkpoint(ctx, c)
+    assert load_checkpoint(tmp_path, "replay-x", "a" * 40) is None
+    save_checkpoint(tmp_path, "replay-x", "a" * 40, asdict(VerdictRecord("replay-x", "rejected", "no-change: 1.004x", "cuda")))
+    back = verdict_from_dict("replay-x", load_checkpoint(tmp_path, "replay-x", "a" * 40))
     assert back.status == "rejected" and back.reason == "no-change: 1.004x" and back.device == "cuda"
-    other = CandidateRecord(id="replay-x", title="x", sha="b" * 40, worktree="")
-    assert Stages._checkpoint(ctx, other) is None  # another commit under the same id: validate again
+    assert load_checkpoint(tmp_path, "replay-x", "b" * 40) is None  # another commit under the same id
