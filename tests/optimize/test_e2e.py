@@ -38,15 +38,23 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-@pytest.mark.slow
-def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_engine):
-    env = _env(tmp_path)
-    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", "3"]
+def _killed_after_validate(tmp_path: Path, env: dict, iters: str) -> tuple[list[str], Path]:
+    """`optbot optimize flux2` on CPU, SIGKILLed by fault injection right after validate: (the
+    command, the run directory it left)."""
+    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", iters]
     p = subprocess.run(cmd, env={**env, "OPTBOT_ABORT_AFTER": "validate", "OPTBOT_ABORT_MODE": "kill"},
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1
+    return cmd, runs[0]
+
+
+@pytest.mark.slow
+def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_engine):
+    env = _env(tmp_path)
+    cmd, run = _killed_after_validate(tmp_path, env, "3")
+    runs = [run]
     state = json.loads((runs[0] / "state.json").read_text())
     assert list(state["steps"]) == ["checkout", "baseline", "profile", "analyze", "generate", "validate"]
     assert state["finished"] is False
@@ -100,11 +108,7 @@ def test_resume_on_another_machine_fetches_the_candidates(tmp_path, diffusers_en
     (the engine repository re-materialized from the release: same base sha, none of the candidate
     commits). The candidates come from the run's bundle; each verdict comes from its checkpoint."""
     env = _env(tmp_path)
-    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", "2"]
-    p = subprocess.run(cmd, env={**env, "OPTBOT_ABORT_AFTER": "validate", "OPTBOT_ABORT_MODE": "kill"},
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    run = next((tmp_path / "runs").iterdir())
+    cmd, run = _killed_after_validate(tmp_path, env, "2")
     assert (run / "candidates.bundle").is_file()
     cands = json.loads((run / "generate.json").read_text())["candidates"]
     assert cands and all((run / "validate" / c["id"] / "verdict-record.json").is_file() for c in cands)
