@@ -164,7 +164,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     Accepted on a GPU: the entry adopts it (patch.diff and its kernel sources become the variant's),
     so the next run replays the tuned entry; either way the search is recorded per hardware against
     the entry's patch (`gpu.variant_search`), so the next run does not search the same space again."""
-    import hashlib
+    from bot.knowledge.known import patch_file_sha256
 
     if not o.device.startswith("cuda"):
         return
@@ -180,7 +180,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     env = o.verdict.get("env") or {}
     bench.setdefault("gpu", {}).setdefault("variant_search", {})[o.hardware] = {
         "run_id": o.run_id, "config": o.config, "status": o.status, "reason": o.reason, "adopted": adopted,
-        "patch_sha256": hashlib.sha256((entry_dir / "patch.diff").read_bytes()).hexdigest(),
+        "patch_sha256": patch_file_sha256(entry_dir / "patch.diff"),
         "torch": env.get("torch"), "triton": env.get("triton"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
@@ -197,12 +197,10 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
     vs = ((bench.get("gpu") or {}).get("variant_search") or {}).get(o.hardware) or {}
     if o.generator == "replay" and vs.get("run_id") == o.run_id and vs.get("adopted"):
         return  # this run's tuned variant replaced the patch the plain replay was validated on
-    import hashlib
-
-    from bot.knowledge.known import validation_numbers
+    from bot.knowledge.known import patch_file_sha256, validation_numbers
 
     w = validation_numbers(o.verdict)
-    w["patch_sha256"] = hashlib.sha256((entry_dir / "patch.diff").read_bytes()).hexdigest()
+    w["patch_sha256"] = patch_file_sha256(entry_dir / "patch.diff")
     bench.setdefault("gpu", {})["validation"] = {
         "command": o.command or f"optbot optimize (run {o.run_id})", "run_id": o.run_id,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": o.device,

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -126,6 +125,10 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
 
     done: dict[str, dict] = {}
 
+    def payload(entries_json: list[dict], **extra) -> dict:
+        return {"device": device, "lanes": lanes, "preset": preset, "command": command_line(), **extra,
+                "entries": entries_json}
+
     def one(e_prep, lane: str):
         e, prep = e_prep
         say(f"{e.id}: kernel tests and validation on {lane}")
@@ -134,12 +137,9 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
                          log=lambda m, _id=e.id: say(f"  {_id}: {m}"))
         with lock:  # a partial file after each entry: a killed check keeps what it finished
             done[e.id] = r.to_json()
-            write_json(run_dir / "store-check.partial.json", {"device": device, "lanes": lanes, "preset": preset,
-                                                              "command": command_line(), "partial": True,
-                                                              "entries": list(done.values())}, quiet=True)
-            if json_path:
-                write_json(json_path, {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
-                                       "partial": True, "entries": list(done.values())}, quiet=True)
+            partial = payload(list(done.values()), partial=True)
+            write_json(run_dir / "store-check.partial.json", partial, quiet=True)
+            write_json(json_path, partial, quiet=True)
         say(f"{'ok  ' if r.ok else 'FAIL'} {e.id} ({len(done)}/{len(entries)} done)")
         return r
 
@@ -152,8 +152,7 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
         if record and not no_kernels:
             _record_correctness(e, r)
             _record_validation(e, r.to_json(), lessons_dir=_lessons_for(store_dir))
-    data = {"device": device, "lanes": lanes, "preset": preset, "command": command_line(),
-            "ok": all(r.ok for r in results), "entries": [r.to_json() for r in results]}
+    data = payload([r.to_json() for r in results], ok=all(r.ok for r in results))
     write_json(run_dir / "store-check.json", data)
     write_json(json_path, data)
     if not data["ok"]:
@@ -211,7 +210,7 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
     its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
     from bot.knowledge.known import patch_sha256, validation_numbers
 
-    checks = [c if isinstance(c, dict) else asdict(c) for c in result["checks"]]
+    checks = result["checks"]  # EntryCheck.to_json() or the same from a store-check JSON file
     verdicts = {c["name"].split(":", 1)[1]: validation_numbers(c["details"]) for c in checks
                 if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
     if not verdicts:

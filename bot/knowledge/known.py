@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from bot.knowledge.store import Entry
 
 
+def patch_file_sha256(path: Path) -> str:
+    """The key a recorded verdict or variant search is tied to: the bytes of an entry's patch.diff."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def patch_sha256(entry: Entry) -> str:
-    return hashlib.sha256(entry.patch_path.read_bytes()).hexdigest()
+    return patch_file_sha256(entry.patch_path)
 
 
 @dataclass
