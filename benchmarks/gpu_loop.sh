@@ -1,30 +1,62 @@
 #!/usr/bin/env bash
-# The knowledge loop measured (issue 5): two `optbot optimize` runs of one workload on the same GPU
-# machine, on a scratch knowledge repository, and both runs' gain and GPU time side by side.
+# The knowledge loop measured (issue 5): two `optbot optimize` runs of one workload, on a scratch
+# knowledge repository, and both runs' gain and GPU time side by side.
 #
 #   bash benchmarks/gpu_loop.sh WORKLOAD [MODE]
 #
 # MODE seeded (default): run 1 starts from the seeded store with its GPU knowledge removed (no
-#   gpu.validation records, no GPU caveat lessons): it validates every entry; its learn step writes
-#   the verdicts back. Run 2 starts from what run 1 left: known verdicts are reused, known-rejected
-#   entries skipped, and only the stack is validated (fresh seeds) and ablated.
+#   gpu.* records, no GPU caveat lessons): it searches the entries' config spaces, validates every
+#   candidate, ablates the stack; its learn step writes verdicts, adopted variants and the stack's
+#   leave-one-out back. Run 2 starts from what run 1 left (its knowledge branch fast-forwarded, as a
+#   person merging the knowledge PR would): known verdicts are reused, known-rejected entries
+#   skipped, searched spaces not searched again, the stack validated fresh (new seeds).
 # MODE empty: run 1 starts from an empty store and no lessons: without ANTHROPIC_API_KEY only the
 #   compile-region generator has anything to offer.
-# Both runs use --gpus $GPUS (default: all), --ablation-rounds ${ABLATION_ROUNDS:-1}, --dry-run.
-# Timing: on one H200 a FLUX.2 full-preset validation costs ~150 GPU-s; run 1 of Qwen-Image in
-# seeded mode needs ~515 s wall on 4 GPUs, ~660 s on 2 (more than one 10-minute device call).
+#
+# In pieces: the experiment outlasts one 10-minute device call, so every invocation goes on where
+# the last one stopped and ends within CALL_S seconds (default 570): optimize runs with
+# --pause-after (CALL_S - elapsed - RESERVE_S), RESERVE_S (default 180) being the longest piece of
+# work that is never interrupted (one validation, one ablation). Exit 0 with "call again" when it
+# paused. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
+# (knowledge repository + run directories without tensors) is written to $OUT/kit.tgz, and an
+# invocation on a fresh machine restores it from $KIT (default .loop-kit/kit.tgz, a carried path).
+# The results (both runs' logs, JSON, state, the summary) go to $RES and, as one archive, to
+# $OUT/results.tgz.
+#
+# Env: GPUS (default: all), GENERATORS (default: optimize's), ABLATION_ROUNDS (default 1),
+#      PRESET/DEVICE (default full/cuda; tiny/cpu only to try the script itself).
 set -uo pipefail
 wl="${1:-qwen-image}"; mode="${2:-seeded}"
-RES="${RES:-benchmarks/results/h200-loop-$(date +%Y%m%d)}/$wl-$mode"
+T0=$(date +%s)
+CALL_S="${CALL_S:-570}"; RESERVE_S="${RESERVE_S:-180}"
+PRESET="${PRESET:-full}"; DEVICE="${DEVICE:-cuda}"
+LOOP="${LOOP_DIR:-/tmp/optbot-loop}/$wl-$mode"
+RES="${RES:-benchmarks/results/h200-loop-$(date +%Y%m%d)/$wl-$mode}"
+KIT="${KIT:-.loop-kit/kit.tgz}"
 mkdir -p "$RES"
-[ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if [ -d .whl ] && [ ! -f /tmp/site/.optbot-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && touch /tmp/site/.optbot-wheels
+fi
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="/tmp/optbot-runs-loop"
+export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="$LOOP/runs"
 mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/diffusers-*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
-gpus="${GPUS:-$(nvidia-smi -L | wc -l)}"
-know=/tmp/optbot-loop-knowledge
-rm -rf "$know" && mkdir -p "$know"
-python3 - "$know" "$mode" <<'PY'
+if [ "$DEVICE" = cuda ]; then gpus="${GPUS:-$(nvidia-smi -L | wc -l)}"; else gpus=1; fi
+know="$LOOP/knowledge"
+
+pack() {  # the resume kit and the results, for the next call (maybe on another machine)
+  [ -n "${OUT:-}" ] || return 0
+  tar czf "$OUT/kit.tgz" --exclude='*.pt' --exclude='*.safetensors' -P "$LOOP" 2>/dev/null
+  tar czf "$OUT/results.tgz" "$RES" 2>/dev/null
+  ls -la "$OUT"
+}
+
+if [ ! -d "$know/.git" ] && [ -f "$KIT" ]; then
+  echo "restoring the loop's state from $KIT"; tar xzf "$KIT" -P
+fi
+if [ ! -d "$know/.git" ]; then
+  mkdir -p "$know"
+  python3 - "$know" "$mode" <<'PY'
 import json, shutil, subprocess, sys
 from pathlib import Path
 dst, mode = Path(sys.argv[1]), sys.argv[2]
@@ -45,33 +77,61 @@ subprocess.run(["git", "-C", str(dst), "add", "-A"], check=True)
 subprocess.run(["git", "-C", str(dst), "-c", "user.name=optbot", "-c", "user.email=optbot@localhost", "commit", "-q",
                 "--allow-empty", "-m", f"loop experiment start ({mode})"], check=True)
 PY
+  { nvidia-smi 2>/dev/null || true; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$RES/env.txt" 2>&1
+fi
+
 for run in 1 2; do
+  [ -f "$LOOP/run$run.done" ] && continue
+  left=$(( CALL_S - ($(date +%s) - T0) - RESERVE_S ))
+  if [ "$left" -lt 30 ]; then
+    echo "run $run: not started in this call (${left} s left before the reserve): call again"; pack; exit 0
+  fi
   start=$(date +%s)
-  python3 -m bot optimize "$wl" --preset full --device cuda --gpus "$gpus" --dry-run --knowledge-path "$know" \
-    --ablation-rounds "${ABLATION_ROUNDS:-1}" --json "$RES/run$run.json" > "$RES/run$run.txt" 2>&1
-  echo "run $run: exit $?, $(( $(date +%s) - start )) s wall" | tee -a "$RES/wall.txt"
+  if [ -f "$LOOP/run$run.id" ]; then
+    args=(--resume "$(cat "$LOOP/run$run.id")")
+  else
+    args=(--preset "$PRESET" --device "$DEVICE" --gpus "$gpus" --dry-run --knowledge-path "$know"
+          --ablation-rounds "${ABLATION_ROUNDS:-1}")
+    [ -n "${GENERATORS:-}" ] && args+=(--generators "$GENERATORS")
+  fi
+  python3 -m bot optimize "$wl" "${args[@]}" --pause-after "${left}s" --json "$LOOP/run$run.json" >> "$LOOP/run$run.txt" 2>&1
+  rc=$?
+  [ -f "$LOOP/run$run.id" ] || python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$LOOP/run$run.json" > "$LOOP/run$run.id"
+  echo "run $run: attempt exit $rc after $(( $(date +%s) - start )) s wall" | tee -a "$LOOP/wall.txt"
+  cp "$LOOP/run$run.txt" "$LOOP/run$run.json" "$LOOP/wall.txt" "$RES/" 2>/dev/null
+  if [ "$rc" = 75 ]; then echo "run $run paused: call again"; pack; exit 0; fi
+  if [ "$rc" != 0 ]; then tail -30 "$LOOP/run$run.txt"; pack; exit "$rc"; fi
+  touch "$LOOP/run$run.done"
+  cp "$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")/state.json" "$RES/run$run-state.json"
   # a person merges the knowledge PR between the runs: here, the knowledge branch fast-forwards
   kb=$(git -C "$know" for-each-ref --format='%(refname:short)' 'refs/heads/optbot/knowledge/*' | head -1)
-  [ -n "$kb" ] && git -C "$know" merge -q --ff-only "$kb" && git -C "$know" log --oneline -1 | tee -a "$RES/wall.txt"
+  if [ -n "$kb" ]; then
+    git -C "$know" merge -q --ff-only "$kb" && git -C "$know" log --oneline -1 | tee -a "$LOOP/wall.txt"
+    git -C "$know" branch -q -D "$kb"
+    git -C "$know" show --stat HEAD > "$RES/run$run-knowledge-commit.txt"
+  fi
 done
-python3 - "$RES" <<'PY'
+python3 - "$RES" "$LOOP" <<'PY' | tee "$RES/summary.txt"
 import json, sys
 from pathlib import Path
-res = Path(sys.argv[1]); rows = []
+res, loop = Path(sys.argv[1]), Path(sys.argv[2]); rows = []
 for i in (1, 2):
-    f = res / f"run{i}.json"
+    f = loop / f"run{i}.json"
     if not f.is_file():
         print(f"run {i}: no result"); continue
     d = json.loads(f.read_text())
     st = json.loads((Path(d["run_dir"]) / "state.json").read_text())
-    gpu = sum(s.get("gpu_s", 0) for s in st["steps"].values())
+    gpu = sum(s.get("gpu_s", 0) for s in st["steps"].values()) + sum(p.get("gpu_s", 0) for p in st.get("partial", {}).values())
     sv = (d.get("combine") or {}).get("stack_verdict") or {}
     b, c = (sv.get("base_eager") or {}).get("median_ms"), (sv.get("cand_eager") or {}).get("median_ms")
     gain = (b - c) if b and c else 0.0
     rows.append((i, gain, gpu, b, c))
-    print(f"run {i}: gain {gain:.1f} ms per step ({b} -> {c} ms, eager, stack verdict), GPU time {gpu:.1f} s")
+    per = ", ".join(f"{k} {v.get('gpu_s', 0):.0f}" for k, v in st["steps"].items() if v.get("gpu_s"))
+    print(f"run {i} ({d['run_id']}, {st.get('attempts')} attempts): gain {gain:.1f} ms per step "
+          f"({b} -> {c} ms, eager, the stack's verdict), GPU time {gpu:.1f} s ({per})")
 if len(rows) == 2 and rows[0][1] > 0 and rows[0][2] > 0:
     g, t = rows[1][1] / rows[0][1], rows[1][2] / rows[0][2]
     print(f"run 2 reached {100 * g:.1f}% of run 1's gain in {100 * t:.1f}% of its GPU time "
           f"(issue 5 asks >= 95% in <= 25%)")
 PY
+pack

@@ -207,6 +207,18 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
         "workloads": {o.workload: w}}
 
 
+def record_ablation(entry_dir: Path, workload: str, record: dict) -> Path:
+    """The stack's leave-one-out, measured on a GPU, kept in each member entry's bench.json
+    `gpu.ablation[workload]` (the whole stack's rows, so any member answers for it): a later run with
+    the same stack reuses it (bot/knowledge/known.known_ablation)."""
+    f = entry_dir / "bench.json"
+    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    bench.setdefault("gpu", {}).setdefault("ablation", {})[workload] = {
+        **record, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    return f
+
+
 def record_history(o: Outcome, entry_dir: Path) -> Path:
     """Append this run's verdict on a stored entry to its bench.json `history` (one row per run and
     generator: a resumed run rewrites its own row)."""

@@ -38,6 +38,11 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.option("--budget", multiple=True, metavar="30m|$5",
               help="Wall-time budget (30m, 1h30m, 90s) and/or agent cost budget in USD ($5, 5usd); "
                    "repeat or separate with commas.")
+@click.option("--pause-after", "pause_after", metavar="DURATION", default=None,
+              help="Stop this attempt at the first safe point after DURATION (8m, 540s): before a step, a "
+                   "candidate's validation, the stack's validation or its ablation; work in flight finishes. "
+                   "What was reached is kept; continue with --resume RUN_ID (also allowed with --resume). "
+                   "Exit status 75 when it paused. For runners with a job time limit.")
 @click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
 @click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
@@ -62,7 +67,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
 @click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
 @click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
-def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, dry_run, iters, generators,
+def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, pause_after, dry_run, iters,
+            generators,
             ablation_rounds, revalidate, repo,
             knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
             trigger_comment):
@@ -92,6 +98,8 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
       optbot optimize flux2 --preset full --device cuda --gpus 4 --budget 30m,$5
       optbot optimize qwen-image --dry-run --json run.json
       optbot optimize flux2 --resume 20261129-191200-optimize-1a2b3c
+      optbot optimize flux2 --preset full --device cuda --pause-after 8m   # exit 75: paused,
+      optbot optimize flux2 --resume RUN_ID --pause-after 8m                # ... then go on
       GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
           --trigger-pr 42 --trigger-comment 1234567
     """
@@ -100,6 +108,13 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
     from bot.optimize.state import RunState
 
     wall, cost = parse_budget(budget)
+    pause_s = None
+    if pause_after is not None:
+        t = BUDGET_TIME.match(pause_after.strip())
+        if not t or not any(t.groups()):
+            raise click.BadParameter(f"{pause_after!r}: expected a duration like 8m, 540s or 1h30m", param_hint="--pause-after")
+        h, m, sec = (float(x) if x else 0.0 for x in t.groups())
+        pause_s = h * 3600 + m * 60 + sec
     known_gens = ("replay", "variants", "compile-region", "agent")
     gens = tuple(g.strip() for g in generators.split(",") if g.strip())
     bad = [g for g in gens if g not in known_gens]
@@ -110,7 +125,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         saved = RunState.load(resume)
         if saved.workload != workload:
             raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
-        state = run_optimize(resume=resume)
+        state = run_optimize(resume=resume, pause_after_s=pause_s)
     else:
         opts = Options(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
                        budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
@@ -118,8 +133,11 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
                        github_api_url=github_api_url, iters=iters, command=command_line(),
                        generators=gens, revalidate=revalidate, ablation_rounds=ablation_rounds)
-        state = run_optimize(opts)
+        state = run_optimize(opts, pause_after_s=pause_s)
     if json_path is not None:
         from bot.optimize.state import STEPS
         write_json(json_path, {"run_id": state.run_id, "run_dir": str(state.run_dir), "finished": state.finished,
+                               "paused": state.paused, "gpu_s": state.gpu_seconds(),
                                **{s: state.result(s) for s in STEPS}})
+    if state.paused:
+        raise SystemExit(75)  # EX_TEMPFAIL: not done, not failed; --resume continues

@@ -11,6 +11,11 @@ verdict instead of measuring again only when everything that determined it is un
 
 Anything else, or no record, means unknown: the candidate is validated as usual. The stack that a
 run delivers is always validated fresh, on new seeds (bot/optimize/stages.py combine).
+
+The stack's leave-one-out ablation is an attribution (which entry gives how much), not the run's
+number. A run that measured one records it in every member entry's bench.json `gpu.ablation`
+(bot/learn.record_ablation); a later run whose stack has the same diff (sha256 of `git diff base
+head`), base, workload, preset, dtype, hardware, torch and triton reuses it (known_ablation).
 """
 from __future__ import annotations
 
@@ -100,3 +105,29 @@ def validation_numbers(verdict: dict) -> dict:
             "rule": corr.get("rule"), "worst_output": {"label": worst.get("label"), "output": worst.get("output"),
                                                        "rel_l2": worst.get("rel_l2"), "max_abs": worst.get("max_abs")}
             if worst else None, "speed": speed, "env": verdict.get("env"), "seconds": verdict.get("seconds")}
+
+
+def known_ablation(entries: list[Entry], workload: str, stack_sha256: str, hardware: str, base_sha: str,
+                   preset: str, dtype: str, env: dict | None, rounds: int) -> tuple[dict | None, str]:
+    """(the recorded leave-one-out of this exact stack, "") when every member entry holds it and it
+    applies unchanged (at least `rounds` rounds), else (None, why not)."""
+    if not entries:
+        return None, "no member entries"
+    env = env or {}
+    want = {"stack_sha256": stack_sha256, "base_sha": base_sha, "preset": preset, "dtype": dtype,
+            "hardware": hardware, "torch": env.get("torch"), "triton": env.get("triton")}
+    found = None
+    for e in entries:
+        rec = (((e.bench().get("gpu") or {}).get("ablation") or {}).get(workload)) or {}
+        if not rec:
+            return None, f"{e.id}: no leave-one-out recorded for {workload}"
+        for k, v in want.items():
+            if rec.get(k) != v:
+                return None, f"{e.id}: recorded leave-one-out is for another {k.replace('_sha256', '')} ({rec.get(k)} vs {v})"
+        if (rec.get("rounds") or 0) < rounds:
+            return None, f"{e.id}: recorded leave-one-out has {rec.get('rounds')} rounds, {rounds} asked"
+        found = found or rec
+    ids = {e.id for e in entries}
+    if {r.get("entry") for r in found.get("rows", [])} != ids:
+        return None, "recorded leave-one-out rows name other entries than this stack's"
+    return found, ""

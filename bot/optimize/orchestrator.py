@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - exercised only where rich is missing
 from bot.errors import OptbotError
 from bot.jobs import LEDGER
 from bot.optimize.stages import Budget, Options, RunContext, Stages
-from bot.optimize.state import STEPS, InjectedAbort, RunState, maybe_abort, to_jsonable
+from bot.optimize.state import STEPS, InjectedAbort, Paused, RunState, maybe_abort, to_jsonable
 from bot.paths import new_run_dir
 
 
@@ -46,7 +46,11 @@ def _status(r: Any) -> str:
 
 
 def run_optimize(options: Options | None = None, resume: str | None = None, stages: Stages | None = None,
-                 console: Console | None = None) -> RunState:
+                 console: Console | None = None, pause_after_s: float | None = None) -> RunState:
+    """One attempt of a run (a new one, or `resume` = RUN_ID continued). With `pause_after_s` the
+    attempt stops at the first safe point after that many seconds (state.paused; --resume goes on):
+    a runner with a job time limit splits a long run into attempts without losing work."""
+    started = time.time()
     console = console or Console(stderr=True)
     stages = stages or Stages()
     if resume:
@@ -56,6 +60,7 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
             print_summary(state, console)
             return state
         state.attempts += 1
+        state.paused = False
         state.save()
         options = Options(**state.options)
         console.print(f"resuming run {state.run_id} at step {state.next_step()} (attempt {state.attempts})")
@@ -72,7 +77,8 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
     ctx = RunContext(run_id=state.run_id, run_dir=state.run_dir, options=options,
                      budget=Budget(options.budget_wall_s, options.budget_cost_usd),
                      results={s: state.result(s) for s in STEPS if state.is_done(s)},
-                     log=lambda m: console.print(m))
+                     log=lambda m: console.print(m),
+                     pause_at=None if pause_after_s is None else started + pause_after_s)
     from bot.deliver.deliver import make_forge
     ctx.forge = make_forge(ctx)
     _react(ctx, "eyes", console)
@@ -85,10 +91,20 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
         t0 = time.monotonic()
         gpu0 = LEDGER.snapshot().get("cuda", 0.0)
         try:
+            ctx.check_pause(f"step {step}")
             with console.status(f"[{i}/{len(STEPS)}] {step} ...", spinner="dots"):
                 result = getattr(stages, step)(ctx)
         except InjectedAbort:
             raise
+        except Paused as p:
+            secs, gpu_s = time.monotonic() - t0, LEDGER.snapshot().get("cuda", 0.0) - gpu0
+            state.record_pause(step, secs, gpu_s)
+            console.print(f"[{i}/{len(STEPS)}] {step}: paused after {time.time() - started:.0f} s of this attempt "
+                          f"(--pause-after), before {p.before}; what was reached is kept"
+                          + (f" ({secs:.1f} s, {gpu_s:.1f} GPU-s in this step so far)" if secs >= 0.05 else "")
+                          + ". Continue with: "
+                          f"optbot optimize {state.workload} --resume {state.run_id}")
+            return state
         except Exception as e:  # recorded, reacted to, then shown to the user
             state.record_failure(step, time.monotonic() - t0, f"{type(e).__name__}: {e}"[:500])
             _react(ctx, "confused", console)

@@ -193,6 +193,9 @@ class CombineResult:
     stack_note: str = ""
     ablation: list[AblationRow] = field(default_factory=list)
     ablation_note: str = ""
+    stack_sha256: str = ""  # sha256 of `git diff base head`: what the stack changes, whatever its commits
+    ablation_measured: dict = field(default_factory=dict)  # this run's leave-one-out: mode, rounds, device, ms
+    ablation_known_from: str = ""  # run id whose recorded leave-one-out of the same stack was reused
 
 
 @dataclass
@@ -283,6 +286,14 @@ class RunContext:
     log: Callable[[str], None] = print
     target: Target | None = None
     forge: Any = None
+    pause_at: float | None = None  # time.time() after which the attempt stops at its next safe point
+
+    def check_pause(self, before: str) -> None:
+        """Stop here (raise Paused) when the attempt's --pause-after time has passed: `before` names
+        the work that would start next. Work in flight is never interrupted."""
+        if self.pause_at is not None and time.time() >= self.pause_at:
+            from bot.optimize.state import Paused
+            raise Paused(before)
 
     def jobs_dir(self) -> Path:
         d = self.run_dir / "jobs"
@@ -675,6 +686,7 @@ class Stages:
                 return verdict_from_dict(c.id, done)
             if ctx.budget.exhausted():
                 return VerdictRecord(c.id, "held", "wall-time budget spent before this candidate was validated")
+            ctx.check_pause(f"validating {c.id}")  # the lanes' validations in flight finish and are kept
             v = self.verdict_of(ctx, c.sha, c.id, device)
             save_checkpoint(ctx.run_dir, c.id, c.sha, asdict(v))
             return v
@@ -749,8 +761,15 @@ class Stages:
         if self._validator() is None:
             res.stack_note = "stack re-validation skipped: validation not available"
         else:
-            res.stack_verdict = self.verdict_of(ctx, head, "stack", t.device)
+            done = load_checkpoint(ctx.run_dir, "stack", head)  # a resumed run: validated before the stop
+            if done is not None:
+                res.stack_verdict = verdict_from_dict("stack", done)
+            else:
+                ctx.check_pause("validating the stack")
+                res.stack_verdict = self.verdict_of(ctx, head, "stack", t.device)
+                save_checkpoint(ctx.run_dir, "stack", head, asdict(res.stack_verdict))
             res.stack_note = f"stack re-validated: {res.stack_verdict.status} ({res.stack_verdict.reason})"
+        res.stack_sha256 = stack_diff_sha256(t.checkout.repo, res.base_sha, head)
         res.ablation, res.ablation_note = self.ablate(ctx, res)
         return res
 
@@ -769,8 +788,13 @@ class Stages:
             return [], "ablation not run (--ablation-rounds 0)"
         if len(res.commits) < 2:
             return [], "one commit: its contribution is the stack's verdict (nothing to leave out)"
+        known = self._known_ablation(ctx, res)
+        if known is not None:
+            return known
+        ctx.check_pause("ablating the stack")
         ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
                         rounds=ctx.options.ablation_rounds))
+        res.ablation_measured = {k: ab.get(k) for k in ("mode", "rounds", "device", "base_ms", "stack_ms", "noise_pct")}
         by_sha = {c.sha: c for c in res.commits}
         out = []
         for d in ab.get("rows", []):
@@ -783,6 +807,41 @@ class Stages:
                 f"round-to-round noise {_f(ab.get('noise_pct'), 1)}%")
         notes = [f"{(d.get('sha') or '')[:12]}: {d['note']}" for d in ab.get("rows", []) if d.get("note")]
         return out, note + ("; " + "; ".join(notes) if notes else "")
+
+    def _known_ablation(self, ctx: RunContext, res: CombineResult) -> tuple[list[AblationRow], str] | None:
+        """The leave-one-out an earlier run measured for exactly this stack (bot/knowledge/known.py
+        known_ablation), mapped onto this run's commits; None when it must be measured."""
+        if ctx.options.revalidate:
+            return None
+        from bot.knowledge.known import known_ablation
+        from bot.knowledge.store import get_entry
+        cands = {c["id"]: c for c in ctx.results.get("generate", {}).get("candidates", [])}
+        members = {}
+        for sc in res.commits:
+            eid = next(iter(trailer_values((cands.get(sc.candidate_id) or {}).get("trailers", {}).get("Optbot-Entry"))), "")
+            if not eid:
+                return None  # a member that is no store entry (yet): nothing can be known about it
+            try:
+                members[eid] = (sc, get_entry(eid, self._store_root(ctx)))
+            except OptbotError:
+                return None  # a member that is no store entry (yet): nothing can be known about it
+        t = self.target(ctx)
+        rec, _why = known_ablation([e for _, e in members.values()], t.workload.name, res.stack_sha256,
+                                   self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype,
+                                   ctx.results.get("baseline", {}).get("env", {}), ctx.options.ablation_rounds)
+        if rec is None:
+            return None
+        rows = []
+        for r in rec["rows"]:
+            sc, _ = members[r["entry"]]
+            rows.append(AblationRow(sc.candidate_id, sc.subject, r.get("without_ms"), r.get("contribution_ms"),
+                                    r.get("contribution_pct"), rec.get("device") or t.device))
+        res.ablation_known_from = rec.get("run_id", "")
+        note = (f"leave-one-out known from run {rec.get('run_id')} ({rec.get('mode', 'eager')}, {rec.get('rounds')} rounds "
+                f"on {rec.get('device')}; base {_f(rec.get('base_ms'))} ms, stack {_f(rec.get('stack_ms'))} ms): the same "
+                f"stack (diff sha256 {res.stack_sha256[:12]}), base, preset, dtype, hardware, torch and triton, so not "
+                f"measured again (--revalidate measures it)")
+        return rows, note
 
     # 8 -------------------------------------------------------------------------------------------
     def learn(self, ctx: RunContext) -> LearnResult:
@@ -800,6 +859,7 @@ class Stages:
         repo = t.checkout.repo
         base = t.checkout.base_sha
         files, entries, lessons = [], [], []
+        entry_of: dict[str, Path] = {}  # candidate id -> its store entry in the staging copy
         for v in verdicts:
             c = cands.get(v["candidate_id"])
             if c is None or (v.get("raw") or {}).get("reused"):
@@ -824,6 +884,7 @@ class Stages:
             ld = as_dict(learned)
             if ld.get("entry_dir"):
                 ed = Path(ld["entry_dir"])
+                entry_of[c.id] = ed
                 entries.append(str(ed.relative_to(root) / "entry.yaml"))
                 files += [str(p.relative_to(root)) for p in sorted(ed.rglob("*")) if p.is_file()]
             if ld.get("history"):
@@ -832,14 +893,48 @@ class Stages:
                 lp = Path(ld["lesson_path"])
                 lessons.append(str(lp.relative_to(root)))
                 files.append(str(lp.relative_to(root)))
+        files = list(dict.fromkeys(files + self._learn_ablation(ctx, root, cands, entry_of)))
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
+
+    def _learn_ablation(self, ctx: RunContext, root: Path, cands: dict, entry_of: dict[str, Path]) -> list[str]:
+        """The stack's leave-one-out measured in this run goes into each member entry's bench.json
+        (bot/learn.record_ablation), when every member is a store entry; the files written."""
+        comb = ctx.results.get("combine") or {}
+        measured = comb.get("ablation_measured") or {}
+        if not measured or not comb.get("ablation") or not comb.get("stack_sha256"):
+            return []
+        record_ablation = _piece("bot.learn", "record_ablation")
+        dirs = {}
+        for sc in comb.get("commits", []):
+            cid = sc["candidate_id"]
+            eid = next(iter(trailer_values((cands[cid].trailers if cid in cands else {}).get("Optbot-Entry"))), "")
+            d = entry_of.get(cid) or (root / "kernel_store" / eid if eid else None)
+            if d is None or not (d / "entry.yaml").is_file():
+                return []  # a member with no entry: the record could never be matched
+            dirs[cid] = d
+        t = self.target(ctx)
+        env = ctx.results.get("baseline", {}).get("env", {})
+        rec = {"stack_sha256": comb["stack_sha256"], "base_sha": t.checkout.base_sha, "preset": t.preset, "dtype": t.dtype,
+               "hardware": self._hardware(ctx), "torch": env.get("torch"), "triton": env.get("triton"),
+               "run_id": ctx.run_id, "command": ctx.options.command, **measured,
+               "rows": [{"entry": dirs[r["candidate_id"]].name, "without_ms": r.get("without_ms"),
+                         "contribution_ms": r.get("contribution_ms"), "contribution_pct": r.get("contribution_pct")}
+                        for r in comb["ablation"] if r.get("candidate_id") in dirs]}
+        return [str(record_ablation(d, t.workload.name, rec).relative_to(root)) for d in dirs.values()]
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:
         from bot.deliver import deliver
         return deliver.deliver(ctx)
+
+
+def stack_diff_sha256(repo: git.Repo, base: str, head: str) -> str:
+    """The stack's identity for what is known about it: the bytes of its full diff against the base, so
+    the same changes reached through other commits (a tuned variant adopted by its entry) match."""
+    import hashlib
+    return hashlib.sha256(repo.git.diff(base, head, "--no-color", "--no-ext-diff", "--full-index").encode()).hexdigest()
 
 
 def _prefer_tuned(accepted: list[CandidateRecord]) -> tuple[list[CandidateRecord], list[str]]:

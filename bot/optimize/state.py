@@ -64,6 +64,10 @@ class RunState:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     finished: bool = False
     attempts: int = 1  # 1 + number of resumes
+    paused: bool = False  # the last attempt stopped at a safe point (--pause-after); --resume goes on
+    # time a step spent in attempts that paused before it finished: step -> {"seconds", "gpu_s"};
+    # added to the step's record when it finishes, so a paused and resumed run counts all its GPU time
+    partial: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- persistence
     @property
@@ -101,8 +105,19 @@ class RunState:
     def record(self, step: str, status: str, result: Any, seconds: float, summary: str, gpu_s: float = 0.0) -> None:
         result_file = self.run_dir / f"{step}.json"
         write_json_atomic(result_file, result)  # the result first: a record always has its file
+        before = self.partial.pop(step, {})
+        seconds += before.get("seconds", 0.0)
+        gpu_s += before.get("gpu_s", 0.0)
         self.steps[step] = StepRecord(step, status, round(seconds, 2), summary, str(result_file),
                                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(gpu_s, 2))
+        self.save()
+
+    def record_pause(self, step: str, seconds: float, gpu_s: float) -> None:
+        """The attempt paused inside `step`: its time so far is kept for the step's final record."""
+        p = self.partial.setdefault(step, {"seconds": 0.0, "gpu_s": 0.0})
+        p["seconds"] = round(p["seconds"] + seconds, 2)
+        p["gpu_s"] = round(p["gpu_s"] + gpu_s, 2)
+        self.paused = True
         self.save()
 
     def record_failure(self, step: str, seconds: float, message: str) -> None:
@@ -112,13 +127,25 @@ class RunState:
 
     def gpu_seconds(self) -> float:
         """GPU time of the run: its runner jobs' wall seconds on CUDA devices, over all steps."""
-        return round(sum(r.gpu_s for r in self.steps.values()), 2)
+        done = sum(r.gpu_s for r in self.steps.values())  # a finished step's record includes its paused time
+        return round(done + sum(p.get("gpu_s", 0.0) for p in self.partial.values()), 2)
 
     def result(self, step: str) -> dict:
         rec = self.steps.get(step)
         if rec is None or not rec.result_file:
             return {}
         return json.loads(Path(rec.result_file).read_text())
+
+
+class Paused(BaseException):
+    """Raised at a safe point once the attempt's --pause-after time has passed: before a step, before
+    a candidate's validation, before the stack's validation or its ablation. Everything reached so
+    far is kept (step records, verdict checkpoints), so `--resume` continues without redoing it.
+    A BaseException, so that no step's error handling takes it for a failure."""
+
+    def __init__(self, before: str):
+        super().__init__(before)
+        self.before = before
 
 
 class InjectedAbort(BaseException):

@@ -6,14 +6,16 @@ git operations (worktrees, cherry-picks, pushes to bare repositories) and the HT
 """
 from __future__ import annotations
 
+import json
+
 import git
 import pytest
 
 from bot.errors import OptbotError
 from bot.optimize.orchestrator import run_optimize
-from bot.optimize.stages import Options
+from bot.optimize.stages import Options, Stages, VerdictRecord
 from bot.optimize.state import InjectedAbort, RunState
-from tests.optimize.conftest import FakeStages
+from tests.optimize.conftest import FakeStages, fake_measure
 
 
 def _opts(env) -> Options:
@@ -137,3 +139,53 @@ def test_token_without_repo_is_a_clear_error(forge_env):
     o.repo = None
     with pytest.raises(OptbotError, match="--repo OWNER/NAME"):
         run_optimize(o, stages=FakeStages(env["knowledge"].working_tree_dir))
+
+
+class _PausingStages(FakeStages):
+    """The real validate step (lanes, checkpoints, pause points) over a validator double whose
+    first call uses up the attempt's time: the pause must come at the next safe point."""
+
+    def __init__(self, knowledge, pause_in_first_call: bool):
+        super().__init__(knowledge)
+        self.calls: list[str] = []
+        self.pause_in_first_call = pause_in_first_call
+
+    validate = Stages.validate
+
+    def verdict_of(self, ctx, ref, cid, device):
+        import time
+        self.calls.append(cid)
+        if self.pause_in_first_call and len(self.calls) == 1:
+            time.sleep(0.3)
+            ctx.pause_at = time.time()  # the attempt's time is spent while this validation runs
+        return VerdictRecord(cid, "accepted", "test double", "cpu", fake_measure(10.0), fake_measure(9.0))
+
+
+def test_paused_mid_validate_then_resumed_keeps_what_was_reached(standin, forge_env):
+    env = forge_env
+    s1 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=True)
+    st = run_optimize(_opts(env), stages=s1, pause_after_s=3600)
+    assert st.paused and not st.finished and s1.calls == ["c1"]  # c1 finished in flight; c2 never started
+    assert st.next_step() == "validate" and st.partial["validate"]["seconds"] >= 0.3
+    assert (st.run_dir / "validate" / "c1" / "verdict-record.json").is_file()
+    s2 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=False)
+    st2 = run_optimize(resume=st.run_id, stages=s2)
+    assert st2.finished and not st2.paused and st2.attempts == 2
+    assert s2.calls == ["c2", "stack"]  # c1's verdict came from its checkpoint
+    assert st2.steps["validate"].seconds >= 0.3 and st2.partial == {}  # the paused attempt's time counts
+    assert [v["status"] for v in st2.result("validate")["verdicts"]] == ["accepted", "accepted"]
+    _assert_one_each(standin, env)
+
+
+def test_paused_before_a_step_and_the_stack_checkpoint(standin, forge_env):
+    """A pause is checked before each step; the stack's verdict is checkpointed like a candidate's,
+    so a resume after combine's validation does not validate the stack again."""
+    env = forge_env
+    s1 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=False)
+    st = run_optimize(_opts(env), stages=s1, pause_after_s=0)
+    assert st.paused and st.steps == {} and s1.calls == []
+    st2 = run_optimize(resume=st.run_id, stages=s1)
+    assert st2.finished and s1.calls == ["c1", "c2", "stack"]
+    head = st2.result("combine")["head_sha"]
+    assert json.loads((st2.run_dir / "validate" / "stack" / "verdict-record.json").read_text())["sha"] == head
+    assert len(st2.result("combine")["stack_sha256"]) == 64

@@ -193,3 +193,23 @@ def test_a_candidate_verdict_is_checkpointed_for_resume(tmp_path):
     back = verdict_from_dict("replay-x", load_checkpoint(tmp_path, "replay-x", "a" * 40))
     assert back.status == "rejected" and back.reason == "no-change: 1.004x" and back.device == "cuda"
     assert load_checkpoint(tmp_path, "replay-x", "b" * 40) is None  # another commit under the same id
+
+
+def test_pause_after_exits_75_with_a_resumable_run(tmp_path):
+    """`--pause-after` stops the attempt at a safe point: exit status 75 (not done, not failed), the
+    JSON says paused, and the printed line names the --resume command; a bad duration names the option."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPTBOT_RUNS_DIR": str(tmp_path / "runs")}
+    p = subprocess.run([sys.executable, "-m", "bot", "optimize", "flux2", "--pause-after", "0s", "--json",
+                        str(tmp_path / "run.json")], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 75, p.stderr
+    d = json.loads((tmp_path / "run.json").read_text())
+    assert d["paused"] is True and d["finished"] is False
+    assert f"--resume {d['run_id']}" in " ".join(p.stderr.split())
+    bad = subprocess.run([sys.executable, "-m", "bot", "optimize", "flux2", "--pause-after", "5x"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "--pause-after" in bad.stderr and "'5x'" in bad.stderr

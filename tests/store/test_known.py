@@ -153,3 +153,92 @@ def test_an_accepted_variant_becomes_the_entry(entry, tmp_path):
     assert entry.patch_path.read_text() == new_patch
     vs = json.loads(entry.bench_path.read_text())["gpu"]["variant_search"]["h200"]
     assert vs["run_id"] == "r-2" and not vs["adopted"] and vs["status"] == "rejected"
+
+
+def test_a_stack_ablation_recorded_by_learn_is_known_for_the_same_stack_only(tmp_path):
+    """learn.record_ablation writes the stack's leave-one-out into each member's bench.json;
+    known_ablation reuses it only when every member holds it for the same stack diff, base,
+    preset, dtype, hardware, torch, triton and at least as many rounds."""
+    from bot.knowledge.known import known_ablation
+    from bot.learn import record_ablation
+
+    store = tmp_path / "store"
+    for eid in ("flux2-swiglu", "flux2-qk-rmsnorm-rope"):
+        shutil.copytree(STORE_DIR / eid, store / eid)
+    members = [get_entry(e, store) for e in ("flux2-swiglu", "flux2-qk-rmsnorm-rope")]
+    key = dict(stack_sha256="s" * 64, base_sha="b" * 40, preset="full", dtype="bfloat16", hardware="h200",
+               torch=ENV["torch"], triton=ENV["triton"])
+    # rows as an ablation would report them (test data, not a measurement)
+    rec = {**key, "run_id": "run-1", "mode": "eager", "rounds": 1, "device": "cuda", "base_ms": 554.0, "stack_ms": 478.2,
+           "rows": [{"entry": "flux2-swiglu", "without_ms": 495.0, "contribution_ms": 16.8, "contribution_pct": 3.4},
+                    {"entry": "flux2-qk-rmsnorm-rope", "without_ms": 534.9, "contribution_ms": 56.7, "contribution_pct": 10.6}]}
+
+    def ask(entries=members, **kw):
+        a = dict(workload="flux2", stack_sha256=key["stack_sha256"], hardware="h200", base_sha=key["base_sha"],
+                 preset="full", dtype="bfloat16", env=ENV, rounds=1)
+        a.update(kw)
+        return known_ablation(entries, **a)
+
+    assert ask()[0] is None and "no leave-one-out" in ask()[1]
+    record_ablation(members[0].path, "flux2", rec)
+    got, why = ask()
+    assert got is None and "flux2-qk-rmsnorm-rope" in why  # one member does not hold it (yet)
+    record_ablation(members[1].path, "flux2", rec)
+    got, why = ask()
+    assert why == "" and got["run_id"] == "run-1" and [r["contribution_ms"] for r in got["rows"]] == [16.8, 56.7]
+    assert json.loads(members[0].bench_path.read_text())["gpu"]["ablation"]["flux2"]["recorded_at"]
+    for change, word in [(dict(stack_sha256="t" * 64), "stack"), (dict(base_sha="c" * 40), "base"),
+                         (dict(hardware="h100"), "hardware"), (dict(env={**ENV, "torch": "2.12.0"}), "torch"),
+                         (dict(rounds=2), "rounds"), (dict(workload="qwen-image"), "no leave-one-out")]:
+        got, why = ask(**change)
+        assert got is None and word in why, (change, why)
+    got, why = ask(entries=members[:1])  # a stack of other members
+    assert got is None and "other entries" in why
+
+
+def test_learn_records_the_measured_ablation_and_combine_reuses_it(tmp_path):
+    """The glue in bot/optimize/stages.py: learn writes the combine step's measured leave-one-out into
+    the members' bench.json (staging copy); a later combine over the same stack maps it onto its own
+    commits instead of measuring. The numbers are test data."""
+    from types import SimpleNamespace
+
+    from bot.optimize.stages import CandidateRecord, CombineResult, Options, RunContext, Stages, StackCommit, Budget
+
+    root = tmp_path / "knowledge"
+    for eid in ("flux2-swiglu", "flux2-qk-rmsnorm-rope"):
+        shutil.copytree(STORE_DIR / eid, root / "kernel_store" / eid)
+    cands = {f"replay-{e}": CandidateRecord(f"replay-{e}", e, "0" * 40, "", "replay", "k", "o", "", {"Optbot-Entry": e})
+             for e in ("flux2-swiglu", "flux2-qk-rmsnorm-rope")}
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2"), checkout=SimpleNamespace(base_sha="b" * 40),
+                             preset="full", dtype="bfloat16", device="cuda")
+    results = {"baseline": {"env": ENV}, "generate": {"candidates": [dataclasses_asdict(c) for c in cands.values()]},
+               "combine": {"stack_sha256": "s" * 64, "commits": [{"candidate_id": c, "sha": "1" * 40, "subject": c} for c in cands],
+                           "ablation_measured": {"mode": "eager", "rounds": 1, "device": "cuda", "base_ms": 554.0, "stack_ms": 478.2},
+                           "ablation": [{"candidate_id": "replay-flux2-swiglu", "without_ms": 495.0, "contribution_ms": 16.8,
+                                         "contribution_pct": 3.4},
+                                        {"candidate_id": "replay-flux2-qk-rmsnorm-rope", "without_ms": 534.9,
+                                         "contribution_ms": 56.7, "contribution_pct": 10.6}]}}
+    ctx = RunContext("run-1", tmp_path / "run", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
+                     results, target=target)
+    st = Stages()
+    files = st._learn_ablation(ctx, root, cands, {})
+    assert sorted(files) == ["kernel_store/flux2-qk-rmsnorm-rope/bench.json", "kernel_store/flux2-swiglu/bench.json"]
+    # the next run: the same stack, other commit shas and candidate ids
+    ctx2 = RunContext("run-2", tmp_path / "run2", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
+                      {"baseline": {"env": ENV}, "generate": {"candidates": [
+                          {**dataclasses_asdict(c), "id": c.id + "-2"} for c in cands.values()]}}, target=target)
+    res = CombineResult("done", "b", "b" * 40, "2" * 40, [StackCommit(c + "-2", "3" * 40, c) for c in cands], stack_sha256="s" * 64)
+    rows, note = st._known_ablation(ctx2, res)
+    assert [(r.candidate_id, r.contribution_ms) for r in rows] == [("replay-flux2-swiglu-2", 16.8),
+                                                                  ("replay-flux2-qk-rmsnorm-rope-2", 56.7)]
+    assert "known from run run-1" in note and res.ablation_known_from == "run-1"
+    res.stack_sha256 = "t" * 64  # another stack: measured again
+    assert st._known_ablation(ctx2, res) is None
+    ctx2.options.revalidate = True
+    res.stack_sha256 = "s" * 64
+    assert st._known_ablation(ctx2, res) is None
+
+
+def dataclasses_asdict(c):
+    import dataclasses
+    return dataclasses.asdict(c)
