@@ -104,7 +104,7 @@ for run in 1 2; do
   touch "$LOOP/run$run.done"
   cp "$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")/state.json" "$RES/run$run-state.json"
   # a person merges the knowledge PR between the runs: here, the knowledge branch fast-forwards
-  kb=$(git -C "$know" for-each-ref --format='%(refname:short)' 'refs/heads/optbot/knowledge/*' | head -1)
+  kb=$(git -C "$know" for-each-ref --format='%(refname:short)' refs/heads/optbot/knowledge | head -1)
   if [ -n "$kb" ]; then
     git -C "$know" merge -q --ff-only "$kb" && git -C "$know" log --oneline -1 | tee -a "$LOOP/wall.txt"
     git -C "$know" branch -q -D "$kb"
