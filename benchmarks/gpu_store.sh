@@ -11,6 +11,9 @@
 #                                             #   tests on CUDA + A/B microbenchmark vs its reference
 #   bash benchmarks/gpu_store.sh e2e-flux2    # optbot store bench: FLUX.2 full preset, base vs each entry
 #   bash benchmarks/gpu_store.sh e2e-qwen     # the same for Qwen-Image
+#   bash benchmarks/gpu_store.sh tune         # the GPU-marked tests (pytest -m gpu), then optbot store
+#                                             #   tune: every config of every tunable entry checked
+#                                             #   and timed per shape, one worker per GPU
 # Then, on any machine, with the files from $OUT:
 #   optbot store record-bench $OUT/store-check-cuda.json     (micro, check: validation too)
 #   optbot store record-bench $OUT/store-bench-flux2.json
@@ -50,6 +53,11 @@ case "$what" in
       qwen-image-qkv-norm-rope-epilogue --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
     ;;
-  *) echo "usage: $0 check|micro|e2e-flux2|e2e-qwen" >&2; exit 2 ;;
+  tune)
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.txt" || true
+    OPTBOT_RUNS_DIR=/tmp/optbot-runs python3 -m bot store tune --device cuda --gpus "${GPUS:-$(nvidia-smi -L | wc -l)}" \
+      --json "$OUT/store-tune-cuda.json" ${ENTRIES:-} 2>&1 | tee "$OUT/store-tune-cuda.txt"
+    ;;
+  *) echo "usage: $0 check|micro|e2e-flux2|e2e-qwen|tune" >&2; exit 2 ;;
 esac
 rm -rf "$OUT/runs"/*/*/*.pt 2>/dev/null || true

@@ -31,6 +31,8 @@ def command():
                                                  on GPUs: also microbenchmarks and end-to-end
                                                  speed on the full preset, into bench.json
       optbot store record-bench results.json     write GPU numbers into each entry's bench.json
+      optbot store tune qwen-image-absorb-bias --gpus 2
+                                                 variant search over its config space, no commit
     """
 
 
@@ -312,3 +314,53 @@ def bench_cmd(store_dir, entry_ids, device, preset, rounds, iters, timeout, json
     write_json(json_path, data)
     if not data["e2e"]:
         raise OptbotError("no entry could be benchmarked (see the lines above)")
+
+
+@command.command("tune")
+@_store_opt
+@click.argument("entry_ids", nargs=-1)
+@click.option("--device", default="cuda", show_default=True, metavar="cuda|cpu")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="One worker per GPU (cuda:0..N-1), each taking its share of the configs.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="CPU worker processes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def tune_cmd(store_dir, entry_ids, device, gpus, workers, json_path):
+    """Variant search over entries' declared config spaces, committing nothing.
+
+    Each config of `config_space:` (entry.yaml) or `CONFIG_SPACE` (the kernel module) is checked
+    against the entry's reference on its test cases; on a GPU the correct ones are timed per shape
+    against the reference, and the config `optimize` would commit is named (the smallest total time
+    over the shapes). On CPU the kernels run in the Triton interpreter: correctness only, speed needs
+    a GPU. Entries without a config space are listed and skipped. `optimize` runs the same search
+    for the entries it replays (and records it, so it is not repeated); this command is for looking
+    at a space, or checking one after a kernel change.
+
+    \b
+    Examples:
+      optbot store tune qwen-image-absorb-bias --device cuda --gpus 2
+      optbot store tune --device cpu            every tunable entry, correctness in the interpreter
+    """
+    from bot.generate.variants import choose_config, search_entry
+
+    entries = [get_entry(i, store_dir) for i in entry_ids] if entry_ids else load_store(store_dir)
+    tunable = [e for e in entries if e.config_space]
+    for e in entries:
+        if not e.config_space:
+            click.echo(f"{e.id}: no config_space declared, skipped", err=True)
+    if not tunable:
+        raise OptbotError("no entry to tune: none of " + ", ".join(e.id for e in entries) + " declares a config_space")
+    run_dir = new_run_dir("store-tune")
+    click.echo(f"tuning {len(tunable)} entries on {device}; run directory {run_dir}", err=True)
+    out, broken = {"command": command_line(), "device": device, "entries": {}}, []
+    for e in tunable:
+        res = search_entry(e.path, device=device, run_dir=run_dir / e.id, gpus=gpus, workers=workers)
+        res.chosen = choose_config(res) or {}
+        click.echo(f"{e.id}: " + res.table())
+        out["entries"][e.id] = res.to_json()
+        if res.failures or not res.rows:
+            broken.append(e.id)
+    write_json(run_dir / "store-tune.json", out)
+    write_json(json_path, out)
+    if broken:
+        raise OptbotError(f"variant search failed for {', '.join(broken)}: its workers failed (see above; "
+                          f"job logs under {run_dir})")

@@ -106,6 +106,12 @@ def _label(cfg: dict) -> str:
     return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
 
 
+def cuda_index(device: str) -> int | None:
+    """"cuda:1" -> 1; "cuda" (the job's one visible GPU) -> None."""
+    _, _, idx = device.partition(":")
+    return int(idx) if idx else None
+
+
 def run(job: Job) -> dict:
     on_cuda = job.device.startswith("cuda")
     if not on_cuda:
@@ -123,7 +129,10 @@ def run(job: Job) -> dict:
         cases = [c for c in cases if c[0] == "float32"] or cases[:1]  # the interpreter: fp32 is what it checks well
     else:
         cases = [c for c in cases if c[0] == job.dtype] or cases
-        torch.cuda.set_device(torch.device(job.device))
+        # bot/jobs.py pins a `cuda:N` job with CUDA_VISIBLE_DEVICES=N and hands it plain "cuda": only
+        # an explicit index (a job run by hand) needs set_device, which refuses a device without one
+        if cuda_index(job.device) is not None:
+            torch.cuda.set_device(cuda_index(job.device))
     shapes = [tuple(s) for s in (job.params.get("shapes") or mod.SHAPES)]
     rows = []
     good: dict[str, bool] = {}

@@ -160,3 +160,12 @@ def test_choose_config_sums_over_shapes_and_skips_wrong_configs():
     assert chosen["reference_ms"] == {"[big]": 9.0, "[small]": 1.0}
     res.device = "cpu"
     assert choose_config(res) is None
+
+
+def test_a_job_device_without_an_index_is_left_to_cuda_visible_devices():
+    """bot/jobs.py runs a `cuda:N` job with CUDA_VISIBLE_DEVICES=N and the device "cuda": the worker
+    must not ask torch.cuda.set_device for an index there is none of (it raised ValueError on the
+    H200, and every variant-search worker failed)."""
+    from runner.kinds.variant_bench import cuda_index
+
+    assert cuda_index("cuda") is None and cuda_index("cuda:1") == 1 and cuda_index("cuda:0") == 0

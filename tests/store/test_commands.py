@@ -99,3 +99,16 @@ def test_schema_error_exits_2_without_traceback(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"{f}: key 'pattern': got 'go-fast'" in p.stderr
+
+
+def test_store_tune_on_cpu_checks_every_config_and_commits_nothing(cli_runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path / "runs"))
+    out = tmp_path / "tune.json"
+    r = cli_runner.invoke(cli, ["store", "tune", "flux2-swiglu", "flux2-merge-qkv", "--device", "cpu", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "flux2-merge-qkv: no config_space declared, skipped" in r.output
+    d = json.loads(out.read_text())["entries"]["flux2-swiglu"]
+    assert len(d["rows"]) == 12 and all(row["correct"] for row in d["rows"])
+    assert d["timings"] == {} and d["chosen"] == {} and "speed needs a GPU" in d["note"]
+    r = cli_runner.invoke(cli, ["store", "tune", "flux2-merge-qkv", "--device", "cpu"])
+    assert r.exit_code != 0 and "declares a config_space" in str(r.exception)
