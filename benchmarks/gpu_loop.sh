@@ -18,8 +18,9 @@
 # --pause-after (CALL_S - elapsed - RESERVE_S), RESERVE_S (default 180) being the longest piece of
 # work that is never interrupted (one validation, one ablation). Exit 0 with "call again" when it
 # paused. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
-# (knowledge repository + run directories without tensors) is written to $OUT/kit.tgz, and an
-# invocation on a fresh machine restores it from $KIT (default .loop-kit/kit.tgz, a carried path).
+# (knowledge repository + run directories without tensors) is written to $OUT/kit.tgz.part-* (15 MiB
+# parts), and an invocation on a fresh machine restores it from $KIT.part-* (default
+# .loop-kit/kit.tgz.part-*: copy the parts there and name .loop-kit in the call's carry).
 # The results (both runs' logs, JSON, state, the summary) go to $RES and, as one archive, to
 # $OUT/results.tgz.
 #
@@ -46,13 +47,15 @@ know="$LOOP/knowledge"
 
 pack() {  # the resume kit and the results, for the next call (maybe on another machine)
   [ -n "${OUT:-}" ] || return 0
-  tar czf "$OUT/kit.tgz" --exclude='*.pt' --exclude='*.safetensors' -P "$LOOP" 2>/dev/null
+  # what comes back from a device call is at most 16 MiB a file: the kit travels in 15 MiB parts
+  rm -f "$OUT"/kit.tgz.part-*
+  tar czf - --exclude='*.pt' --exclude='*.safetensors' -P "$LOOP" 2>/dev/null | split -b 15M - "$OUT/kit.tgz.part-"
   tar czf "$OUT/results.tgz" "$RES" 2>/dev/null
   ls -la "$OUT"
 }
 
-if [ ! -d "$know/.git" ] && [ -f "$KIT" ]; then
-  echo "restoring the loop's state from $KIT"; tar xzf "$KIT" -P
+if [ ! -d "$know/.git" ] && compgen -G "$KIT.part-*" > /dev/null; then
+  echo "restoring the loop's state from $KIT.part-*"; cat "$KIT".part-* | tar xzf - -P
 fi
 if [ ! -d "$know/.git" ]; then
   mkdir -p "$know"
