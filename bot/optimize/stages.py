@@ -28,6 +28,7 @@ import git
 from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
+from bot.optimize import recall
 from bot.optimize.resume import (bundle_candidates, fetch_candidates, load_checkpoint, save_checkpoint,
                                  staging_copy)
 from bot.target import Target, base_worktree, resolve_target
@@ -468,7 +469,7 @@ class Stages:
                     notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
                     continue
                 rec = self._candidate_record(t, r.candidate, len(recs), opps)
-                known, why = self._known(ctx, r.entry_id)
+                known, why = recall.entry_verdict(self._key(ctx), r.entry_id)
                 if known is not None and known.status != "accepted":
                     # the same patch, base, workload and machine were measured: measuring again
                     # would spend GPU time on a known answer (--revalidate to do it anyway)
@@ -486,7 +487,7 @@ class Stages:
             notes.append("variant search: not selected (--generators)")
         # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
         cr = _piece("bot.generate.compile_region", "generate")
-        learned_cr = self._learned_from(ctx, replayed, "compile-region")
+        learned_cr = recall.learned_from(self._key(ctx), [r.entry_id for r in replayed], "compile-region")
         if "compile-region" not in gens:
             notes.append("compile region: not selected (--generators)")
         elif learned_cr:
@@ -536,7 +537,7 @@ class Stages:
             if ctx.budget.exhausted():
                 notes.append(f"variant search {e.id}: not run, the wall-time budget is spent")
                 continue
-            done = self._searched(ctx, e)
+            done = recall.searched(self._key(ctx), e)
             if done:
                 notes.append(f"variant search {e.id}: not run, {done}")
                 continue
@@ -603,46 +604,12 @@ class Stages:
         from bot.deliver.knowledge import knowledge_root
         return knowledge_root(ctx.options) / "kernel_store"
 
-    def _known(self, ctx: RunContext, entry_id: str):
-        """(KnownVerdict | None, why not): the store's GPU verdict for this entry when it applies to
-        this run unchanged (bot/knowledge/known.py). Only on CUDA, and not with --revalidate."""
+    def _key(self, ctx: RunContext) -> "recall.RunKey":
+        """What recorded GPU results must match to apply to this run (bot/optimize/recall.py)."""
         t = self.target(ctx)
-        if not t.device.startswith("cuda") or ctx.options.revalidate:
-            return None, ""
-        from bot.knowledge.known import known_verdict
-        from bot.knowledge.store import get_entry
-        try:
-            entry = get_entry(entry_id, self._store_root(ctx))
-        except OptbotError:
-            return None, ""
-        env = ctx.results.get("baseline", {}).get("env", {})
-        return known_verdict(entry, t.workload.name, self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype, env)
-
-    def _learned_from(self, ctx: RunContext, replayed: list, generator: str) -> str:
-        """The id of a replayed entry that an earlier run's `generator` produced (provenance), or ""."""
-        from bot.knowledge.store import get_entry
-        for r in replayed:
-            try:
-                e = get_entry(r.entry_id, self._store_root(ctx))
-            except OptbotError:
-                continue
-            if e.provenance.kind == "generated" and e.provenance.agent == generator:
-                return e.id
-        return ""
-
-    def _searched(self, ctx: RunContext, entry) -> str:
-        """Why the entry's config space needs no search on this hardware, or "": a search for the same
-        patch, torch and triton is recorded in its bench.json (bot/learn.adopt_variant)."""
-        if ctx.options.revalidate:
-            return ""
-        from bot.knowledge.known import patch_sha256
-        rec = ((entry.bench().get("gpu") or {}).get("variant_search") or {}).get(self._hardware(ctx)) or {}
-        env = ctx.results.get("baseline", {}).get("env", {})
-        if (rec.get("patch_sha256") == patch_sha256(entry) and rec.get("torch") == env.get("torch")
-                and rec.get("triton") == env.get("triton")):
-            what = "adopted" if rec.get("adopted") else f"{rec.get('status')} ({rec.get('reason', '')[:80]})"
-            return f"searched in run {rec.get('run_id')} on {self._hardware(ctx)}: {rec.get('config')} {what}"
-        return ""
+        return recall.RunKey(self._store_root(ctx), t.workload.name, self._hardware(ctx), t.checkout.base_sha,
+                             t.preset, t.dtype, t.device.startswith("cuda"), ctx.options.revalidate,
+                             ctx.results.get("baseline", {}).get("env", {}))
 
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
@@ -788,9 +755,18 @@ class Stages:
             return [], "ablation not run (--ablation-rounds 0)"
         if len(res.commits) < 2:
             return [], "one commit: its contribution is the stack's verdict (nothing to leave out)"
-        known = self._known_ablation(ctx, res)
+        cands = {c["id"]: c for c in ctx.results.get("generate", {}).get("candidates", [])}
+        known = recall.stack_ablation(self._key(ctx), res.commits, cands, res.stack_sha256, ctx.options.ablation_rounds)
         if known is not None:
-            return known
+            rec, members = known
+            res.ablation_known_from = rec.get("run_id", "")
+            rows = [AblationRow(members[r["entry"]].candidate_id, members[r["entry"]].subject, r.get("without_ms"),
+                                r.get("contribution_ms"), r.get("contribution_pct"), rec.get("device") or t.device)
+                    for r in rec["rows"]]
+            return rows, (f"leave-one-out known from run {rec.get('run_id')} ({rec.get('mode', 'eager')}, "
+                          f"{rec.get('rounds')} rounds on {rec.get('device')}; base {_f(rec.get('base_ms'))} ms, stack "
+                          f"{_f(rec.get('stack_ms'))} ms): the same stack (diff sha256 {res.stack_sha256[:12]}), base, "
+                          f"preset, dtype, hardware, torch and triton, so not measured again (--revalidate measures it)")
         ctx.check_pause("ablating the stack")
         ab = as_dict(fn(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
                         rounds=ctx.options.ablation_rounds))
@@ -807,41 +783,6 @@ class Stages:
                 f"round-to-round noise {_f(ab.get('noise_pct'), 1)}%")
         notes = [f"{(d.get('sha') or '')[:12]}: {d['note']}" for d in ab.get("rows", []) if d.get("note")]
         return out, note + ("; " + "; ".join(notes) if notes else "")
-
-    def _known_ablation(self, ctx: RunContext, res: CombineResult) -> tuple[list[AblationRow], str] | None:
-        """The leave-one-out an earlier run measured for exactly this stack (bot/knowledge/known.py
-        known_ablation), mapped onto this run's commits; None when it must be measured."""
-        if ctx.options.revalidate:
-            return None
-        from bot.knowledge.known import known_ablation
-        from bot.knowledge.store import get_entry
-        cands = {c["id"]: c for c in ctx.results.get("generate", {}).get("candidates", [])}
-        members = {}
-        for sc in res.commits:
-            eid = next(iter(trailer_values((cands.get(sc.candidate_id) or {}).get("trailers", {}).get("Optbot-Entry"))), "")
-            if not eid:
-                return None  # a member that is no store entry (yet): nothing can be known about it
-            try:
-                members[eid] = (sc, get_entry(eid, self._store_root(ctx)))
-            except OptbotError:
-                return None  # a member that is no store entry (yet): nothing can be known about it
-        t = self.target(ctx)
-        rec, _why = known_ablation([e for _, e in members.values()], t.workload.name, res.stack_sha256,
-                                   self._hardware(ctx), t.checkout.base_sha, t.preset, t.dtype,
-                                   ctx.results.get("baseline", {}).get("env", {}), ctx.options.ablation_rounds)
-        if rec is None:
-            return None
-        rows = []
-        for r in rec["rows"]:
-            sc, _ = members[r["entry"]]
-            rows.append(AblationRow(sc.candidate_id, sc.subject, r.get("without_ms"), r.get("contribution_ms"),
-                                    r.get("contribution_pct"), rec.get("device") or t.device))
-        res.ablation_known_from = rec.get("run_id", "")
-        note = (f"leave-one-out known from run {rec.get('run_id')} ({rec.get('mode', 'eager')}, {rec.get('rounds')} rounds "
-                f"on {rec.get('device')}; base {_f(rec.get('base_ms'))} ms, stack {_f(rec.get('stack_ms'))} ms): the same "
-                f"stack (diff sha256 {res.stack_sha256[:12]}), base, preset, dtype, hardware, torch and triton, so not "
-                f"measured again (--revalidate measures it)")
-        return rows, note
 
     # 8 -------------------------------------------------------------------------------------------
     def learn(self, ctx: RunContext) -> LearnResult:
@@ -893,36 +834,11 @@ class Stages:
                 lp = Path(ld["lesson_path"])
                 lessons.append(str(lp.relative_to(root)))
                 files.append(str(lp.relative_to(root)))
-        files = list(dict.fromkeys(files + self._learn_ablation(ctx, root, cands, entry_of)))
+        files = list(dict.fromkeys(files + recall.record_stack_ablation(
+            self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of, ctx.run_id, ctx.options.command)))
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
-
-    def _learn_ablation(self, ctx: RunContext, root: Path, cands: dict, entry_of: dict[str, Path]) -> list[str]:
-        """The stack's leave-one-out measured in this run goes into each member entry's bench.json
-        (bot/learn.record_ablation), when every member is a store entry; the files written."""
-        comb = ctx.results.get("combine") or {}
-        measured = comb.get("ablation_measured") or {}
-        if not measured or not comb.get("ablation") or not comb.get("stack_sha256"):
-            return []
-        record_ablation = _piece("bot.learn", "record_ablation")
-        dirs = {}
-        for sc in comb.get("commits", []):
-            cid = sc["candidate_id"]
-            eid = next(iter(trailer_values((cands[cid].trailers if cid in cands else {}).get("Optbot-Entry"))), "")
-            d = entry_of.get(cid) or (root / "kernel_store" / eid if eid else None)
-            if d is None or not (d / "entry.yaml").is_file():
-                return []  # a member with no entry: the record could never be matched
-            dirs[cid] = d
-        t = self.target(ctx)
-        env = ctx.results.get("baseline", {}).get("env", {})
-        rec = {"stack_sha256": comb["stack_sha256"], "base_sha": t.checkout.base_sha, "preset": t.preset, "dtype": t.dtype,
-               "hardware": self._hardware(ctx), "torch": env.get("torch"), "triton": env.get("triton"),
-               "run_id": ctx.run_id, "command": ctx.options.command, **measured,
-               "rows": [{"entry": dirs[r["candidate_id"]].name, "without_ms": r.get("without_ms"),
-                         "contribution_ms": r.get("contribution_ms"), "contribution_pct": r.get("contribution_pct")}
-                        for r in comb["ablation"] if r.get("candidate_id") in dirs]}
-        return [str(record_ablation(d, t.workload.name, rec).relative_to(root)) for d in dirs.values()]
 
     # 9 -------------------------------------------------------------------------------------------
     def deliver(self, ctx: RunContext) -> DeliverResult:

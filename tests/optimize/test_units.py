@@ -132,7 +132,8 @@ def _generate_ctx(tmp_path, device, checkout=None):
     from bot.optimize.stages import Budget, RunContext
 
     ctx = RunContext("r", tmp_path, Options(workload="flux2", gpus=2), Budget(), {}, log=lambda m: None)
-    ctx.target = SimpleNamespace(device=device, dtype="float32", checkout=checkout)
+    ctx.target = SimpleNamespace(device=device, dtype="float32", preset="full", workload=SimpleNamespace(name="flux2"),
+                                 checkout=checkout or SimpleNamespace(base_sha="0" * 40))
     return ctx
 
 

@@ -197,48 +197,47 @@ def test_a_stack_ablation_recorded_by_learn_is_known_for_the_same_stack_only(tmp
 
 
 def test_learn_records_the_measured_ablation_and_combine_reuses_it(tmp_path):
-    """The glue in bot/optimize/stages.py: learn writes the combine step's measured leave-one-out into
-    the members' bench.json (staging copy); a later combine over the same stack maps it onto its own
-    commits instead of measuring. The numbers are test data."""
+    """The glue: learn writes the combine step's measured leave-one-out into the members' bench.json
+    (bot/optimize/recall.record_stack_ablation, into the staging copy); a later run's ablate step
+    over the same stack maps it onto its own commits instead of measuring. The numbers are test data."""
+    from dataclasses import asdict
     from types import SimpleNamespace
 
-    from bot.optimize.stages import CandidateRecord, CombineResult, Options, RunContext, Stages, StackCommit, Budget
+    from bot.optimize import recall
+    from bot.optimize.stages import Budget, CandidateRecord, CombineResult, Options, RunContext, Stages, StackCommit
 
     root = tmp_path / "knowledge"
     for eid in ("flux2-swiglu", "flux2-qk-rmsnorm-rope"):
         shutil.copytree(STORE_DIR / eid, root / "kernel_store" / eid)
     cands = {f"replay-{e}": CandidateRecord(f"replay-{e}", e, "0" * 40, "", "replay", "k", "o", "", {"Optbot-Entry": e})
              for e in ("flux2-swiglu", "flux2-qk-rmsnorm-rope")}
+    key = recall.RunKey(root / "kernel_store", "flux2", "h200", "b" * 40, "full", "bfloat16", True, False, ENV)
+    combine = {"stack_sha256": "s" * 64, "commits": [{"candidate_id": c, "sha": "1" * 40, "subject": c} for c in cands],
+               "ablation_measured": {"mode": "eager", "rounds": 1, "device": "cuda", "base_ms": 554.0, "stack_ms": 478.2},
+               "ablation": [{"candidate_id": "replay-flux2-swiglu", "without_ms": 495.0, "contribution_ms": 16.8,
+                             "contribution_pct": 3.4},
+                            {"candidate_id": "replay-flux2-qk-rmsnorm-rope", "without_ms": 534.9, "contribution_ms": 56.7,
+                             "contribution_pct": 10.6}]}
+    files = recall.record_stack_ablation(key, root, combine, cands, {}, "run-1", "optbot optimize flux2")
+    assert sorted(files) == ["kernel_store/flux2-qk-rmsnorm-rope/bench.json", "kernel_store/flux2-swiglu/bench.json"]
+    # a member that is no store entry: nothing recorded (it could never be matched)
+    other = {**cands, "replay-flux2-swiglu": CandidateRecord("replay-flux2-swiglu", "x", "0" * 40, "", "agent", "k", "o", "", {})}
+    assert recall.record_stack_ablation(key, root, combine, other, {}, "run-1", "c") == []
+
+    # the next run: the same stack, other commit shas and candidate ids, through the real ablate step
     target = SimpleNamespace(workload=SimpleNamespace(name="flux2"), checkout=SimpleNamespace(base_sha="b" * 40),
                              preset="full", dtype="bfloat16", device="cuda")
-    results = {"baseline": {"env": ENV}, "generate": {"candidates": [dataclasses_asdict(c) for c in cands.values()]},
-               "combine": {"stack_sha256": "s" * 64, "commits": [{"candidate_id": c, "sha": "1" * 40, "subject": c} for c in cands],
-                           "ablation_measured": {"mode": "eager", "rounds": 1, "device": "cuda", "base_ms": 554.0, "stack_ms": 478.2},
-                           "ablation": [{"candidate_id": "replay-flux2-swiglu", "without_ms": 495.0, "contribution_ms": 16.8,
-                                         "contribution_pct": 3.4},
-                                        {"candidate_id": "replay-flux2-qk-rmsnorm-rope", "without_ms": 534.9,
-                                         "contribution_ms": 56.7, "contribution_pct": 10.6}]}}
-    ctx = RunContext("run-1", tmp_path / "run", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
-                     results, target=target)
-    st = Stages()
-    files = st._learn_ablation(ctx, root, cands, {})
-    assert sorted(files) == ["kernel_store/flux2-qk-rmsnorm-rope/bench.json", "kernel_store/flux2-swiglu/bench.json"]
-    # the next run: the same stack, other commit shas and candidate ids
-    ctx2 = RunContext("run-2", tmp_path / "run2", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
-                      {"baseline": {"env": ENV}, "generate": {"candidates": [
-                          {**dataclasses_asdict(c), "id": c.id + "-2"} for c in cands.values()]}}, target=target)
-    res = CombineResult("done", "b", "b" * 40, "2" * 40, [StackCommit(c + "-2", "3" * 40, c) for c in cands], stack_sha256="s" * 64)
-    rows, note = st._known_ablation(ctx2, res)
+    ctx = RunContext("run-2", tmp_path / "run2", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
+                     {"baseline": {"env": ENV},
+                      "generate": {"candidates": [{**asdict(c), "id": c.id + "-2"} for c in cands.values()]}}, target=target)
+    res = CombineResult("done", "b", "b" * 40, "2" * 40, [StackCommit(c + "-2", "3" * 40, c) for c in cands],
+                        stack_sha256="s" * 64)
+    rows, note = Stages().ablate(ctx, res)
     assert [(r.candidate_id, r.contribution_ms) for r in rows] == [("replay-flux2-swiglu-2", 16.8),
                                                                   ("replay-flux2-qk-rmsnorm-rope-2", 56.7)]
-    assert "known from run run-1" in note and res.ablation_known_from == "run-1"
-    res.stack_sha256 = "t" * 64  # another stack: measured again
-    assert st._known_ablation(ctx2, res) is None
-    ctx2.options.revalidate = True
-    res.stack_sha256 = "s" * 64
-    assert st._known_ablation(ctx2, res) is None
-
-
-def dataclasses_asdict(c):
-    import dataclasses
-    return dataclasses.asdict(c)
+    assert "known from run run-1" in note and res.ablation_known_from == "run-1" and res.ablation_measured == {}
+    assert recall.stack_ablation(key, res.commits, {c["id"]: c for c in ctx.results["generate"]["candidates"]},
+                                 "t" * 64, 1) is None  # another stack: measured again
+    key2 = recall.RunKey(**{**key.__dict__, "revalidate": True})
+    assert recall.stack_ablation(key2, res.commits, {c["id"]: c for c in ctx.results["generate"]["candidates"]},
+                                 "s" * 64, 1) is None

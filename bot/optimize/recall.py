@@ -1,0 +1,129 @@
+"""What the knowledge already holds about this run, and what the run adds about its stack.
+
+The optimize stages ask here, never the bench.json files directly:
+  entry_verdict     an entry's recorded GPU verdict, when it applies unchanged (generate, validate)
+  searched          whether an entry's config space was already searched on this hardware (generate)
+  learned_from      a replayed entry that an earlier run's generator produced (generate)
+  stack_ablation    the leave-one-out an earlier run measured for exactly this stack (combine)
+  record_stack_ablation   this run's measured leave-one-out, into the members' bench.json (learn)
+
+All of it is keyed by RunKey: the store the run reads and what a recorded GPU result must match.
+The matching rules themselves live in bot/knowledge/known.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.errors import OptbotError
+from bot.trailers import trailer_values
+
+
+@dataclass(frozen=True)
+class RunKey:
+    store_root: Path  # the kernel_store/ this run replays from
+    workload: str
+    hardware: str  # bot.learn.hardware_name: "h200", "cpu"
+    base_sha: str
+    preset: str
+    dtype: str
+    on_cuda: bool
+    revalidate: bool  # --revalidate: nothing recorded is reused
+    env: dict = field(default_factory=dict)  # this run's baseline environment: torch, triton, device_name
+
+
+def _entry(key: RunKey, entry_id: str):
+    from bot.knowledge.store import get_entry
+    try:
+        return get_entry(entry_id, key.store_root)
+    except OptbotError:
+        return None
+
+
+def entry_id_of(trailers: dict | None) -> str:
+    return next(iter(trailer_values((trailers or {}).get("Optbot-Entry"))), "")
+
+
+def entry_verdict(key: RunKey, entry_id: str):
+    """(KnownVerdict | None, why not): the entry's recorded GPU verdict when it applies to this run
+    unchanged. Only on CUDA, and not with --revalidate."""
+    if not key.on_cuda or key.revalidate:
+        return None, ""
+    from bot.knowledge.known import known_verdict
+    entry = _entry(key, entry_id)
+    if entry is None:
+        return None, ""
+    return known_verdict(entry, key.workload, key.hardware, key.base_sha, key.preset, key.dtype, key.env)
+
+
+def learned_from(key: RunKey, entry_ids: list[str], generator: str) -> str:
+    """The id of a replayed entry that an earlier run's `generator` produced (provenance), or ""."""
+    for eid in entry_ids:
+        e = _entry(key, eid)
+        if e is not None and e.provenance.kind == "generated" and e.provenance.agent == generator:
+            return e.id
+    return ""
+
+
+def searched(key: RunKey, entry) -> str:
+    """Why the entry's config space needs no search on this hardware, or "": a search for the same
+    patch, torch and triton is recorded in its bench.json (bot/learn.adopt_variant)."""
+    if key.revalidate:
+        return ""
+    from bot.knowledge.known import patch_sha256
+    rec = ((entry.bench().get("gpu") or {}).get("variant_search") or {}).get(key.hardware) or {}
+    if (rec.get("patch_sha256") == patch_sha256(entry) and rec.get("torch") == key.env.get("torch")
+            and rec.get("triton") == key.env.get("triton")):
+        what = "adopted" if rec.get("adopted") else f"{rec.get('status')} ({rec.get('reason', '')[:80]})"
+        return f"searched in run {rec.get('run_id')} on {key.hardware}: {rec.get('config')} {what}"
+    return ""
+
+
+def stack_ablation(key: RunKey, commits: list, candidates: dict[str, dict], stack_sha256: str,
+                   rounds: int) -> tuple[dict, dict[str, object]] | None:
+    """(the recorded leave-one-out of this exact stack, entry id -> this run's stack commit) when an
+    earlier run measured it (bot/knowledge/known.known_ablation); None when it must be measured.
+    `commits` are the stack's StackCommits, `candidates` the generate step's records by id."""
+    if key.revalidate:
+        return None
+    from bot.knowledge.known import known_ablation
+    members, entries = {}, []
+    for sc in commits:
+        eid = entry_id_of((candidates.get(sc.candidate_id) or {}).get("trailers"))
+        e = _entry(key, eid) if eid else None
+        if e is None:
+            return None  # a member that is no store entry (yet): nothing can be known about it
+        members[eid] = sc
+        entries.append(e)
+    rec, _why = known_ablation(entries, key.workload, stack_sha256, key.hardware, key.base_sha, key.preset,
+                               key.dtype, key.env, rounds)
+    return None if rec is None else (rec, members)
+
+
+def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidates: dict, entry_of: dict[str, Path],
+                          run_id: str, command: str) -> list[str]:
+    """This run's measured leave-one-out (combine step result) into each member entry's bench.json in
+    the knowledge copy `knowledge` (bot/learn.record_ablation), when every member is a store entry
+    there (`entry_of`: candidate id -> an entry this run's learn step wrote). The files written,
+    relative to `knowledge`."""
+    from bot.learn import record_ablation
+
+    measured = combine.get("ablation_measured") or {}
+    if not measured or not combine.get("ablation") or not combine.get("stack_sha256"):
+        return []
+    dirs = {}
+    for sc in combine.get("commits", []):
+        cid = sc["candidate_id"]
+        c = candidates.get(cid)
+        eid = entry_id_of(getattr(c, "trailers", None) if c is not None else None)
+        d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
+        if d is None or not (d / "entry.yaml").is_file():
+            return []  # a member with no entry: the record could never be matched
+        dirs[cid] = d
+    rec = {"stack_sha256": combine["stack_sha256"], "base_sha": key.base_sha, "preset": key.preset, "dtype": key.dtype,
+           "hardware": key.hardware, "torch": key.env.get("torch"), "triton": key.env.get("triton"),
+           "run_id": run_id, "command": command, **measured,
+           "rows": [{"entry": dirs[r["candidate_id"]].name, "without_ms": r.get("without_ms"),
+                     "contribution_ms": r.get("contribution_ms"), "contribution_pct": r.get("contribution_pct")}
+                    for r in combine["ablation"] if r.get("candidate_id") in dirs]}
+    return [str(record_ablation(d, key.workload, rec).relative_to(knowledge)) for d in dirs.values()]
