@@ -124,7 +124,7 @@ for i in (1, 2):
         print(f"run {i}: no result"); continue
     d = json.loads(f.read_text())
     st = json.loads((Path(d["run_dir"]) / "state.json").read_text())
-    gpu = sum(s.get("gpu_s", 0) for s in st["steps"].values()) + sum(p.get("gpu_s", 0) for p in st.get("partial", {}).values())
+    gpu = d["gpu_s"]  # RunState.gpu_seconds(): every step over all attempts
     sv = (d.get("combine") or {}).get("stack_verdict") or {}
     b, c = (sv.get("base_eager") or {}).get("median_ms"), (sv.get("cand_eager") or {}).get("median_ms")
     gain = (b - c) if b and c else 0.0

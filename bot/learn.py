@@ -159,6 +159,18 @@ def check_lesson(entry, workload: str, hardware: str, w: dict, command: str, les
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
+def read_bench(entry_dir: Path) -> dict:
+    """An entry's bench.json (a new one names the entry)."""
+    f = entry_dir / "bench.json"
+    return json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+
+
+def write_bench(entry_dir: Path, bench: dict) -> Path:
+    f = entry_dir / "bench.json"
+    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    return f
+
+
 def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     """A tuned config found by variant search (a commit = the entry's patch with new kernel defaults).
     Accepted on a GPU: the entry adopts it (patch.diff and its kernel sources become the variant's),
@@ -168,8 +180,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
 
     if not o.device.startswith("cuda"):
         return
-    f = entry_dir / "bench.json"
-    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    bench = read_bench(entry_dir)
     adopted = o.status == "accepted" and bool(o.patch.strip())
     if adopted:
         sources = {p.name for p in entry_dir.glob("*.py") if not p.name.startswith("test_")}
@@ -183,7 +194,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
         "patch_sha256": patch_file_sha256(entry_dir / "patch.diff"),
         "torch": env.get("torch"), "triton": env.get("triton"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    write_bench(entry_dir, bench)
 
 
 def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
@@ -211,19 +222,16 @@ def record_ablation(entry_dir: Path, workload: str, record: dict) -> Path:
     """The stack's leave-one-out, measured on a GPU, kept in each member entry's bench.json
     `gpu.ablation[workload]` (the whole stack's rows, so any member answers for it): a later run with
     the same stack reuses it (bot/knowledge/known.known_ablation)."""
-    f = entry_dir / "bench.json"
-    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    bench = read_bench(entry_dir)
     bench.setdefault("gpu", {}).setdefault("ablation", {})[workload] = {
         **record, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
-    return f
+    return write_bench(entry_dir, bench)
 
 
 def record_history(o: Outcome, entry_dir: Path) -> Path:
     """Append this run's verdict on a stored entry to its bench.json `history` (one row per run and
     generator: a resumed run rewrites its own row)."""
-    f = entry_dir / "bench.json"
-    bench = json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
+    bench = read_bench(entry_dir)
     rows = [r for r in bench.get("history", []) if not (r.get("run_id") == o.run_id and r.get("generator") == o.generator)]
     rows.append({"run_id": o.run_id, "generator": o.generator, "status": o.status, "reason": o.reason,
                  "device": o.device, "hardware": o.hardware, "workload": o.workload, "dtype": o.dtype,
@@ -231,8 +239,7 @@ def record_history(o: Outcome, entry_dir: Path) -> Path:
                  "validated_by": o.validated_by, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     bench["history"] = rows
     record_gpu_verdict(o, entry_dir, bench)
-    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
-    return f
+    return write_bench(entry_dir, bench)
 
 
 def write_entry(o: Outcome, store_dir: Path) -> Path:
@@ -269,7 +276,7 @@ def write_entry(o: Outcome, store_dir: Path) -> Path:
              "reason": o.reason, "numbers": o.numbers, "engine_sha": o.commit_sha, "base_sha": o.base_sha,
              "run_id": o.run_id}
     record_gpu_verdict(o, d, bench)
-    (d / "bench.json").write_text(json.dumps(bench, indent=2, default=str) + "\n")
+    write_bench(d, bench)
     return d
 
 

@@ -12,17 +12,25 @@ BUDGET_TIME = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:
 BUDGET_COST = re.compile(r"^\$(\d+(?:\.\d+)?)$|^(\d+(?:\.\d+)?)\s*usd$", re.I)
 
 
+def parse_duration(text: str) -> float | None:
+    """"1h30m", "8m", "540s" -> seconds; None when it is no duration."""
+    t = BUDGET_TIME.match(text.strip())
+    if not t or not any(t.groups()):
+        return None
+    h, m, s = (float(x) if x else 0.0 for x in t.groups())
+    return h * 3600 + m * 60 + s
+
+
 def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
     """("30m", "$5") or ("30m,5usd",) -> (wall seconds, USD)."""
     wall = cost = None
     for v in [p.strip() for val in values for p in val.split(",") if p.strip()]:
         c = BUDGET_COST.match(v)
-        t = BUDGET_TIME.match(v)
+        d = parse_duration(v)
         if c:
             cost = float(c.group(1) or c.group(2))
-        elif t and any(t.groups()):
-            h, m, s = (float(x) if x else 0.0 for x in t.groups())
-            wall = h * 3600 + m * 60 + s
+        elif d is not None:
+            wall = d
         else:
             raise click.BadParameter(f"{v!r}: expected a wall time like 30m, 1h30m, 90s or a cost like $5 or 5usd",
                                      param_hint="--budget")
@@ -108,13 +116,9 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
     from bot.optimize.state import RunState
 
     wall, cost = parse_budget(budget)
-    pause_s = None
-    if pause_after is not None:
-        t = BUDGET_TIME.match(pause_after.strip())
-        if not t or not any(t.groups()):
-            raise click.BadParameter(f"{pause_after!r}: expected a duration like 8m, 540s or 1h30m", param_hint="--pause-after")
-        h, m, sec = (float(x) if x else 0.0 for x in t.groups())
-        pause_s = h * 3600 + m * 60 + sec
+    pause_s = None if pause_after is None else parse_duration(pause_after)
+    if pause_after is not None and pause_s is None:
+        raise click.BadParameter(f"{pause_after!r}: expected a duration like 8m, 540s or 1h30m", param_hint="--pause-after")
     known_gens = ("replay", "variants", "compile-region", "agent")
     gens = tuple(g.strip() for g in generators.split(",") if g.strip())
     bad = [g for g in gens if g not in known_gens]

@@ -131,8 +131,9 @@ def run(job: Job) -> dict:
         cases = [c for c in cases if c[0] == job.dtype] or cases
         # bot/jobs.py pins a `cuda:N` job with CUDA_VISIBLE_DEVICES=N and hands it plain "cuda": only
         # an explicit index (a job run by hand) needs set_device, which refuses a device without one
-        if cuda_index(job.device) is not None:
-            torch.cuda.set_device(cuda_index(job.device))
+        index = cuda_index(job.device)
+        if index is not None:
+            torch.cuda.set_device(index)
     shapes = [tuple(s) for s in (job.params.get("shapes") or mod.SHAPES)]
     rows = []
     good: dict[str, bool] = {}
