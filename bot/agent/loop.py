@@ -259,7 +259,7 @@ def outcome_of(task: AgentTask, r: AgentResult, engine_source: str = "") -> lear
     added = {}
     for f in repo.git.diff(task.vctx.base_sha, r.candidate.commit_sha, "--name-only", "--diff-filter=A").splitlines():
         if f:
-            added[f] = repo.git.show(f"{r.candidate.commit_sha}:{f}")
+            added[f] = repo.git.show(f"{r.candidate.commit_sha}:{f}", strip_newline_in_stdout=False)
     pr = task.vctx.workload["presets"][task.vctx.preset]
     return learn.Outcome(
         candidate_id=r.candidate.id, kind=r.candidate.kind, generator=r.candidate.generator, run_id=task.run_id,

@@ -93,3 +93,20 @@ def staging_copy(root: Path, staging: Path) -> Path:
         if (root / sub).is_dir():
             shutil.copytree(root / sub, staging / sub, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return staging
+
+
+def staged_changes(root: Path, staging: Path) -> list[str]:
+    """Every file under the staging copy's kernel_store/ and lessons/ that is new or differs from
+    root's: what the learn step wrote, found by comparing bytes, so nothing a learner writes (an
+    adopted variant's patch.diff and kernel sources, a bench.json record, a lesson) can be left out
+    of the knowledge commit by a caller that forgot to report it. Paths relative to `staging`."""
+    out = []
+    for sub in ("kernel_store", "lessons"):
+        for p in sorted((staging / sub).rglob("*")) if (staging / sub).is_dir() else []:
+            if not p.is_file() or "__pycache__" in p.parts or p.suffix == ".pyc":
+                continue
+            rel = p.relative_to(staging)
+            old = root / rel
+            if not old.is_file() or old.read_bytes() != p.read_bytes():
+                out.append(rel.as_posix())
+    return out

@@ -30,7 +30,7 @@ from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
 from bot.optimize import recall
 from bot.optimize.resume import (bundle_candidates, fetch_candidates, load_checkpoint, save_checkpoint,
-                                 staging_copy)
+                                 staged_changes, staging_copy)
 from bot.target import Target, base_worktree, resolve_target
 from bot.trailers import parse_trailers, trailer_values
 from runner.job import Job
@@ -794,7 +794,8 @@ class Stages:
         if not verdicts:
             return LearnResult("skipped", "nothing validated, nothing to learn")
         from bot.deliver.knowledge import knowledge_root
-        root = staging_copy(knowledge_root(ctx.options), ctx.run_dir / "knowledge-staging")
+        known_root = knowledge_root(ctx.options)
+        root = staging_copy(known_root, ctx.run_dir / "knowledge-staging")
         t = self.target(ctx)
         cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
         repo = t.checkout.repo
@@ -805,7 +806,7 @@ class Stages:
             c = cands.get(v["candidate_id"])
             if c is None or (v.get("raw") or {}).get("reused"):
                 continue  # a reused store verdict is already the store's knowledge
-            added = {f: repo.git.show(f"{c.sha}:{f}") for f in
+            added = {f: repo.git.show(f"{c.sha}:{f}", strip_newline_in_stdout=False) for f in
                      repo.git.diff(base, c.sha, "--name-only", "--diff-filter=A").splitlines() if f}
             kt = c.trailers
             o = outcome_cls(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id,
@@ -834,8 +835,11 @@ class Stages:
                 lp = Path(ld["lesson_path"])
                 lessons.append(str(lp.relative_to(root)))
                 files.append(str(lp.relative_to(root)))
-        files = list(dict.fromkeys(files + recall.record_stack_ablation(
-            self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of, ctx.run_id, ctx.options.command)))
+        files += recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
+                                              ctx.run_id, ctx.options.command)
+        # what was written, by comparison with the knowledge the run read: an adopted variant rewrites
+        # its entry's patch.diff and kernel sources, which no learner result names
+        files = list(dict.fromkeys(files + staged_changes(known_root, root)))
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)

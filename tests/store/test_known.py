@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +242,64 @@ def test_learn_records_the_measured_ablation_and_combine_reuses_it(tmp_path):
     key2 = recall.RunKey(**{**key.__dict__, "revalidate": True})
     assert recall.stack_ablation(key2, res.commits, {c["id"]: c for c in ctx.results["generate"]["candidates"]},
                                  "s" * 64, 1) is None
+
+
+def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
+    """Regression (H200 loop, 2026-11-30): learn adopted a tuned variant into its entry (patch.diff,
+    kernel source) but the learn step listed only bench.json for the knowledge commit, so the next
+    run found a variant_search record whose patch_sha256 matched no patch.diff, searched again and
+    validated again. Through the real learn step: every file the learner wrote is in its result,
+    and the staged entry is known (searched, and its verdict applies) to the next run."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    import git
+
+    from bot.optimize import recall
+    from bot.optimize.stages import Budget, CandidateRecord, Options, RunContext, Stages
+
+    root = tmp_path / "knowledge"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", root / "kernel_store" / "flux2-swiglu")
+    (root / "kernel_store" / "flux2-swiglu" / "bench.json").unlink(missing_ok=True)
+    kernel = next(p for p in (root / "kernel_store" / "flux2-swiglu").glob("*.py") if not p.name.startswith("test_"))
+
+    eng = git.Repo.init(tmp_path / "engine")
+    with eng.config_writer() as cw:
+        cw.set_value("user", "name", "t")
+        cw.set_value("user", "email", "t@localhost")
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return x\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "base")
+    base = eng.head.commit.hexsha
+    kdir = tmp_path / "engine" / "optbot_kernels"
+    kdir.mkdir()
+    tuned_src = kernel.read_text() + "\n# tuned: block_n=2048 (test)\n"
+    (kdir / kernel.name).write_text(tuned_src)
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return swiglu(x)\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "variant\n\nOptbot-Entry: flux2-swiglu\nOptbot-Config: block_n=2048")
+    cand = CandidateRecord("variant-flux2-swiglu", "Fused SwiGLU (tuned)", eng.head.commit.hexsha, "", "variant-search",
+                           "fuse-elementwise-chain", "o", "", {"Optbot-Entry": "flux2-swiglu", "Optbot-Config": "block_n=2048"})
+    verdict = {"status": "accepted", "reason": None, "summary": "eager 1.05x", "preset": "full", "dtype": "bfloat16",
+               "base_sha": base, "env": dict(ENV), "correctness": {"checks": []},
+               "speed": [{"mode": "eager", "device": "cuda", "base_ms": [550.0], "candidate_ms": [524.0],
+                          "speedup": 1.05, "n": 10, "passes": 1}]}
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(repo=eng, base_sha=base, repo_path=tmp_path / "engine"),
+                             preset="full", dtype="bfloat16", device="cuda")
+    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
+                     {"baseline": {"env": ENV}, "generate": {"candidates": [asdict(cand)]},
+                      "validate": {"verdicts": [{"candidate_id": cand.id, "status": "accepted", "reason": "accepted",
+                                                 "device": "cuda", "raw": {"verdict": verdict}}]}},
+                     target=target)
+    res = Stages().learn(ctx)
+    staged = Path(res.knowledge_root) / "kernel_store" / "flux2-swiglu"
+    assert {"kernel_store/flux2-swiglu/patch.diff", f"kernel_store/flux2-swiglu/{kernel.name}",
+            "kernel_store/flux2-swiglu/bench.json"} <= set(res.files), res.files
+    assert (staged / kernel.name).read_text() == tuned_src and "swiglu(x)" in (staged / "patch.diff").read_text()
+    # the next run reads what was committed: the search is known, and so is the verdict
+    key = recall.RunKey(staged.parent, "flux2", "h200", base, "full", "bfloat16", True, False, ENV)
+    e = get_entry("flux2-swiglu", staged.parent)
+    assert "adopted" in recall.searched(key, e)
+    k, why = recall.entry_verdict(key, "flux2-swiglu")
+    assert k is not None and k.status == "accepted", why
