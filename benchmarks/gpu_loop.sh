@@ -18,7 +18,7 @@
 # --pause-after (CALL_S - elapsed - RESERVE_S), RESERVE_S (default 180) being the longest piece of
 # work that is never interrupted (one validation, one ablation). Exit 0 with "call again" when it
 # paused. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
-# (knowledge repository + run directories without tensors) is written to $OUT/kit.tgz.part-* (15 MiB
+# (knowledge repository + what resume reads of the run in progress: kit_files) is written to $OUT/kit.tgz.part-* (15 MiB
 # parts), and an invocation on a fresh machine restores it from $KIT.part-* (default
 # .loop-kit/kit.tgz.part-*: copy the parts there and name .loop-kit in the call's carry).
 # The results (both runs' logs, JSON, state, the summary) go to $RES and, as one archive, to
@@ -45,11 +45,25 @@ mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/diffusers-*.tar.gz "$OPTBOT_HOME
 if [ "$DEVICE" = cuda ]; then gpus="${GPUS:-$(nvidia-smi -L | wc -l)}"; else gpus=1; fi
 know="$LOOP/knowledge"
 
+kit_files() {  # what a fresh machine needs to go on: the knowledge, the loop's own files, of a finished
+  # run its state.json (the summary reads it), of the run in progress everything but tensors and the
+  # job directories of finished validations (a pause comes before a validation, never inside one:
+  # their verdict-record.json is what resume reads). Keeps the kit, carried back in with the wheels,
+  # under the device tool's 64 MiB.
+  find "$LOOP" -path "$OPTBOT_RUNS_DIR" -prune -o -type f -print
+  for run in 1 2; do
+    [ -f "$LOOP/run$run.id" ] || continue
+    d="$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")"
+    if [ -f "$LOOP/run$run.done" ]; then echo "$d/state.json"
+    else find "$d" -type f ! -name '*.pt' ! -name '*.safetensors' ! -path "$d/validate/*/*/*"; fi
+  done
+}
+
 pack() {  # the resume kit and the results, for the next call (maybe on another machine)
   [ -n "${OUT:-}" ] || return 0
   # what comes back from a device call is at most 16 MiB a file: the kit travels in 15 MiB parts
   rm -f "$OUT"/kit.tgz.part-*
-  tar czf - --exclude='*.pt' --exclude='*.safetensors' -P "$LOOP" 2>/dev/null | split -b 15M - "$OUT/kit.tgz.part-"
+  kit_files | tar czf - -P -T - 2>/dev/null | split -b 15M - "$OUT/kit.tgz.part-"
   tar czf "$OUT/results.tgz" "$RES" 2>/dev/null
   ls -la "$OUT"
 }
