@@ -44,6 +44,12 @@ def entry_id_of(trailers: dict | None) -> str:
     return next(iter(trailer_values((trailers or {}).get("Optbot-Entry"))), "")
 
 
+def _entry_of_candidate(c) -> str:
+    """The store entry a candidate replays, from a generate-step record in either shape the stages
+    hold it: the step's JSON (dict) or a CandidateRecord."""
+    return entry_id_of(c.get("trailers") if isinstance(c, dict) else getattr(c, "trailers", None))
+
+
 def entry_verdict(key: RunKey, entry_id: str):
     """(KnownVerdict | None, why not): the entry's recorded GPU verdict when it applies to this run
     unchanged. Only on CUDA, and not with --revalidate."""
@@ -79,17 +85,18 @@ def searched(key: RunKey, entry) -> str:
     return ""
 
 
-def stack_ablation(key: RunKey, commits: list, candidates: dict[str, dict], stack_sha256: str,
+def stack_ablation(key: RunKey, commits: list, candidates: dict, stack_sha256: str,
                    rounds: int) -> tuple[dict, dict[str, object]] | None:
     """(the recorded leave-one-out of this exact stack, entry id -> this run's stack commit) when an
     earlier run measured it (bot/knowledge/known.known_ablation); None when it must be measured.
-    `commits` are the stack's StackCommits, `candidates` the generate step's records by id."""
+    `commits` are the stack's StackCommits, `candidates` the generate step's records by id (dicts or
+    CandidateRecords)."""
     if key.revalidate:
         return None
     from bot.knowledge.known import known_ablation
     members, entries = {}, []
     for sc in commits:
-        eid = entry_id_of((candidates.get(sc.candidate_id) or {}).get("trailers"))
+        eid = _entry_of_candidate(candidates.get(sc.candidate_id))
         e = _entry(key, eid) if eid else None
         if e is None:
             return None  # a member that is no store entry (yet): nothing can be known about it
@@ -114,8 +121,7 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidate
     dirs = {}
     for sc in combine.get("commits", []):
         cid = sc["candidate_id"]
-        c = candidates.get(cid)
-        eid = entry_id_of(getattr(c, "trailers", None) if c is not None else None)
+        eid = _entry_of_candidate(candidates.get(cid))
         d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
         if d is None or not (d / "entry.yaml").is_file():
             return []  # a member with no entry: the record could never be matched
