@@ -800,7 +800,7 @@ class Stages:
         cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
         repo = t.checkout.repo
         base = t.checkout.base_sha
-        files, entries, lessons = [], [], []
+        entries, lessons = [], []
         entry_of: dict[str, Path] = {}  # candidate id -> its store entry in the staging copy
         for v in verdicts:
             c = cands.get(v["candidate_id"])
@@ -828,18 +828,13 @@ class Stages:
                 ed = Path(ld["entry_dir"])
                 entry_of[c.id] = ed
                 entries.append(str(ed.relative_to(root) / "entry.yaml"))
-                files += [str(p.relative_to(root)) for p in sorted(ed.rglob("*")) if p.is_file()]
-            if ld.get("history"):
-                files.append(str(Path(ld["history"]).relative_to(root)))
             if ld.get("lesson_path"):
-                lp = Path(ld["lesson_path"])
-                lessons.append(str(lp.relative_to(root)))
-                files.append(str(lp.relative_to(root)))
-        files += recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
-                                              ctx.run_id, ctx.options.command)
-        # what was written, by comparison with the knowledge the run read: an adopted variant rewrites
-        # its entry's patch.diff and kernel sources, which no learner result names
-        files = list(dict.fromkeys(files + staged_changes(known_root, root)))
+                lessons.append(str(Path(ld["lesson_path"]).relative_to(root)))
+        recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
+                                     ctx.run_id, ctx.options.command)
+        # what to commit is what was written, found by comparison with the knowledge the run read
+        # (an adopted variant rewrites its entry's patch.diff and kernel sources; no learner reports it)
+        files = staged_changes(known_root, root)
         hist = sum(1 for f in files if f.endswith("bench.json") and f.split("/")[1] not in {Path(e).parts[1] for e in entries})
         return LearnResult("done", f"{len(entries)} entries, {len(lessons)} lessons"
                            + (f", {hist} entry histories" if hist else ""), str(root), files, entries, lessons)
