@@ -176,8 +176,6 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     Accepted on a GPU: the entry adopts it (patch.diff and its kernel sources become the variant's),
     so the next run replays the tuned entry; either way the search is recorded per hardware against
     the entry's patch (`gpu.variant_search`), so the next run does not search the same space again."""
-    from bot.knowledge.known import patch_file_sha256
-
     if not o.device.startswith("cuda"):
         return
     bench = read_bench(entry_dir)
@@ -189,12 +187,23 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
                 (entry_dir / Path(path).name).write_text(content)
         (entry_dir / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
     env = o.verdict.get("env") or {}
-    bench.setdefault("gpu", {}).setdefault("variant_search", {})[o.hardware] = {
-        "run_id": o.run_id, "config": o.config, "status": o.status, "reason": o.reason, "adopted": adopted,
-        "patch_sha256": patch_file_sha256(entry_dir / "patch.diff"),
-        "torch": env.get("torch"), "triton": env.get("triton"),
+    record_search(entry_dir, o.hardware, {"run_id": o.run_id, "config": o.config, "status": o.status,
+                                          "reason": o.reason, "adopted": adopted, "torch": env.get("torch"),
+                                          "triton": env.get("triton")}, bench)
+
+
+def record_search(entry_dir: Path, hardware: str, record: dict, bench: dict | None = None) -> Path:
+    """A finished variant search of the entry on `hardware`, in bench.json `gpu.variant_search`, tied
+    to the entry's patch as it is now (after any adoption): a later run with the same patch, torch
+    and triton does not search again (bot/optimize/recall.searched). `record`: run_id, config,
+    status (accepted | rejected | kept), reason, adopted, torch, triton."""
+    from bot.knowledge.known import patch_file_sha256
+
+    bench = read_bench(entry_dir) if bench is None else bench
+    bench.setdefault("gpu", {}).setdefault("variant_search", {})[hardware] = {
+        **record, "patch_sha256": patch_file_sha256(entry_dir / "patch.diff"),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_bench(entry_dir, bench)
+    return write_bench(entry_dir, bench)
 
 
 def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:

@@ -36,6 +36,11 @@ from bot.knowledge.store import Entry, added_file_content, load_entry, patch_add
 from runner.job import Job
 
 MAX_CONFIGS = 256
+# A tuned config becomes a candidate only when it beats the entry's own config by more than this
+# (sum of median times over the shapes): a smaller gain is inside the run-to-run spread of the
+# microbenchmark (1.5% between two searches of the same space on the H200, 2026-11-30) and cannot
+# pay for an end-to-end validation (about 150 GPU-s on Qwen-Image full).
+MIN_TUNE_GAIN_PCT = 3.0
 
 
 def config_space_from_module(path: Path) -> dict[str, list] | None:
@@ -109,6 +114,7 @@ class VariantResult:
     chosen: dict = field(default_factory=dict)  # the one config a commit carries (choose_config), {} when none
     commit_note: str = ""  # what became of the chosen config (committed as <sha>, unchanged, why none)
     candidate: Candidate | None = None  # the variant-search commit
+    kept: str = ""  # the entry's own config, when the search found nothing worth a candidate (a finished search)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -308,7 +314,9 @@ def _config_text(config: dict) -> str:
 def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, opportunity_id: str = "",
                   name: str | None = None) -> ReplayResult:
     """The entry's patch replayed in its own worktree plus res.chosen written into the engine's copy
-    of the kernel source, as one commit with the Optbot-* trailers (generator variant-search)."""
+    of the kernel source, as one commit with the Optbot-* trailers (generator variant-search).
+    Nothing is committed ("unchanged", res.kept = the entry's own config) when the entry's own
+    config is the chosen one or within MIN_TUNE_GAIN_PCT of it."""
     config = res.chosen["config"]
     keys = sorted(config)
     sites = []
@@ -322,9 +330,17 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
                             f"variant search {entry.id}: {len(sites) or 'no'} kernel sources have the config "
                             f"keys {keys} as defaulted parameters; nothing committed")
     kfile, site = sites[0]
+    own = _label({k: _literal(site.defaults[k]) for k in keys})
     if all(site.defaults[k] == repr(config[k]) for k in keys):
+        res.kept = own
         return ReplayResult(entry.id, opportunity_id, "unchanged",
                             f"the entry's own defaults ({_config_text(config)}) are the fastest config; nothing to commit")
+    own_ms = _total_ms(res, own)
+    if own_ms is not None and res.chosen["total_ms"] > own_ms * (1 - MIN_TUNE_GAIN_PCT / 100):
+        res.kept = own
+        return ReplayResult(entry.id, opportunity_id, "unchanged",
+                            f"the entry's own config ({own}, {own_ms:.4f} ms) is within {MIN_TUNE_GAIN_PCT:g}% of the "
+                            f"fastest ({res.chosen['label']}, {res.chosen['total_ms']:.4f} ms); nothing to commit")
     patch = entry.patch_path.read_text()
     targets = [p for p in patch_added_files(patch) if added_file_content(patch, p) == kfile.read_text()] \
         or [p for p in patch_added_files(patch) if Path(p).name == kfile.name]
@@ -347,7 +363,7 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
             f"Variant search: {len(res.rows)} config{'s' if len(res.rows) != 1 else ''} from {res.space_from}, "
             f"{sum(r['correct'] for r in res.rows)} correct, timed on {res.device} ({device}), {res.workers} "
             f"worker{'s' if res.workers != 1 else ''}; chosen by {res.chosen['by']}:"]
-    entry_label = _label({k: _literal(site.defaults[k]) for k in keys})
+    entry_label = own
     for shape, ms in res.chosen.get("per_shape_ms", {}).items():
         own = (res.timings.get(shape) or {}).get(entry_label)
         ref = res.chosen.get("reference_ms", {}).get(shape)
@@ -368,6 +384,15 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
         worktree=str(wt), commit_sha=sha, base_sha=r.candidate.base_sha, entry_id=entry.id,
         adds_kernels=list(entry.adds_kernels), removes_kernels=list(entry.removes_kernels), trailers=trailers, title=title)
     return r
+
+
+def _total_ms(res: VariantResult, label: str) -> float | None:
+    """A config's sum of median times over every timed shape (choose_config's measure), None when it
+    was not timed on all of them."""
+    if not res.timings:
+        return None
+    got = [(res.timings[s] or {}).get(label) for s in res.timings]
+    return sum(t["median_ms"] for t in got) if all(isinstance(t, dict) for t in got) else None
 
 
 def _literal(text: str):

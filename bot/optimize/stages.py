@@ -134,6 +134,8 @@ class GenerateResult:
     candidates: list[CandidateRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     agent_cost_usd: float = 0.0
+    # finished variant searches that kept the entry's own config (no candidate): learn records them
+    searches: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -481,8 +483,9 @@ class Stages:
                 recs.append(rec)
                 notes.append(f"store replay {r.entry_id}: {r.reason}"
                              + (f"; known on {hardware}: {known.line()}" if known else (f"; {why}" if why else "")))
+        searches: list[dict] = []
         if "variants" in gens:
-            notes += self._variants(ctx, replayed, recs, opps)
+            notes += self._variants(ctx, replayed, recs, opps, searches)
         else:
             notes.append("variant search: not selected (--generators)")
         # compile region (generate helper): the hot repeated blocks under torch.compile, from the profile
@@ -513,9 +516,10 @@ class Stages:
             notes.append("wall-time budget spent during generation")
         if recs:
             notes.append(bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [r.sha for r in recs]))
-        return GenerateResult("done", f"{len(recs)} candidates", recs, notes)
+        return GenerateResult("done", f"{len(recs)} candidates", recs, notes, searches=searches)
 
-    def _variants(self, ctx: RunContext, replayed: list, recs: list[CandidateRecord], opps: list[dict]) -> list[str]:
+    def _variants(self, ctx: RunContext, replayed: list, recs: list[CandidateRecord], opps: list[dict],
+                  searches: list[dict]) -> list[str]:
         """Variant search (generate helper) for each replayed entry that declares a config_space: its
         configs checked and timed on the run's GPUs, the fastest committed as the entry's patch with
         that config, a candidate of its own beside the plain replay. All configs, times and the device
@@ -553,6 +557,9 @@ class Stages:
             failed = f"; {len(res.failures)} workers failed" if res.failures else ""
             if res.candidate is not None:
                 recs.append(self._candidate_record(t, res.candidate, len(recs), opps))
+            elif res.kept and not res.failures:
+                searches.append({"entry_id": e.id, "config": res.kept, "status": "kept", "reason": res.commit_note,
+                                 "device_name": res.device_name})
             notes.append(f"variant search {e.id}: {len(res.rows)} configs on {res.device_name or res.device}{failed}; "
                          f"{res.commit_note}")
         return notes
@@ -791,7 +798,8 @@ class Stages:
         if learn_fn is None or outcome_cls is None:
             return LearnResult("skipped", "learning not available (bot.learn.learn is not installed)")
         verdicts = ctx.results.get("validate", {}).get("verdicts", [])
-        if not verdicts:
+        searches = (ctx.results.get("generate") or {}).get("searches") or []
+        if not verdicts and not searches:
             return LearnResult("skipped", "nothing validated, nothing to learn")
         from bot.deliver.knowledge import knowledge_root
         known_root = knowledge_root(ctx.options)
@@ -832,6 +840,14 @@ class Stages:
                 lessons.append(str(Path(ld["lesson_path"]).relative_to(root)))
         recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
                                      ctx.run_id, ctx.options.command)
+        record_search = _piece("bot.learn", "record_search")
+        env = ctx.results.get("baseline", {}).get("env", {})
+        for sr in searches:  # a search that kept the entry's config is finished: not searched again
+            d = root / "kernel_store" / sr["entry_id"]
+            if record_search is not None and (d / "entry.yaml").is_file():
+                record_search(d, self._hardware(ctx), {"run_id": ctx.run_id, "config": sr["config"], "status": "kept",
+                                                       "reason": sr["reason"], "adopted": False,
+                                                       "torch": env.get("torch"), "triton": env.get("triton")})
         # what to commit is what was written, found by comparison with the knowledge the run read
         # (an adopted variant rewrites its entry's patch.diff and kernel sources; no learner reports it)
         files = staged_changes(known_root, root)

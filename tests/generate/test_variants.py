@@ -169,3 +169,38 @@ def test_a_job_device_without_an_index_is_left_to_cuda_visible_devices():
     from runner.kinds.variant_bench import cuda_index
 
     assert cuda_index("cuda") is None and cuda_index("cuda:1") == 1 and cuda_index("cuda:0") == 0
+
+
+def test_a_tuned_config_must_beat_the_entrys_own_by_the_margin(tmp_path, diffusers_engine):
+    """A config whose microbenchmark total is within MIN_TUNE_GAIN_PCT of the entry's own config is
+    no candidate (it cannot pay for an end-to-end validation): nothing is committed and the search
+    says it kept the entry's config; a config beyond the margin is committed. Timings are test data
+    in the shape the GPU workers write (a CPU run has none)."""
+    from bot.generate.variants import MIN_TUNE_GAIN_PCT, VariantResult, _label, _literal, commit_config, config_site
+    from bot.knowledge.store import get_entry
+
+    entry = get_entry("flux2-swiglu")
+    (kfile,) = entry.kernel_files()
+    site = config_site(kfile.read_text(), ["block_n", "num_warps"])
+    own_cfg = {k: _literal(v) for k, v in site.defaults.items()}
+    other_cfg = {**own_cfg, "num_warps": 16 if own_cfg["num_warps"] != 16 else 2}
+    own, other = _label(own_cfg), _label(other_cfg)
+
+    def result(other_ms):
+        res = VariantResult("t.py", {}, "test", "cuda", 1, device_name="NVIDIA H200",
+                            rows=[{"label": own, "config": own_cfg, "correct": True},
+                                  {"label": other, "config": other_cfg, "correct": True}])
+        res.timings = {"[1, 4096, 6144]": {"reference": {"median_ms": 2.0}, own: {"median_ms": 1.0},
+                                           other: {"median_ms": other_ms}}}
+        res.chosen = {"label": other, "config": other_cfg, "total_ms": other_ms, "by": "test",
+                      "per_shape_ms": {"[1, 4096, 6144]": other_ms}, "reference_ms": {}}
+        return res
+
+    close = result(1.0 - (MIN_TUNE_GAIN_PCT / 2) / 100)
+    r = commit_config(diffusers_engine, entry, close, "opp-1", name="test-close-variant")
+    assert r.status == "unchanged" and r.candidate is None and close.kept == own, r.reason
+    assert f"within {MIN_TUNE_GAIN_PCT:g}%" in r.reason
+    far = result(1.0 - (2 * MIN_TUNE_GAIN_PCT) / 100)
+    r = commit_config(diffusers_engine, entry, far, "opp-1", name="test-far-variant")
+    assert r.candidate is not None and far.kept == "", r.reason
+    assert r.candidate.trailers["Optbot-Config"] == other

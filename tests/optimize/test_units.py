@@ -145,10 +145,10 @@ def test_variant_search_in_generate_needs_a_gpu(tmp_path):
     replayed = [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1"),
                 SimpleNamespace(entry_id="flux2-merge-qkv", opportunity_id="o2")]  # no config_space
     recs = []
-    notes = Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed, recs, [])
+    notes = Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed, recs, [], [])
     assert recs == [] and notes == ["variant search: needs a GPU to choose a config (config spaces of flux2-swiglu "
                                     "not searched)"]
-    assert Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed[1:], recs, []) == \
+    assert Stages()._variants(_generate_ctx(tmp_path, "cpu"), replayed[1:], recs, [], []) == \
         ["variant search: no replayed entry declares a config_space"]
 
 
@@ -171,13 +171,14 @@ def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffu
                                                     "config": {"block_n": 512, "num_warps": 2}, "total_ms": 0.0}})
 
     monkeypatch.setattr(variants, "search_entry", on_cpu_with_fake_choice)
-    recs = []
+    recs, searches = [], []
     notes = Stages()._variants(_generate_ctx(tmp_path, "cuda", diffusers_engine),
-                               [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1")], recs, [])
+                               [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1")], recs, [], searches)
     assert seen["gpus"] == 2 and seen["device"] == "cuda" and seen["opportunity_id"] == "o1"
     assert [r.id for r in recs] == ["variant-flux2-swiglu"] and recs[0].generator == "variant-search"
     assert recs[0].trailers["Optbot-Config"] == "block_n=512,num_warps=2" and recs[0].opportunity == "o1"
     assert "committed" in notes[0], notes
+    assert searches == []  # a search that gave a candidate is recorded by learn from its verdict
     assert (tmp_path / "variants" / "flux2-swiglu" / "variants.json").is_file()
 
 

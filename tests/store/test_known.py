@@ -303,3 +303,32 @@ def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
     assert "adopted" in recall.searched(key, e)
     k, why = recall.entry_verdict(key, "flux2-swiglu")
     assert k is not None and k.status == "accepted", why
+
+
+def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
+    """Variant search that found nothing worth a candidate (the entry's own config is, or is near,
+    the fastest) is finished: the learn step records it against the entry's patch, and the next
+    run's recall says the space was searched. Nothing was validated in this run."""
+    from types import SimpleNamespace
+
+    from bot.optimize import recall
+    from bot.optimize.stages import Budget, Options, RunContext, Stages
+
+    root = tmp_path / "knowledge"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", root / "kernel_store" / "flux2-swiglu")
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(repo=None, base_sha="b" * 40, repo_path=tmp_path),
+                             preset="full", dtype="bfloat16", device="cuda")
+    search = {"entry_id": "flux2-swiglu", "config": "block_n=1024,num_warps=4", "status": "kept",
+              "reason": "the entry's own config is within 3% of the fastest", "device_name": "NVIDIA H200"}
+    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
+                     {"baseline": {"env": ENV}, "generate": {"candidates": [], "searches": [search]},
+                      "validate": {"verdicts": []}}, target=target)
+    res = Stages().learn(ctx)
+    assert res.status == "done" and res.files == ["kernel_store/flux2-swiglu/bench.json"], (res.reason, res.files)
+    staged = Path(res.knowledge_root) / "kernel_store"
+    key = recall.RunKey(staged, "flux2", "h200", "b" * 40, "full", "bfloat16", True, False, ENV)
+    said = recall.searched(key, get_entry("flux2-swiglu", staged))
+    assert "searched in run run-1 on h200: block_n=1024,num_warps=4 kept" in said, said
+    assert recall.searched(recall.RunKey(**{**key.__dict__, "env": {**ENV, "triton": "3.7.0"}}),
+                           get_entry("flux2-swiglu", staged)) == ""  # another triton: searched again
