@@ -237,15 +237,11 @@ def choose_config(res: VariantResult) -> dict | None:
         return None
     correct = {r["label"]: r["config"] for r in res.rows if r["correct"]}
     shapes = list(res.timings)
-    timed = [lb for lb in correct if all(isinstance(res.timings[s].get(lb), dict) for s in shapes)]
-    if not timed:
+    totals = {lb: t for lb in correct if (t := _total_ms(res, lb)) is not None}
+    if not totals:
         return None
-
-    def total(lb: str) -> float:
-        return sum(res.timings[s][lb]["median_ms"] for s in shapes)
-
-    label = min(timed, key=total)
-    return {"label": label, "config": correct[label], "total_ms": total(label),
+    label = min(totals, key=totals.get)
+    return {"label": label, "config": correct[label], "total_ms": totals[label],
             "by": f"smallest sum of median times over {len(shapes)} shape{'s' if len(shapes) != 1 else ''}",
             "per_shape_ms": {s: res.timings[s][label]["median_ms"] for s in shapes},
             "reference_ms": {s: res.timings[s]["reference"]["median_ms"] for s in shapes
@@ -365,10 +361,10 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
             f"worker{'s' if res.workers != 1 else ''}; chosen by {res.chosen['by']}:"]
     entry_label = own
     for shape, ms in res.chosen.get("per_shape_ms", {}).items():
-        own = (res.timings.get(shape) or {}).get(entry_label)
+        own_t = (res.timings.get(shape) or {}).get(entry_label)
         ref = res.chosen.get("reference_ms", {}).get(shape)
         body.append(f"  shape {shape}: {ms:.4f} ms"
-                    + (f", entry's config {own['median_ms']:.4f} ms" if isinstance(own, dict) else "")
+                    + (f", entry's config {own_t['median_ms']:.4f} ms" if isinstance(own_t, dict) else "")
                     + (f", torch reference {ref:.4f} ms" if ref is not None else ""))
     body += ["", f"Config: {_config_text(config)}", "", entry.description]
     trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels),
