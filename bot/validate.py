@@ -459,7 +459,7 @@ def _speed(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path, base1: dict
     params = {"correctness": False, "timing": _side_params(ctx)["timing"]}
     runs = {"base": [base1], "candidate": [cand1]}
     gates = ctx.opts.speed_gates if ctx.opts.speed_gates is not None else ctx.is_cuda
-    retimes = ctx.opts.retimes if ctx.opts.retimes is not None else (2 if gates else 0)
+    retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if gates else 0))
     dev = "cuda" if ctx.is_cuda else "cpu"
     for round_ in range(retimes + 1):
         suffix = "" if round_ == 0 else f"-{round_ + 1}"
@@ -480,7 +480,7 @@ def _speed(ctx: _Ctx, cand: Candidate, base_sha: str, base_wt: Path, base1: dict
             return speeds, None
         ctx.say(f"speed: eager {eager.outcome} inside a {eager.noise_pct:.1f}% noise band: timing another "
                 f"candidate/base pair ({round_ + 1} of {retimes})")
-    return speeds, None
+    raise AssertionError("unreachable: the last round returns")
 
 
 def _speeds(ctx: _Ctx, runs: dict, passes: int, dev: str) -> list[Speed]:

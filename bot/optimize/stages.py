@@ -558,8 +558,7 @@ class Stages:
             if res.candidate is not None:
                 recs.append(self._candidate_record(t, res.candidate, len(recs), opps))
             elif res.kept and not res.failures:
-                searches.append({"entry_id": e.id, "config": res.kept, "status": "kept", "reason": res.commit_note,
-                                 "device_name": res.device_name})
+                searches.append({"entry_id": e.id, "config": res.kept, "status": "kept", "reason": res.commit_note})
             notes.append(f"variant search {e.id}: {len(res.rows)} configs on {res.device_name or res.device}{failed}; "
                          f"{res.commit_note}")
         return notes
@@ -845,8 +844,8 @@ class Stages:
         for sr in searches:  # a search that kept the entry's config is finished: not searched again
             d = root / "kernel_store" / sr["entry_id"]
             if record_search is not None and (d / "entry.yaml").is_file():
-                record_search(d, self._hardware(ctx), {"run_id": ctx.run_id, "config": sr["config"], "status": "kept",
-                                                       "reason": sr["reason"], "adopted": False,
+                record_search(d, self._hardware(ctx), {"run_id": ctx.run_id, "config": sr["config"],
+                                                       "status": sr["status"], "reason": sr["reason"], "adopted": False,
                                                        "torch": env.get("torch"), "triton": env.get("triton")})
         # what to commit is what was written, found by comparison with the knowledge the run read
         # (an adopted variant rewrites its entry's patch.diff and kernel sources; no learner reports it)

@@ -320,7 +320,7 @@ def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
                              checkout=SimpleNamespace(repo=None, base_sha="b" * 40, repo_path=tmp_path),
                              preset="full", dtype="bfloat16", device="cuda")
     search = {"entry_id": "flux2-swiglu", "config": "block_n=1024,num_warps=4", "status": "kept",
-              "reason": "the entry's own config is within 3% of the fastest", "device_name": "NVIDIA H200"}
+              "reason": "the entry's own config is within 3% of the fastest"}
     ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
                      {"baseline": {"env": ENV}, "generate": {"candidates": [], "searches": [search]},
                       "validate": {"verdicts": []}}, target=target)
