@@ -287,7 +287,9 @@ def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) ->
         remove_worktree(checkout, path)
     root.mkdir(parents=True, exist_ok=True)
     try:
-        repo.git.worktree("add", "--detach", "--force", str(path), want)
+        # --force twice: take over an entry that a killed `worktree add` left missing but locked
+        # ("initializing"); the name is ours (one per candidate), so no live worktree is taken.
+        repo.git.worktree("add", "--detach", "--force", "--force", str(path), want)
     except git.GitCommandError as e:
         raise EngineError(f"cannot add worktree {path} at {ref or checkout.base_sha}: {e.stderr.strip()}") from None
     return path
@@ -295,7 +297,7 @@ def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) ->
 
 def remove_worktree(checkout: EngineCheckout, path: Path) -> None:
     try:
-        checkout.repo.git.worktree("remove", "--force", str(path))
+        checkout.repo.git.worktree("remove", "--force", "--force", str(path))  # twice: also a locked one
     except git.GitCommandError:
         shutil.rmtree(path, ignore_errors=True)
         checkout.repo.git.worktree("prune")

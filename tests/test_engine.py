@@ -94,3 +94,26 @@ def test_worktrees_are_isolated_and_reused(tmp_path, monkeypatch):
     eng.remove_worktree(co, wt2)
     assert not wt2.exists()
     assert str(wt2) not in repo.git.worktree("list")
+
+
+def test_a_worktree_left_locked_by_a_killed_add_is_taken_over(tmp_path, monkeypatch):
+    """`git worktree add` locks the entry while it checks out. A run killed then (a timeout, a
+    cancelled job) leaves a missing-but-locked entry in the shared $OPTBOT_HOME, and every later
+    add of that name failed. The same holds for a locked worktree whose directory still exists."""
+    import shutil
+
+    monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
+    _small_repo(tmp_path / "fork")
+    co = eng.checkout_engine(str(tmp_path / "fork"), "HEAD~1", "src")
+    wt = eng.add_worktree(co, "cand-killed")
+    co.repo.git.worktree("lock", "--reason", "initializing", str(wt))
+    shutil.rmtree(wt)  # what a kill during checkout leaves: the entry, its lock, no directory
+    again = eng.add_worktree(co, "cand-killed")
+    assert again == wt and (again / "src" / "m.py").read_text() == "X = 1\n"
+
+    co.repo.git.worktree("lock", str(wt))
+    (wt / "src" / "m.py").write_text("X = 9\n")  # dirty and locked: re-created clean
+    assert (eng.add_worktree(co, "cand-killed") / "src" / "m.py").read_text() == "X = 1\n"
+    co.repo.git.worktree("lock", str(wt))
+    eng.remove_worktree(co, wt)
+    assert not wt.exists() and str(wt) not in co.repo.git.worktree("list")
