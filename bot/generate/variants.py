@@ -359,9 +359,8 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
             f"Variant search: {len(res.rows)} config{'s' if len(res.rows) != 1 else ''} from {res.space_from}, "
             f"{sum(r['correct'] for r in res.rows)} correct, timed on {res.device} ({device}), {res.workers} "
             f"worker{'s' if res.workers != 1 else ''}; chosen by {res.chosen['by']}:"]
-    entry_label = own
     for shape, ms in res.chosen.get("per_shape_ms", {}).items():
-        own_t = (res.timings.get(shape) or {}).get(entry_label)
+        own_t = (res.timings.get(shape) or {}).get(own)
         ref = res.chosen.get("reference_ms", {}).get(shape)
         body.append(f"  shape {shape}: {ms:.4f} ms"
                     + (f", entry's config {own_t['median_ms']:.4f} ms" if isinstance(own_t, dict) else "")
