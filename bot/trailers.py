@@ -1,6 +1,6 @@
 """Optbot-* git trailers (DESIGN decision 5): the one parser.
 
-Every reader of candidate metadata (the validator's bot/candidate.py, the generators'
+Every reader of candidate metadata (the validator's bot/validate/resolve.py, the generators'
 bot/generate/candidate.py, the optimize stages, the agent) goes through here, so they agree on
 where trailers are and what a value means:
   - trailers are the `Optbot-<Name>: value` lines of the message's last paragraph (where git puts

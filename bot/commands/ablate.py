@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from bot.ablate import ablate
+from bot.validate.ablate import ablate
 from bot.commands.common import command_line, workload_options, write_json
 from bot.target import resolve_target
 

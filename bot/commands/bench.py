@@ -115,7 +115,7 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     if candidate:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
-        from bot.candidate import resolve_candidate
+        from bot.validate.resolve import resolve_candidate
 
         cand = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
         variants.append(("candidate", cand.worktree, cand.sha, t.model_class, t.engine_name or t.workload.default_engine))

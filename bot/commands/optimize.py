@@ -111,9 +111,9 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
       GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
           --trigger-pr 42 --trigger-comment 1234567
     """
-    from bot.optimize.orchestrator import run_optimize
+    from bot.run.orchestrator import run_optimize
     from bot.optimize.stages import Options
-    from bot.optimize.state import RunState
+    from bot.run.state import RunState
 
     wall, cost = parse_budget(budget)
     pause_s = None if pause_after is None else parse_duration(pause_after)
@@ -139,7 +139,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        generators=gens, revalidate=revalidate, ablation_rounds=ablation_rounds)
         state = run_optimize(opts, pause_after_s=pause_s)
     if json_path is not None:
-        from bot.optimize.state import STEPS
+        from bot.run.state import STEPS
         write_json(json_path, {"run_id": state.run_id, "run_dir": str(state.run_dir), "finished": state.finished,
                                "paused": state.paused, "gpu_s": state.gpu_seconds(),
                                **{s: state.result(s) for s in STEPS}})

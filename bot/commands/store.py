@@ -231,7 +231,7 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
         bench.setdefault("gpu", {})["validation"] = rec
         if all(v["status"] == "accepted" for v in verdicts.values()):
             _set_status(entry, "validated-gpu")
-        from bot.learn import check_lesson, hardware_name
+        from bot.knowledge.learn import check_lesson, hardware_name
 
         for wl, v in verdicts.items():  # a GPU rejection is a caveat lesson; an acceptance clears it
             hw = hardware_name("cuda", (v.get("env") or {}).get("device_name", ""))

@@ -1,4 +1,4 @@
-"""`optbot validate`: is a candidate correct, engaged and faster? (bot/validate.py does the work)."""
+"""`optbot validate`: is a candidate correct, engaged and faster? (bot/validate/validator.py does the work)."""
 from __future__ import annotations
 
 import click
@@ -64,7 +64,7 @@ def command(workload, engine, ref, preset, device, json_path, candidate, base, s
     data = v.to_json()
     data["command"] = command_line()
     if ablate:
-        from bot.ablate import ablate as run_ablation
+        from bot.validate.ablate import ablate as run_ablation
 
         ab = run_ablation(t, candidate, base, iters=iters, log=opts.log)
         click.echo(ab.render())

@@ -1,7 +1,7 @@
 """Step 9, deliver: the knowledge PR, the engine PR, the reply on the triggering PR, the report.
 
 Order: knowledge first (so the engine PR can link its store entries and lessons), then the engine
-PR, then the reply. Each part is idempotent (bot/deliver/github_forge.py), so re-running the whole
+PR, then the reply. Each part is idempotent (bot/deliver/github.py), so re-running the whole
 step after a kill in the middle of it gives the same branches and pull requests, never duplicates.
 The report (markdown + HTML) is always written to the run directory.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from bot.deliver import report as rpt
 from bot.deliver.knowledge import commit_files_to_branch, knowledge_repo, knowledge_root
-from bot.deliver.local_forge import LocalForge
+from bot.deliver.local import LocalForge
 from bot.optimize.stages import DeliverResult, PullRequestRef, RunContext, knowledge_branch_name
-from bot.optimize.state import maybe_abort
+from bot.run.state import maybe_abort
 
 
 def github_token() -> str | None:
@@ -28,7 +28,7 @@ def make_forge(ctx: RunContext):
         return LocalForge(ctx.run_dir, "--dry-run: no pushes, no pull requests")
     if not token:
         return LocalForge(ctx.run_dir, "no GitHub token (OPTBOT_GITHUB_TOKEN / GITHUB_TOKEN) is set")
-    from bot.deliver.github_forge import GitHubForge
+    from bot.deliver.github import GitHubForge
     return GitHubForge(token, ctx.options, ctx.run_id, log=ctx.log)
 
 

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.agent.candidates import GeneratedCandidate, commit_candidate, make_trailers
+from bot.generate.agent.candidates import GeneratedCandidate, commit_candidate, make_trailers
 from bot.errors import OptbotError
 
 INDEXED = re.compile(r"^(?P<container>[A-Za-z_][\w.]*?)\.(?P<idx>\d+)(?:\.|$)")

@@ -56,7 +56,7 @@ class KnownVerdict:
 def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, preset: str, dtype: str,
                   env: dict | None = None) -> tuple[KnownVerdict | None, str]:
     """(the recorded verdict, "") when it applies unchanged to this run, else (None, why not)."""
-    from bot.learn import hardware_name
+    from bot.knowledge.learn import hardware_name
 
     rec = (entry.bench().get("gpu") or {}).get("validation") or {}
     w = (rec.get("workloads") or {}).get(workload)

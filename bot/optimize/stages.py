@@ -4,13 +4,13 @@ This module is THE adapter between the orchestrator and the pieces built elsewhe
   analyze   bot.analyze   (opportunities)           -> Stages.analyze
   generate  bot.generate  (store replay, variant search, agent, compile region) -> Stages.generate
   validate  bot.validate  (validate -> Verdict, ablation)                     -> Stages.validate / combine
-  learn     bot.learn     (store entries, lessons)                            -> Stages.learn
+  learn     bot.knowledge.learn     (store entries, lessons)                            -> Stages.learn
 Each adapter looks its piece up with ``_piece`` and converts what comes back into the dataclasses
 below. Where a piece is not installed, the step is recorded as "skipped" with the reason; it never
 makes up a result. checkout, baseline and profile use the foundation's own code (bot/target,
 runner `step` and `profile` jobs through bot/jobs.run_job).
 
-Every result is a dataclass that bot/optimize/state.py writes as <step>.json in the run directory.
+Every result is a dataclass that bot/run/state.py writes as <step>.json in the run directory.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ import git
 from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import run_job
-from bot.optimize import recall
-from bot.optimize.resume import (bundle_candidates, fetch_candidates, load_checkpoint, save_checkpoint,
+from bot.knowledge import recall
+from bot.run.resume import (bundle_candidates, fetch_candidates, load_checkpoint, save_checkpoint,
                                  staged_changes, staging_copy)
 from bot.target import Target, base_worktree, resolve_target
 from bot.trailers import parse_trailers, trailer_values
@@ -295,7 +295,7 @@ class RunContext:
         """Stop here (raise Paused) when the attempt's --pause-after time has passed: `before` names
         the work that would start next. Work in flight is never interrupted."""
         if self.pause_at is not None and time.time() >= self.pause_at:
-            from bot.optimize.state import Paused
+            from bot.run.state import Paused
             raise Paused(before)
 
     def jobs_dir(self) -> Path:
@@ -410,7 +410,7 @@ class Stages:
             raise RunnerError(f"profile job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
         p = out.result
         full = out_dir / "profile.full.json"
-        from bot.optimize.state import write_json_atomic
+        from bot.run.state import write_json_atomic
         write_json_atomic(full, p)
         kernels = sorted(p.get("kernels", []), key=lambda k: -float(k.get("ms", 0)))[:15]
         return ProfileResult(status="done", device=p.get("device", "?"), total_ms=float(p.get("total_ms", 0.0)),
@@ -438,7 +438,7 @@ class Stages:
         analysis = run_analysis(graph_cls.load(out.result["graph"]), profile,
                                 meta={"workload": co["workload"], "preset": co["preset"], "engine": co["engine"]},
                                 profile_source=ctx.results["profile"]["profile_file"])
-        from bot.optimize.state import write_json_atomic
+        from bot.run.state import write_json_atomic
         write_json_atomic(ctx.run_dir / "analysis.full.json", analysis)
         opps = [as_dict(o) for o in analysis.get("opportunities", [])]
         claimed = analysis.get("claimed_ms")
@@ -569,14 +569,14 @@ class Stages:
         import os
         if not os.environ.get("ANTHROPIC_API_KEY"):
             return ["agent: off (no ANTHROPIC_API_KEY)"]
-        gen = _piece("bot.agent.parallel", "generate")
+        gen = _piece("bot.generate.agent.parallel", "generate")
         if gen is None:
-            return ["agent: not available (bot.agent is not installed)"]
+            return ["agent: not available (bot.generate.agent is not installed)"]
         import dataclasses
         import json
-        from bot.agent.config import AgentConfig
-        from bot.agent.loop import AgentTask, opportunity_dict
-        from bot.agent.validation import ValidationContext
+        from bot.generate.agent.config import AgentConfig
+        from bot.generate.agent.loop import AgentTask, opportunity_dict
+        from bot.generate.agent.validation import ValidationContext
         from bot.deliver.knowledge import knowledge_root
         t = self.target(ctx)
         covered = {r.opportunity for r in recs}
@@ -611,7 +611,7 @@ class Stages:
         return knowledge_root(ctx.options) / "kernel_store"
 
     def _key(self, ctx: RunContext) -> "recall.RunKey":
-        """What recorded GPU results must match to apply to this run (bot/optimize/recall.py)."""
+        """What recorded GPU results must match to apply to this run (bot/knowledge/recall.py)."""
         t = self.target(ctx)
         return recall.RunKey(self._store_root(ctx), t.workload.name, self._hardware(ctx), t.checkout.base_sha,
                              t.preset, t.dtype, t.device.startswith("cuda"), ctx.options.revalidate,
@@ -620,7 +620,7 @@ class Stages:
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
         env = ctx.results.get("baseline", {}).get("env", {})
-        hw = _piece("bot.learn", "hardware_name")
+        hw = _piece("bot.knowledge.learn", "hardware_name")
         if hw is not None:
             return hw(t.device, env.get("device_name", ""))
         return "cpu" if not t.device.startswith("cuda") else (env.get("device_name") or "cuda").lower()
@@ -747,10 +747,10 @@ class Stages:
         return res
 
     def ablate(self, ctx: RunContext, res: CombineResult) -> tuple[list[AblationRow], str]:
-        # validate helper: bot.ablate.ablate(target, candidate, base, run_dir=...) -> Ablation (leave-one-out)
-        fn = _piece("bot.ablate", "ablate")
+        # validate helper: bot.validate.ablate.ablate(target, candidate, base, run_dir=...) -> Ablation (leave-one-out)
+        fn = _piece("bot.validate.ablate", "ablate")
         if fn is None:
-            return [], "ablation skipped: bot.ablate.ablate is not installed"
+            return [], "ablation skipped: bot.validate.ablate.ablate is not installed"
         t = self.target(ctx)
         if not t.device.startswith("cuda"):
             # An ablation is a speed attribution. On CPU the Triton kernels run in the interpreter,
@@ -792,10 +792,10 @@ class Stages:
 
     # 8 -------------------------------------------------------------------------------------------
     def learn(self, ctx: RunContext) -> LearnResult:
-        # generate helper: bot.learn.learn(Outcome, store_dir=, lessons_dir=) -> Learned(entry_dir, lesson_path)
-        learn_fn, outcome_cls = _piece("bot.learn", "learn"), _piece("bot.learn", "Outcome")
+        # generate helper: bot.knowledge.learn.learn(Outcome, store_dir=, lessons_dir=) -> Learned(entry_dir, lesson_path)
+        learn_fn, outcome_cls = _piece("bot.knowledge.learn", "learn"), _piece("bot.knowledge.learn", "Outcome")
         if learn_fn is None or outcome_cls is None:
-            return LearnResult("skipped", "learning not available (bot.learn.learn is not installed)")
+            return LearnResult("skipped", "learning not available (bot.knowledge.learn.learn is not installed)")
         verdicts = ctx.results.get("validate", {}).get("verdicts", [])
         searches = (ctx.results.get("generate") or {}).get("searches") or []
         if not verdicts and not searches:
@@ -839,7 +839,7 @@ class Stages:
                 lessons.append(str(Path(ld["lesson_path"]).relative_to(root)))
         recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
                                      ctx.run_id, ctx.options.command)
-        record_search = _piece("bot.learn", "record_search")
+        record_search = _piece("bot.knowledge.learn", "record_search")
         env = ctx.results.get("baseline", {}).get("env", {})
         for sr in searches:  # a search that kept the entry's config is finished: not searched again
             d = root / "kernel_store" / sr["entry_id"]
@@ -942,7 +942,7 @@ def _f(x, nd: int = 3) -> str:
 
 
 def verdict_from_validator(cid: str, v: dict) -> VerdictRecord:
-    """bot.verdict.Verdict (as a dict) -> VerdictRecord: speed per mode -> Measurements, correctness
+    """bot.validate.verdict.Verdict (as a dict) -> VerdictRecord: speed per mode -> Measurements, correctness
     checks -> rows (max abs, rel L2), kernel microbenchmarks -> rows; each labelled with its device."""
     import statistics
     env = v.get("env") or {}

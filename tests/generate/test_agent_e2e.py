@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from bot import learn
-from bot.agent.candidates import read_trailers
-from bot.agent.config import AgentConfig
-from bot.agent.loop import AgentTask
-from bot.agent.parallel import generate, learn_all
-from bot.agent.transcript import Transcript
-from bot.agent.validation import FALLBACK, VALIDATOR, ValidationContext
+from bot.generate.agent.candidates import read_trailers
+from bot.generate.agent.config import AgentConfig
+from bot.generate.agent.loop import AgentTask
+from bot.generate.agent.parallel import generate, learn_all
+from bot.generate.agent.transcript import Transcript
+from bot.generate.agent.validation import FALLBACK, VALIDATOR, ValidationContext
 from bot.target import resolve_target
 from bot.workload import load_workload
 from messages_standin import MessagesStandin
@@ -66,7 +66,7 @@ SCRIPT = {"conversations": [
 @pytest.mark.slow
 def test_agent_generation_validation_and_learning(api_env, diffusers_engine, base_worktree, tmp_path):
     run_dir = tmp_path / "run"
-    # With bot/validate.py present (after the merge) the real validator judges; without it, the fallback.
+    # With bot/validate/validator.py present (after the merge) the real validator judges; without it, the fallback.
     target = resolve_target("flux2", None, None, "tiny", "cpu")
     assert target.checkout.base_sha == diffusers_engine.base_sha
     vctx = ValidationContext.from_target(target, base_worktree, run_dir)

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from bot.agent.budget import CostPool
-from bot.agent.config import OFF_MESSAGE, AgentConfig
-from bot.agent.loop import AgentTask, run_agent
-from bot.agent.parallel import generate, make_client
-from bot.agent.prices import PRICES, Price, cost_usd, price_for
-from bot.agent.transcript import Transcript
-from bot.agent.validation import ValidationContext
+from bot.generate.agent.budget import CostPool
+from bot.generate.agent.config import OFF_MESSAGE, AgentConfig
+from bot.generate.agent.loop import AgentTask, run_agent
+from bot.generate.agent.parallel import generate, make_client
+from bot.generate.agent.prices import PRICES, Price, cost_usd, price_for
+from bot.generate.agent.transcript import Transcript
+from bot.generate.agent.validation import ValidationContext
 from messages_standin import MessagesStandin
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bot.agent.tools import ToolError, ToolHooks, Workspace, confine
+from bot.generate.agent.tools import ToolError, ToolHooks, Workspace, confine
 
 
 def _ws(root):

@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from bot.agent.candidates import read_trailers
+from bot.generate.agent.candidates import read_trailers
 from bot.generate import compile_region
 from bot.workload import load_workload
 

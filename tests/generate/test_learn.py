@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import yaml
 
 from bot import learn
-from bot.agent.validation import VALIDATOR, check_from_verdict
+from bot.generate.agent.validation import VALIDATOR, check_from_verdict
 
 PATCH = """diff --git a/src/pkg/mod.py b/src/pkg/mod.py
 index 1..2 100644

@@ -12,9 +12,9 @@ import git
 import pytest
 
 from bot.errors import OptbotError
-from bot.optimize.orchestrator import run_optimize
+from bot.run.orchestrator import run_optimize
 from bot.optimize.stages import Options, Stages, VerdictRecord
-from bot.optimize.state import InjectedAbort, RunState
+from bot.run.state import InjectedAbort, RunState
 from tests.optimize.conftest import FakeStages, fake_measure
 
 

@@ -10,9 +10,9 @@ from github import GithubException
 
 from bot.commands.optimize import parse_budget
 from bot.deliver import report as rpt
-from bot.deliver.github_forge import rate_limit_wait
+from bot.deliver.github import rate_limit_wait
 from bot.optimize.stages import Options, verdict_from_validator
-from bot.optimize.state import to_jsonable
+from bot.run.state import to_jsonable
 
 
 @pytest.mark.parametrize("values, wall, cost", [
@@ -40,7 +40,7 @@ def test_rate_limit_waits():
     assert rate_limit_wait(GithubException(403, {"message": "API rate limit exceeded"}, {}), 2) == 4.0
 
 
-VERDICT = {  # the shape of bot.verdict.Verdict.to_json() (validate helper)
+VERDICT = {  # the shape of bot.validate.verdict.Verdict.to_json() (validate helper)
     "status": "accepted", "reason": None, "summary": "1.21x faster (cuda), correct",
     "env": {"device_kind": "cuda", "device_name": "NVIDIA H200"},
     "speed": [{"mode": "eager", "device": "cuda", "base_ms": [10.0, 10.2], "candidate_ms": [8.1, 8.3], "speedup": 1.22,
@@ -90,7 +90,7 @@ def test_html_escapes_text():
 
 def test_github_enterprise_base_url(forge_env, monkeypatch):
     """The forge talks to an API served under /api/v3, as GitHub Enterprise does."""
-    from bot.deliver.github_forge import GitHubForge
+    from bot.deliver.github import GitHubForge
     from tests.optimize.github_standin import GitHubStandIn
 
     ghe = GitHubStandIn(prefix="/api/v3").start()
@@ -187,7 +187,7 @@ def test_a_candidate_verdict_is_checkpointed_for_resume(tmp_path):
     commit only."""
     from dataclasses import asdict
 
-    from bot.optimize.resume import load_checkpoint, save_checkpoint
+    from bot.run.resume import load_checkpoint, save_checkpoint
     from bot.optimize.stages import VerdictRecord, verdict_from_dict
 
     assert load_checkpoint(tmp_path, "replay-x", "a" * 40) is None

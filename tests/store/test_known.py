@@ -1,6 +1,6 @@
 """What the store already knows (bot/knowledge/known.py): a recorded GPU verdict is reused only when
 patch, base, workload, preset, dtype, hardware, torch and triton are all unchanged; a replayed
-entry's new verdict joins its history instead of duplicating it (bot/learn.py)."""
+entry's new verdict joins its history instead of duplicating it (bot/knowledge/learn.py)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from bot.knowledge.known import known_verdict, patch_sha256
 from bot.knowledge.store import STORE_DIR, get_entry
-from bot.learn import Outcome, learn
+from bot.knowledge.learn import Outcome, learn
 from bot.optimize.stages import reused_verdict
 
 ENV = {"device_kind": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0"}
@@ -161,7 +161,7 @@ def test_a_stack_ablation_recorded_by_learn_is_known_for_the_same_stack_only(tmp
     known_ablation reuses it only when every member holds it for the same stack diff, base,
     preset, dtype, hardware, torch, triton and at least as many rounds."""
     from bot.knowledge.known import known_ablation
-    from bot.learn import record_ablation
+    from bot.knowledge.learn import record_ablation
 
     store = tmp_path / "store"
     for eid in ("flux2-swiglu", "flux2-qk-rmsnorm-rope"):
@@ -204,7 +204,7 @@ def test_learn_records_the_measured_ablation_and_combine_reuses_it(tmp_path):
     from dataclasses import asdict
     from types import SimpleNamespace
 
-    from bot.optimize import recall
+    from bot.knowledge import recall
     from bot.optimize.stages import Budget, CandidateRecord, CombineResult, Options, RunContext, Stages, StackCommit
 
     root = tmp_path / "knowledge"
@@ -255,7 +255,7 @@ def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
 
     import git
 
-    from bot.optimize import recall
+    from bot.knowledge import recall
     from bot.optimize.stages import Budget, CandidateRecord, Options, RunContext, Stages
 
     root = tmp_path / "knowledge"
@@ -311,7 +311,7 @@ def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
     run's recall says the space was searched. Nothing was validated in this run."""
     from types import SimpleNamespace
 
-    from bot.optimize import recall
+    from bot.knowledge import recall
     from bot.optimize.stages import Budget, Options, RunContext, Stages
 
     root = tmp_path / "knowledge"

@@ -4,7 +4,7 @@
 
 Each case is (file name, commit message, [(anchor, replacement), ...]) applied to
 src/diffusers/models/transformers/transformer_flux2.py; the patch is `git diff` with the message in
-front (bot/candidate.py turns the text before `diff --git` into the commit message).
+front (bot/validate/resolve.py turns the text before `diff --git` into the commit message).
 """
 from __future__ import annotations
 

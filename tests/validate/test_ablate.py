@@ -9,8 +9,8 @@ from tests.validate.conftest import ADV
 
 @pytest.mark.slow
 def test_ablation_of_two_commit_stack(flux2_cpu, tmp_path):
-    from bot.ablate import ablate
-    from bot.candidate import GIT_ENV, _commit_patch
+    from bot.validate.ablate import ablate
+    from bot.validate.resolve import GIT_ENV, _commit_patch
 
     sha1, wt = _commit_patch(flux2_cpu.checkout, ADV / "honest_merge_qkv.patch", flux2_cpu.checkout.base_sha)
     repo = git.Repo(wt)

@@ -66,7 +66,7 @@ def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
     import json
 
     from bot.validate import Options, validate
-    from bot.verdict import Verdict
+    from bot.validate.verdict import Verdict
 
     v = validate(flux2_cpu, str(ADV / "honest_merge_qkv.patch"), opts=Options(iters=3, run_dir=tmp_path / "run"))
     text = v.render()
@@ -88,7 +88,7 @@ def test_a_noisy_rejection_times_another_pair(flux2_cpu, tmp_path, monkeypatch):
     """A speed verdict that would reject inside a wide noise band is measured again: one more
     candidate and base process each (Options.retimes), then decided over all of them. The outcome
     is forced wide-noise no-change here so that the loop runs on CPU; the processes are real."""
-    import bot.validate as bv
+    import bot.validate.validator as bv
 
     calls = []
 

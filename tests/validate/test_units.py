@@ -11,14 +11,14 @@ from bot.paths import REPO_ROOT
 
 
 def test_bot_side_never_imports_torch():
-    code = ("import sys, bot.validate, bot.verdict, bot.ablate, bot.candidate, bot.commands.validate, "
+    code = ("import sys, bot.validate, bot.validate.verdict, bot.validate.ablate, bot.validate.resolve, bot.commands.validate, "
             "bot.commands.ablate; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_trailers_parsed_and_merged():
-    from bot.candidate import parse_trailers
+    from bot.validate.resolve import parse_trailers
 
     msg = "Subject\n\nbody\n\nOptbot-Kind: merge-siblings\nOptbot-Adds-Kernels: a, b\nOptbot-Adds-Kernels: b, c\n"
     assert parse_trailers(msg) == {"Optbot-Kind": ["merge-siblings"], "Optbot-Adds-Kernels": ["a", "b", "c"]}
@@ -27,7 +27,7 @@ def test_trailers_parsed_and_merged():
 def test_one_trailer_parser_for_validator_and_generators():
     """bot/candidate (lists) and bot/generate/candidate (text) read the same trailers: the last
     paragraph only, "none" = no values, folded lines joined."""
-    from bot.candidate import parse_trailers as lists
+    from bot.validate.resolve import parse_trailers as lists
     from bot.generate.candidate import commit_message, make_trailers, parse_trailers as text, split_kernels
 
     msg = commit_message("t", "prose\nOptbot-Kind: not-a-trailer", make_trailers("", "absorb-bias", ["k1", "k2"], []))
@@ -46,7 +46,7 @@ def test_fresh_seeds_are_random_and_never_zero():
 
 
 def test_declared_kernel_matching():
-    from bot.validate import declared_matches
+    from bot.validate.validator import declared_matches
 
     e = ("aten::linear", "aten::linear", "transformer_blocks.*.attn.to_qkv")
     assert declared_matches("attn.to_qkv", e)
@@ -62,13 +62,13 @@ def test_declared_kernel_matching():
 def _cand(trailers):
     from pathlib import Path
 
-    from bot.candidate import Candidate
+    from bot.validate.resolve import Candidate
 
     return Candidate("x", "c" * 40, "b" * 40, Path("."), [], trailers)
 
 
 def test_engagement_rules():
-    from bot.validate import _engagement
+    from bot.validate.validator import _engagement
 
     base = {"histogram": [["aten::linear", "aten::linear", "blocks.*.attn.to_q", 2],
                           ["aten::linear", "aten::linear", "blocks.*.attn.to_k", 2]]}
@@ -93,7 +93,7 @@ def test_engagement_rules():
     ([10.0, 10.0], [9.0, 9.0], 0.3, "no-change"),  # 11% gain inside a 15% within-process spread
 ])
 def test_speed_outcome_uses_aa_noise(base, cand, within, outcome):
-    from bot.validate import speed_outcome
+    from bot.validate.validator import speed_outcome
 
     speedup, noise, got, aside = speed_outcome(base, cand, [within] * len(base), [within] * len(cand), "cpu")
     assert got == outcome, (speedup, noise)
@@ -105,7 +105,7 @@ def test_a_lone_disturbed_process_is_set_aside_once_there_are_three():
     measured 389.8 vs 407.4 ms, one of its processes slowed to 400.1 ms by a co-tenant, a 10% A/A
     band: rejected no-change. A third pair of processes outvotes the disturbed one (per-process
     medians from that run; the third pair is what a quiet retime gives)."""
-    from bot.validate import speed_outcome
+    from bot.validate.validator import speed_outcome
 
     base, cand = [407.4142, 407.4421], [379.4959, 400.0923]
     _, noise, got, _ = speed_outcome(base, cand, [0.01] * 2, [0.01, 0.2], "cuda")
@@ -119,8 +119,8 @@ def test_a_lone_disturbed_process_is_set_aside_once_there_are_three():
 
 
 def test_implausible_speedup_and_roofline():
-    from bot.validate import _implausible
-    from bot.verdict import Speed
+    from bot.validate.validator import _implausible
+    from bot.validate.verdict import Speed
 
     assert "over 10x" in _implausible([Speed("eager", "cuda", [100.0], [5.0], speedup=20.0)], None)
     fl = {"compute_floor_ms": 358.0, "linear": 253e12, "attention": 29e12, "peaks": {"matmul_tflops": 790}}
@@ -129,7 +129,7 @@ def test_implausible_speedup_and_roofline():
 
 
 def test_verdict_json_roundtrip_and_render():
-    from bot.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
+    from bot.validate.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
 
     v = Verdict(status="rejected", reason="correctness", summary="bad", workload="flux2", preset="tiny", device="cpu",
                 dtype="float32", base_sha="a" * 40, candidate_sha="b" * 40, candidate="x.patch",
@@ -216,7 +216,7 @@ def test_cli_errors_are_one_line_exit_2(cli_runner, diffusers_engine, tmp_path):
 def test_tamper_scan_flags_reaching_for_the_runner(tmp_path):
     import git
 
-    from bot.validate import tamper_lines
+    from bot.validate.validator import tamper_lines
 
     repo = git.Repo.init(tmp_path)
     (tmp_path / "m.py").write_text("x = 1\n")

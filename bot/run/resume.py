@@ -23,7 +23,7 @@ BUNDLE = "candidates.bundle"
 
 
 def save_checkpoint(run_dir: Path, cid: str, sha: str, verdict: dict) -> None:
-    from bot.optimize.state import write_json_atomic
+    from bot.run.state import write_json_atomic
 
     f = run_dir / "validate" / cid / "verdict-record.json"
     f.parent.mkdir(parents=True, exist_ok=True)  # the validator may have stopped before making it

@@ -7,7 +7,7 @@ written: a hook or config written there would run in the bot's own process at co
 Search is a Python regex scan, never a shell.
 
 run_correctness and run_microbenchmark snapshot the worktree as a commit and hand that commit to the
-validator (bot/agent/validation.py, one adapter); the candidate's code runs only in runner child
+validator (bot/generate/agent/validation.py, one adapter); the candidate's code runs only in runner child
 processes whose environment carries no keys. read_profile, read_lessons and read_store return text.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The agent's one way into validation: ``check_candidate`` (the single adapter).
 
 DESIGN decision 6 says the CLI, the agent's tools, `store check` and `optimize` all go through one
-validator. When bot/validate.py (branch `validate`: ``validate(target, candidate, base, opts) ->
+validator. When bot/validate/validator.py (branch `validate`: ``validate(target, candidate, base, opts) ->
 Verdict``) is importable and the context carries the Target, that validator is called and its Verdict
 mapped to a Check (``_via_validator``). Otherwise this module uses a clearly labelled FALLBACK built
 on the runner's `step` job (bot/jobs.run_job):
@@ -23,7 +23,7 @@ from bot.jobs import run_job
 from runner.job import Job
 
 FALLBACK = "fallback: runner step job, bit-exact output digests (the validator is not wired yet)"
-VALIDATOR = "validator (bot/validate.py)"
+VALIDATOR = "validator (bot/validate/validator.py)"
 _validator_lock = threading.Lock()  # the validator adds shared base worktrees: one validation at a time
 
 
@@ -63,7 +63,7 @@ class ValidationContext:
     work_dir: Path
     seeds: tuple[int, ...] = (101, 202, 303)
     timeout_s: float = 900.0
-    target: object = None  # bot.target.Target: when set and bot/validate.py exists, the real validator runs
+    target: object = None  # bot.target.Target: when set and bot/validate/validator.py exists, the real validator runs
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _base: dict | None = field(default=None, repr=False)
     _by_tree: dict = field(default_factory=dict, repr=False)  # tree sha -> JobOutcome of its correctness run
@@ -114,7 +114,7 @@ def check_candidate(ctx: ValidationContext, worktree: Path, sha: str, mode: str 
 
 def _validator_api():
     try:
-        from bot import validate as v  # branch `validate`
+        import bot.validate as v  # branch `validate`
     except ImportError:
         return None
     # Only the validator of this same checkout: its runner job kinds live in this checkout's runner/

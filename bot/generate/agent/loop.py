@@ -16,13 +16,13 @@ from pathlib import Path
 
 import anthropic
 
-from bot.agent import prompts
-from bot.agent.budget import Budget, CostPool, Spend
-from bot.agent.candidates import GeneratedCandidate, changed_files, commit_candidate, diff_against, make_trailers, snapshot
-from bot.agent.config import AgentConfig
-from bot.agent.tools import TOOL_SPECS, ToolHooks, Workspace
-from bot.agent.transcript import Transcript
-from bot.agent.validation import Check, ValidationContext, check_candidate
+from bot.generate.agent import prompts
+from bot.generate.agent.budget import Budget, CostPool, Spend
+from bot.generate.agent.candidates import GeneratedCandidate, changed_files, commit_candidate, diff_against, make_trailers, snapshot
+from bot.generate.agent.config import AgentConfig
+from bot.generate.agent.tools import TOOL_SPECS, ToolHooks, Workspace
+from bot.generate.agent.transcript import Transcript
+from bot.generate.agent.validation import Check, ValidationContext, check_candidate
 from bot import learn
 
 

@@ -23,7 +23,7 @@ from bot.trailers import trailer_values
 class RunKey:
     store_root: Path  # the kernel_store/ this run replays from
     workload: str
-    hardware: str  # bot.learn.hardware_name: "h200", "cpu"
+    hardware: str  # bot.knowledge.learn.hardware_name: "h200", "cpu"
     base_sha: str
     preset: str
     dtype: str
@@ -113,7 +113,7 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidate
     the knowledge copy `knowledge` (bot/learn.record_ablation), when every member is a store entry
     there (`entry_of`: candidate id -> an entry this run's learn step wrote). The files written,
     relative to `knowledge`."""
-    from bot.learn import record_ablation
+    from bot.knowledge.learn import record_ablation
 
     measured = combine.get("ablation_measured") or {}
     if not measured or not combine.get("ablation") or not combine.get("stack_sha256"):

@@ -1,5 +1,5 @@
 """THE validator (DESIGN decision 6): the CLI, `store check`, the agent's tools and `optimize` all call
-``validate(target, candidate)`` and get a typed Verdict (bot/verdict.py). docs/validate.md has the rules.
+``validate(target, candidate)`` and get a typed Verdict (bot/validate/verdict.py). docs/validate.md has the rules.
 
 Order of checks, each in its own runner process with a timeout (bot/jobs.run_job):
   1. candidate side validate_step job in the candidate worktree, FIRST (the reference for these fresh
@@ -31,13 +31,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.candidate import Candidate, resolve_base, resolve_candidate
+from bot.validate.resolve import Candidate, resolve_base, resolve_candidate
 from bot.engine import add_worktree
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import JobOutcome, run_job
 from bot.paths import REPO_ROOT, new_run_dir
 from bot.target import Target
-from bot.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
+from bot.validate.verdict import Correctness, Engagement, OutputCheck, Speed, Verdict
 from runner.job import Job
 
 IMPLAUSIBLE_SPEEDUP = 10.0

@@ -1,12 +1,12 @@
 """Budgets of an agent run: turns, billed tokens and USD. Cost is computed from the usage fields each
-response returns (bot/agent/prices.py); the USD budget is shared by every agent of a generation, so it
+response returns (bot/generate/agent/prices.py); the USD budget is shared by every agent of a generation, so it
 is guarded by a lock (agents run in threads)."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
-from bot.agent.prices import Price, cost_usd, usage_dict
+from bot.generate.agent.prices import Price, cost_usd, usage_dict
 
 
 @dataclass

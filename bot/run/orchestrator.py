@@ -1,6 +1,6 @@
 """Runs the nine steps of one optimization run, in order, recording each one's typed result.
 
-A step's result is recorded (bot/optimize/state.py) before the next step starts, so a run that
+A step's result is recorded (bot/run/state.py) before the next step starts, so a run that
 dies resumes at the first unrecorded step (``optbot optimize --resume RUN_ID``). Steps with side
 effects outside the run directory are idempotent: combine rebuilds the same branch with the same
 commits; deliver finds pull requests and replies by head branch and marker before making any.
@@ -14,12 +14,12 @@ try:  # rich draws the progress and the table; a bare GPU box without it gets pl
     from rich.console import Console
     from rich.table import Table
 except ImportError:  # pragma: no cover - exercised only where rich is missing
-    from bot.optimize.plain import Console, Table
+    from bot.run.plain import Console, Table
 
 from bot.errors import OptbotError
 from bot.jobs import LEDGER
 from bot.optimize.stages import Budget, Options, RunContext, Stages
-from bot.optimize.state import STEPS, InjectedAbort, Paused, RunState, maybe_abort, to_jsonable
+from bot.run.state import STEPS, InjectedAbort, Paused, RunState, maybe_abort, to_jsonable
 from bot.paths import new_run_dir
 
 

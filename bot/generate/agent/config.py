@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from bot.agent.prices import Price, price_for
+from bot.generate.agent.prices import Price, price_for
 from bot.errors import ConfigError
 
 DEFAULT_MODEL = "claude-sonnet-5-5"

@@ -55,7 +55,7 @@ class Outcome:
     removes_kernels: list[str] = field(default_factory=list)
     validated_by: str = ""
     entry_id: str = ""  # the kernel_store entry this candidate replays (Optbot-Entry), if any
-    verdict: dict = field(default_factory=dict)  # the validator's whole Verdict (bot/verdict.py) as JSON
+    verdict: dict = field(default_factory=dict)  # the validator's whole Verdict (bot/validate/verdict.py) as JSON
     config: str = ""  # variant search: the config the commit sets (Optbot-Config)
     command: str = ""  # the command of the run, for provenance
 

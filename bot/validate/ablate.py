@@ -17,12 +17,12 @@ from pathlib import Path
 
 import git
 
-from bot.candidate import GIT_ENV, resolve_base, resolve_candidate
+from bot.validate.resolve import GIT_ENV, resolve_base, resolve_candidate
 from bot.engine import add_worktree
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target
-from bot.validate import fresh_seeds, _shape_json
+from bot.validate.validator import fresh_seeds, _shape_json
 from runner.job import Job
 
 

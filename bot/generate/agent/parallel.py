@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import anthropic
 
-from bot.agent.budget import CostPool, Spend
-from bot.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
+from bot.generate.agent.budget import CostPool, Spend
+from bot.generate.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
 from bot import learn
-from bot.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
+from bot.generate.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
 
 
 @dataclass
@@ -89,7 +89,7 @@ def _strongest(results: list[AgentResult]) -> AgentResult | None:
 
 def learn_all(task: AgentTask, gen: AgentGeneration, engine_source: str = "") -> list[learn.Learned]:
     """Every attempt that produced a candidate becomes knowledge: accepted -> store entry + pattern
-    lesson, anything else -> caveat lesson (bot/learn.py)."""
+    lesson, anything else -> caveat lesson (bot/knowledge/learn.py)."""
     import git
 
     out, seen = [], set()
