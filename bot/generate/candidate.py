@@ -1,6 +1,7 @@
-"""The Candidate: what every generator (store replay, variant search, agent, compile region) hands
-to validation. A candidate IS an engine commit in its own worktree (DESIGN decision 5); its metadata
-lives in git trailers of the commit message so reviewers see it and the engine tree stays clean.
+"""The one Candidate: what every generator (store replay, variant search, agent, compile region) hands
+to validation, and what the run state keeps for each candidate. A candidate IS an engine commit in
+its own worktree (DESIGN decision 5); its metadata lives in git trailers of the commit message so
+reviewers see it and the engine tree stays clean.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class Candidate:
     removes_kernels: list[str] = field(default_factory=list)
     trailers: dict[str, str] = field(default_factory=dict)
     title: str = ""
+    description: str = ""  # the whole commit message (the report and the stack's commits quote it)
+    estimated_gain_ms: float | None = None  # the opportunity's estimate from the profile (analyze)
 
     def to_json(self) -> dict:
         return asdict(self)
