@@ -1,4 +1,5 @@
-"""Options every workload command takes (DESIGN decision 2), defined once."""
+"""Options every workload command takes (DESIGN decision 2), and the knowledge options of the store
+and lessons commands, defined once."""
 from __future__ import annotations
 
 import functools
@@ -31,6 +32,38 @@ def workload_options(f):
         return f(*args, **kwargs)
 
     return wrapper
+
+
+KNOWLEDGE_PATH_HELP = ("Git repository (or folder) holding kernel_store/ and lessons/; also $OPTBOT_KNOWLEDGE_PATH. "
+                       "Default: the current directory's repository when it holds kernel_store/, else "
+                       "$OPTBOT_HOME/knowledge (docs/store.md).")
+
+
+def knowledge_options(store: bool = False):
+    """--knowledge-path and --lessons-dir (and --store): the command gets `knowledge`, the
+    bot.knowledge.location.Knowledge they locate, whose line it prints on stderr."""
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, knowledge_path=None, store_dir=None, lessons_dir=None, **kwargs):
+            from bot.knowledge.location import locate
+
+            k = locate(knowledge_path, store=store_dir, lessons=lessons_dir)
+            click.echo(k.line(), err=True)
+            return f(*args, knowledge=k, **kwargs)
+
+        wrapper.__click_params__ = list(getattr(f, "__click_params__", []))  # not f's own list
+        folder = click.Path(file_okay=False, path_type=Path)
+        opts = [click.option("--knowledge-path", type=folder, default=None, help=KNOWLEDGE_PATH_HELP),
+                click.option("--lessons-dir", "lessons_dir", type=folder, default=None, envvar="OPTBOT_LESSONS",
+                             help="Lessons folder instead of the knowledge's lessons/ (beside --store when that is given).")]
+        if store:
+            opts.append(click.option("--store", "store_dir", type=folder, default=None, envvar="OPTBOT_STORE",
+                                     help="Kernel store folder instead of the knowledge's kernel_store/."))
+        for opt in reversed(opts):
+            wrapper = opt(wrapper)
+        return wrapper
+
+    return deco
 
 
 def command_line() -> str:

@@ -1,15 +1,13 @@
 """`optbot lessons`: the knowledge base (lessons/<slug>.md)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
+from bot.commands.common import knowledge_options
 from bot.knowledge import OPPORTUNITY_KINDS
-from bot.knowledge.lessons import LESSONS_DIR, get_lesson, load_lessons, search
+from bot.knowledge.lessons import get_lesson, load_lessons, search
 
-_dir_opt = click.option("--lessons-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        envvar="OPTBOT_LESSONS", help="Lessons folder (default: lessons/ of this repo).")
+_dir_opt = knowledge_options()
 
 
 @click.group("lessons")
@@ -32,11 +30,11 @@ def _line(lesson) -> str:
 @command.command("list")
 @_dir_opt
 @click.option("--kind", type=click.Choice(["pattern", "caveat"]), default=None)
-def list_cmd(lessons_dir, kind):
+def list_cmd(knowledge, kind):
     """List lessons."""
-    found = [lesson for lesson in load_lessons(lessons_dir) if kind is None or lesson.kind == kind]
+    found = [lesson for lesson in load_lessons(knowledge.lessons) if kind is None or lesson.kind == kind]
     if not found:
-        click.echo(f"no lessons in {lessons_dir or LESSONS_DIR}")
+        click.echo(f"no lessons in {knowledge.lessons}")
     for lesson in found:
         click.echo(_line(lesson))
 
@@ -44,9 +42,9 @@ def list_cmd(lessons_dir, kind):
 @command.command("show")
 @_dir_opt
 @click.argument("slug")
-def show_cmd(lessons_dir, slug):
+def show_cmd(knowledge, slug):
     """Show one lesson (front-matter and body)."""
-    click.echo(get_lesson(slug, lessons_dir).path.read_text().rstrip())
+    click.echo(get_lesson(slug, knowledge.lessons).path.read_text().rstrip())
 
 
 @command.command("search")
@@ -56,9 +54,9 @@ def show_cmd(lessons_dir, slug):
 @click.option("--engine", default=None, help="Engine it must apply to (diffusers, sglang).")
 @click.option("--hardware", default=None, help="Hardware it must apply to (cpu, h200).")
 @click.option("--kind", type=click.Choice(["pattern", "caveat"]), default=None)
-def search_cmd(lessons_dir, query, pattern, engine, hardware, kind):
+def search_cmd(knowledge, query, pattern, engine, hardware, kind):
     """Lessons that apply to PATTERN/ENGINE/HARDWARE, ranked by the words of QUERY they contain."""
-    found = search(query, pattern, engine, hardware, kind, lessons_dir)
+    found = search(query, pattern, engine, hardware, kind, knowledge.lessons)
     if not found:
         click.echo("no matching lessons")
     for lesson in found:

@@ -5,7 +5,7 @@ import re
 
 import click
 
-from bot.commands.common import command_line, workload_options, write_json
+from bot.commands.common import KNOWLEDGE_PATH_HELP, command_line, workload_options, write_json
 from bot.errors import OptbotError
 
 BUDGET_TIME = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -65,8 +65,7 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="The engine's GitHub repository (where the engine PR opens and the trigger PR lives).")
 @click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
               help="The bot's GitHub repository, for the knowledge PR (kernel_store + lessons).")
-@click.option("--knowledge-path", envvar="OPTBOT_KNOWLEDGE_PATH", type=click.Path(file_okay=False), default=None,
-              help="Local git repository holding kernel_store/ and lessons/ (default: optbot's own checkout).")
+@click.option("--knowledge-path", type=click.Path(file_okay=False), default=None, help=KNOWLEDGE_PATH_HELP)
 @click.option("--engine-remote", envvar="OPTBOT_ENGINE_REMOTE", default=None,
               help="Git remote (URL or name) the optimization branch is pushed to (default: the engine's origin).")
 @click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
@@ -111,6 +110,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
       GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
           --trigger-pr 42 --trigger-comment 1234567
     """
+    from bot.knowledge.location import Knowledge, locate
     from bot.run.orchestrator import run_optimize
     from bot.optimize.stages import Options
     from bot.run.state import RunState
@@ -129,8 +129,13 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         saved = RunState.load(resume)
         if saved.workload != workload:
             raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
+        recorded = saved.options.get("knowledge_path")
+        (Knowledge.at(recorded, f"recorded by run {resume}") if recorded else locate()).say()
         state = run_optimize(resume=resume, pause_after_s=pause_s)
     else:
+        # decided once, and recorded as the run's knowledge path: a resumed run reads and writes the
+        # same knowledge wherever it is resumed from
+        knowledge_path = str(locate(knowledge_path).say().root)
         opts = Options(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
                        budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
                        trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,

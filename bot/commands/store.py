@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import command_line, write_json
+from bot.commands.common import command_line, knowledge_options, write_json
 from bot.errors import ConfigError, OptbotError
-from bot.knowledge.store import STORE_DIR, get_entry, load_store
+from bot.knowledge.records import (KernelTests, MicroRecord, ValidationRecord, WorkloadVerdict, read_bench,
+                                   save_bench)
+from bot.knowledge.store import get_entry, load_store
 from bot.paths import new_run_dir
 
-_store_opt = click.option("--store", "store_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                          envvar="OPTBOT_STORE", help="Kernel store folder (default: kernel_store/ of this repo).")
+_store_opt = knowledge_options(store=True)
 
 
 @click.group("store")
@@ -40,15 +41,16 @@ def command():
 @_store_opt
 @click.option("--pattern", default=None, help="Only entries of this opportunity kind.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def list_cmd(store_dir, pattern, json_path):
+def list_cmd(knowledge, pattern, json_path):
     """List the entries of the store."""
-    entries = [e for e in load_store(store_dir) if pattern is None or e.pattern == pattern]
+    entries = [e for e in load_store(knowledge.kernel_store) if pattern is None or e.pattern == pattern]
     if not entries:
-        click.echo(f"no entries in {store_dir or STORE_DIR}")
+        click.echo(f"no entries in {knowledge.kernel_store}")
     rows = []
     for e in entries:
         prov = e.provenance.kind + (f" by {e.provenance.author}" if e.provenance.author else f" in run {e.provenance.run_id}")
-        gpu = "gpu numbers" if (e.bench().get("gpu") or {}) else "no gpu numbers"
+        gpu = e.bench().gpu
+        gpu = "gpu numbers" if gpu is not None and gpu.to_json() else "no gpu numbers"
         click.echo(f"{e.id:34} {e.pattern:22} {e.engine.name:10} {','.join(e.workloads):18} {e.status:14} {prov} ({gpu})")
         rows.append({"id": e.id, "pattern": e.pattern, "engine": e.engine.name, "workloads": list(e.workloads),
                      "hardware": list(e.hardware), "status": e.status, "provenance": e.provenance.kind})
@@ -58,18 +60,18 @@ def list_cmd(store_dir, pattern, json_path):
 @command.command("show")
 @_store_opt
 @click.argument("entry_id")
-def show_cmd(store_dir, entry_id):
+def show_cmd(knowledge, entry_id):
     """Show one entry: its fields, its files and its bench.json."""
-    e = get_entry(entry_id, store_dir)
+    e = get_entry(entry_id, knowledge.kernel_store)
     click.echo((e.path / "entry.yaml").read_text().rstrip())
     click.echo(f"\nfiles in {e.path}:")
     for f in sorted(e.path.iterdir()):
         if f.is_file():
             click.echo(f"  {f.name:28} {f.stat().st_size:>8} bytes")
-    bench = e.bench()
+    bench = read_bench(e.bench_path)
     click.echo("\nbench.json:" if bench else "\nbench.json: (none)")
     if bench:
-        click.echo(json.dumps(bench, indent=2)[:4000])
+        click.echo(bench.dumps().rstrip()[:4000])
 
 
 @command.command("check")
@@ -87,7 +89,7 @@ def show_cmd(store_dir, entry_id):
 @click.option("--record", is_flag=True, help="Write the results into each entry's bench.json (kernel tests; on "
                                               "cuda also the validator's end-to-end numbers).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validate, record, json_path):
+def check_cmd(knowledge, entry_ids, device, preset, gpus, no_kernels, no_validate, record, json_path):
     """Re-validate entries (all by default), each in five checks: schema; kernel sources == the files
     the patch adds; the patch applies to the engine base in a real worktree; kernel tests in an
     isolated runner process; and the full validator (`optbot validate`) on the patched engine, per
@@ -111,7 +113,7 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
         raise click.BadParameter(f"{device!r}: expected cpu, cuda or cuda:N", param_hint="--device")
     if gpus > 1 and not device.startswith("cuda"):
         raise click.BadParameter(f"--gpus {gpus} needs --device cuda", param_hint="--gpus")
-    entries = [get_entry(i, store_dir) for i in entry_ids] if entry_ids else load_store(store_dir)
+    entries = _entries(knowledge, entry_ids)
     run_dir = new_run_dir("store-check")
     lanes = [f"cuda:{i}" for i in range(gpus)] if gpus > 1 else [device]
     click.echo(f"checking {len(entries)} entries on {', '.join(lanes)}; run directory {run_dir}", err=True)
@@ -153,7 +155,7 @@ def check_cmd(store_dir, entry_ids, device, preset, gpus, no_kernels, no_validat
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-            _record_validation(e, r.to_json(), lessons_dir=_lessons_for(store_dir))
+            _record_validation(e, r.to_json(), lessons_dir=knowledge.lessons)
     data = payload([r.to_json() for r in results], ok=all(r.ok for r in results))
     write_json(run_dir / "store-check.json", data)
     write_json(json_path, data)
@@ -165,14 +167,18 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _write_bench(entry, bench: dict) -> None:
-    bench.setdefault("entry", entry.id)
-    (entry.path / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+def _entries(knowledge, entry_ids) -> list:
+    return [get_entry(i, knowledge.kernel_store) for i in entry_ids] if entry_ids else load_store(knowledge.kernel_store)
+
+
+def _save(entry, bench) -> None:
+    """The store commands' bench.json names its entry (learn's generated entries may not yet)."""
+    bench.entry = bench.entry or entry.id
+    save_bench(entry.path, bench)
 
 
 def _record_correctness(entry, result) -> None:
     """Kernel test results (max errors per case) into bench.json, keyed by device kind."""
-    bench = entry.bench()
     kind = "cuda" if result.device.startswith("cuda") else "cpu"
     tests = {}
     for c in result.checks:
@@ -185,17 +191,9 @@ def _record_correctness(entry, result) -> None:
                 "micro": d.get("micro"), "env": d.get("env")}
     if not tests:
         return
-    bench.setdefault("correctness", {})[kind] = {"command": command_line(), "date": _now(), "tests": tests}
-    _write_bench(entry, bench)
-
-
-def _lessons_for(store_dir: Path | None) -> Path | None:
-    """Lessons live beside the store: lessons/ of this repo, OPTBOT_LESSONS, or <store>/../lessons."""
-    import os
-
-    if os.environ.get("OPTBOT_LESSONS"):
-        return Path(os.environ["OPTBOT_LESSONS"])
-    return Path(store_dir).parent / "lessons" if store_dir else None
+    bench = entry.bench()
+    setattr(bench.correctness_section(), kind, KernelTests(command=command_line(), date=_now(), tests=tests))
+    _save(entry, bench)
 
 
 def _set_status(entry, status: str) -> None:
@@ -210,10 +208,10 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
                        lessons_dir: Path | None = None) -> bool:
     """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
     its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
-    from bot.knowledge.known import patch_sha256, validation_numbers
+    from bot.knowledge.known import patch_sha256
 
     checks = result["checks"]  # EntryCheck.to_json() or the same from a store-check JSON file
-    verdicts = {c["name"].split(":", 1)[1]: validation_numbers(c["details"]) for c in checks
+    verdicts = {c["name"].split(":", 1)[1]: WorkloadVerdict.from_verdict(c["details"]) for c in checks
                 if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
     if not verdicts:
         return False
@@ -221,33 +219,34 @@ def _record_validation(entry, result, source: str | None = None, command: str | 
     # (bot/knowledge/known.py); results from before store check recorded it get today's file's hash
     checked = next((c["details"].get("patch_sha256") for c in checks if c["name"] == "patch"), None)
     for v in verdicts.values():
-        v["patch_sha256"] = checked or patch_sha256(entry)
+        v.patch_sha256 = checked or patch_sha256(entry)
         if not checked:
-            v["patch_sha256_from"] = "record time (the check's JSON did not carry it)"
+            v.patch_sha256_from = "record time (the check's JSON did not carry it)"
     bench = entry.bench()
-    rec = {"command": command or command_line(), "recorded_at": _now(), "device": result["device"],
-           **({"source": source} if source else {}), "workloads": verdicts}
+    rec = ValidationRecord(command=command or command_line(), recorded_at=_now(), device=result["device"],
+                           source=source, workloads=verdicts)
     if result["device"].startswith("cuda"):
-        bench.setdefault("gpu", {})["validation"] = rec
-        if all(v["status"] == "accepted" for v in verdicts.values()):
+        bench.gpu_section().validation = rec
+        if all(v.status == "accepted" for v in verdicts.values()):
             _set_status(entry, "validated-gpu")
-        from bot.knowledge.learn import check_lesson, hardware_name
+        from bot.hardware import hardware_name
+        from bot.knowledge.learn import check_lesson
 
         for wl, v in verdicts.items():  # a GPU rejection is a caveat lesson; an acceptance clears it
-            hw = hardware_name("cuda", (v.get("env") or {}).get("device_name", ""))
-            lesson = check_lesson(entry, wl, hw, v, rec["command"], lessons_dir)
+            hw = hardware_name("cuda", (v.env or {}).get("device_name", ""))
+            lesson = check_lesson(entry, wl, hw, v, rec.command, lessons_dir)
             if lesson:
                 click.echo(f"lesson {lesson}", err=True)
     else:
-        bench.setdefault("correctness", {})["cpu_validation"] = rec
-    _write_bench(entry, bench)
+        bench.correctness_section().cpu_validation = rec
+    _save(entry, bench)
     return True
 
 
 @command.command("record-bench")
 @_store_opt
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def record_bench_cmd(store_dir, results):
+def record_bench_cmd(knowledge, results):
     """Write GPU results (from benchmarks/gpu_store.sh) into each entry's bench.json, with provenance.
 
     RESULTS is the JSON that `optbot store bench` or `optbot store check --device cuda --json`
@@ -265,22 +264,22 @@ def record_bench_cmd(store_dir, results):
                 if c["name"].startswith("kernels:") and c.get("details", {}).get("micro"):
                     micro[c["name"].split(":", 1)[1]] = {"micro": c["details"]["micro"], "env": c["details"].get("env"),
                                                          "passed": c["ok"]}
-            e = get_entry(r["entry_id"], store_dir)
-            validated = _record_validation(e, r, str(results), data.get("command"), _lessons_for(store_dir))
+            e = get_entry(r["entry_id"], knowledge.kernel_store)
+            validated = _record_validation(e, r, str(results), data.get("command"), knowledge.lessons)
             n += int(validated and not micro)
             if micro:
                 bench = e.bench()
-                bench.setdefault("gpu", {})["micro"] = {"source": str(results), "command": data.get("command"),
-                                                        "recorded_at": _now(), "device": data.get("device"), "tests": micro}
-                _write_bench(e, bench)
+                bench.gpu_section().micro = MicroRecord(source=str(results), command=data.get("command"),
+                                                        recorded_at=_now(), device=data.get("device"), tests=micro)
+                _save(e, bench)
                 n += 1
     elif "e2e" in data and isinstance(data["e2e"], dict):  # store bench --json (end to end)
         for eid, res in data["e2e"].items():
-            e = get_entry(eid, store_dir)
+            e = get_entry(eid, knowledge.kernel_store)
             bench = e.bench()
-            bench.setdefault("gpu", {})["end_to_end"] = {"source": str(results), "command": data.get("command"),
-                                                         "recorded_at": _now(), **res}
-            _write_bench(e, bench)
+            bench.gpu_section().end_to_end = {"source": str(results), "command": data.get("command"),
+                                              "recorded_at": _now(), **res}
+            _save(e, bench)
             n += 1
     else:
         raise ConfigError(results, "(top level)", sorted(data)[:5], "'entries' (store check --json) or 'e2e' (store bench --json)")
@@ -296,7 +295,7 @@ def record_bench_cmd(store_dir, results):
 @click.option("--iters", default=10, show_default=True, help="Timed steps per job.")
 @click.option("--timeout", default=900, show_default=True, help="Seconds per runner job.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def bench_cmd(store_dir, entry_ids, device, preset, rounds, iters, timeout, json_path):
+def bench_cmd(knowledge, entry_ids, device, preset, rounds, iters, timeout, json_path):
     """End-to-end step latency of the base engine vs each entry's patched engine, per workload.
 
     Base and patched runs are separate `step` runner jobs (one engine per process), alternated
@@ -305,7 +304,7 @@ def bench_cmd(store_dir, entry_ids, device, preset, rounds, iters, timeout, json
     from bot.knowledge.bench import bench_entries
 
     preset = preset or ("full" if device.startswith("cuda") else "tiny")
-    entries = [get_entry(i, store_dir) for i in entry_ids] if entry_ids else load_store(store_dir)
+    entries = _entries(knowledge, entry_ids)
     run_dir = new_run_dir("store-bench")
     click.echo(f"benchmarking {len(entries)} entries on {device} ({preset}); run directory {run_dir}", err=True)
     data = bench_entries(entries, device, preset, rounds, iters, timeout, run_dir, echo=click.echo)
@@ -324,7 +323,7 @@ def bench_cmd(store_dir, entry_ids, device, preset, rounds, iters, timeout, json
               help="One worker per GPU (cuda:0..N-1), each taking its share of the configs.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="CPU worker processes.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def tune_cmd(store_dir, entry_ids, device, gpus, workers, json_path):
+def tune_cmd(knowledge, entry_ids, device, gpus, workers, json_path):
     """Variant search over entries' declared config spaces, committing nothing.
 
     Each config of `config_space:` (entry.yaml) or `CONFIG_SPACE` (the kernel module) is checked
@@ -342,7 +341,7 @@ def tune_cmd(store_dir, entry_ids, device, gpus, workers, json_path):
     """
     from bot.generate.variants import choose_config, search_entry
 
-    entries = [get_entry(i, store_dir) for i in entry_ids] if entry_ids else load_store(store_dir)
+    entries = _entries(knowledge, entry_ids)
     tunable = [e for e in entries if e.config_space]
     for e in entries:
         if not e.config_space:

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from bot.deliver import report as rpt
-from bot.deliver.knowledge import commit_files_to_branch, knowledge_repo, knowledge_root
+from bot.deliver.knowledge import commit_files_to_branch
 from bot.deliver.local import LocalForge
+from bot.knowledge.location import knowledge_of
 from bot.optimize.stages import DeliverResult, PullRequestRef, RunContext, knowledge_branch_name
 from bot.run.state import maybe_abort
 
@@ -48,7 +49,8 @@ def deliver(ctx: RunContext, forge=None) -> DeliverResult:
                           f"{workload} {co['preset']} per-step latency @ {base[:12]} (run {ctx.run_id})")
     kdir = f"benchmarks/optbot-runs/{workload}-{base[:12]}"
     kfiles: dict[str, bytes] = {}
-    root = Path(learn.get("knowledge_root") or knowledge_root(ctx.options))
+    knowledge = knowledge_of(ctx.options)
+    root = Path(learn.get("knowledge_root") or knowledge.root)  # the learn step's staging copy
     for rel in learn.get("files", []):
         p = root / rel
         if p.is_file():
@@ -56,7 +58,7 @@ def deliver(ctx: RunContext, forge=None) -> DeliverResult:
     if chart:
         kfiles[f"{kdir}/latency.png"] = chart.read_bytes()
     kbranch = knowledge_branch_name(workload, base)
-    krepo = knowledge_repo(ctx.options)
+    krepo = knowledge.repo
     entries = [(e, forge.file_url("knowledge", kbranch, e)) for e in learn.get("entries", [])]
     lessons = [(e, forge.file_url("knowledge", kbranch, e)) for e in learn.get("lessons", [])]
     summary_blocks = rpt.build_blocks(res, ctx.run_id, {"entries": entries, "lessons": lessons},
@@ -82,7 +84,7 @@ def deliver(ctx: RunContext, forge=None) -> DeliverResult:
         for rel, data in kfiles.items():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             (out / rel).write_bytes(data)
-        kpr = PullRequestRef("none", note=f"{knowledge_root(ctx.options)} is not a git repository: knowledge "
+        kpr = PullRequestRef("none", note=f"{knowledge.root} ({knowledge.why}) is not a git repository: knowledge "
                                           f"files written to {out}")
         kbranch = ""
     notes.append(f"knowledge: {kpr.action} {kpr.url} {kpr.note}".strip())

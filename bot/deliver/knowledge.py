@@ -1,39 +1,18 @@
 """The knowledge side of delivery: kernel_store/ + lessons/ changes (and the latency chart) as one
-commit on a branch of the bot's repository, made without touching its working tree or index.
+commit on a branch of the knowledge repository, made without touching its working tree or index.
 
-The knowledge repository is, in order: --knowledge-path, $OPTBOT_KNOWLEDGE_PATH, else optbot's own
-checkout (bot/paths.REPO_ROOT) when that is a git repository. The branch is
+Which repository that is, is bot/knowledge/location.py's decision (Knowledge.repo). The branch is
 ``optbot/knowledge/<workload>/<base-sha12>``, rebuilt from the repository's HEAD on every run, so
 a re-run or a resumed run force-updates the same branch instead of adding a second one.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from io import BytesIO
 from pathlib import Path
 
 import git
 from gitdb.base import IStream
-
-from bot.paths import REPO_ROOT
-
-
-def knowledge_root(options) -> Path:
-    p = getattr(options, "knowledge_path", None) or os.environ.get("OPTBOT_KNOWLEDGE_PATH")
-    return Path(p).expanduser().resolve() if p else REPO_ROOT
-
-
-def knowledge_repo(options) -> git.Repo | None:
-    try:
-        repo = git.Repo(knowledge_root(options))
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return None
-    try:
-        repo.head.commit
-    except ValueError:
-        return None  # no commit yet
-    return repo
 
 
 def commit_files_to_branch(repo: git.Repo, branch: str, files: dict[str, bytes], message: str,

@@ -27,17 +27,18 @@ class LocalForge:
     def file_url(self, which: str, branch: str, path: str) -> str:
         return f"{path} (branch {branch})"
 
-    def _write(self, name: str, branch: str, title: str, body: str) -> PullRequestRef:
+    def _write(self, name: str, branch: str, title: str, body: str, repo_path: str = "") -> PullRequestRef:
         p = self.dir / name
         p.write_text(f"# {title}\n\nhead branch: `{branch}` (local)\n\n{body}")
-        return PullRequestRef("local", None, str(p), f"local branch {branch}; PR text in {p} ({self.reason})")
+        where = f" of {repo_path}" if repo_path else ""  # say which repository got the branch
+        return PullRequestRef("local", None, str(p), f"local branch {branch}{where}; PR text in {p} ({self.reason})")
 
     def publish_engine(self, repo_path: str, branch: str, head_sha: str, base_ref: str | None, title: str,
                        body: str) -> PullRequestRef:
-        return self._write("engine-pr.md", branch, title, body)
+        return self._write("engine-pr.md", branch, title, body, repo_path)
 
     def publish_knowledge(self, repo_path: str, branch: str, head_sha: str, title: str, body: str) -> PullRequestRef:
-        return self._write("knowledge-pr.md", branch, title, body)
+        return self._write("knowledge-pr.md", branch, title, body, repo_path)
 
     def reply(self, body: str, marker: str) -> PullRequestRef:
         p = self.dir / "trigger-reply.md"

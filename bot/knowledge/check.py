@@ -133,7 +133,9 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
         spec = wl.engines.get(entry.engine.name) or wl.engine(None)
         p = preset or ("full" if on_cuda else "tiny")
         target = Target(wl, checkout.name, spec.model_class, checkout, p, device, wl.dtype_for(device))
-        opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log)
+        # the entry's kernel tests come from the store being checked, not the default one
+        opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log,
+                       kernel_store=entry.path.parent)
         try:
             v = validate(target, commit_sha, entry.engine.base_sha, opts)
         except OptbotError as e:

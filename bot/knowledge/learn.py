@@ -5,15 +5,14 @@
   this run, and a *pattern* lesson.
 - Every rejected attempt becomes a *caveat* lesson whose body gives its root cause, taken from the
   verdict's reason and numbers.
-- Retrieval by pattern (opportunity kind), engine and hardware feeds the next run's matching and the
-  agent's prompt (``prompt_context``).
+- A replayed (or re-tuned) store entry gets this run's verdict in its bench.json instead: its
+  history, the GPU verdict the next run may reuse, an adopted variant.
 
-Formats are the store helper's (bot/knowledge on branch `store`, DESIGN "Formats"); where that
-package is importable its loaders are used for reading, else the small readers below.
+The formats are bot/knowledge's: entries (store.py), bench.json (records.py), lessons (lessons.py);
+where they are written is location.py's decision (a None folder below means its default).
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -22,10 +21,10 @@ from pathlib import Path
 
 import yaml
 
-from bot.paths import REPO_ROOT
-
-STORE_DIR = REPO_ROOT / "kernel_store"
-LESSONS_DIR = REPO_ROOT / "lessons"
+from bot.knowledge.lessons import write_lesson
+from bot.knowledge.location import locate
+from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, load_bench,
+                                   now, patch_file_sha256, record_search, save_bench)
 
 
 @dataclass
@@ -67,13 +66,6 @@ class Learned:
     history: Path | None = None  # bench.json of a replayed entry that got this run's verdict
 
 
-def hardware_name(device: str, device_name: str = "") -> str:
-    if not device.startswith("cuda"):
-        return "cpu"
-    m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", device_name or "")
-    return m[1].lower() if m else (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "cuda")
-
-
 def _slug(*parts: str) -> str:
     s = "-".join(p for p in parts if p)
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", s.lower())).strip("-")[:90]
@@ -105,8 +97,10 @@ def root_cause(reason: str) -> str:
 
 
 def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path | None = None) -> Learned:
-    store_dir = Path(store_dir or STORE_DIR)
-    lessons_dir = Path(lessons_dir or LESSONS_DIR)
+    if store_dir is None or lessons_dir is None:
+        k = locate()
+        store_dir, lessons_dir = store_dir or k.kernel_store, lessons_dir or k.lessons
+    store_dir, lessons_dir = Path(store_dir), Path(lessons_dir)
     entry_dir = None
     if outcome.entry_id and (store_dir / outcome.entry_id / "entry.yaml").is_file():
         # A stored entry, replayed (or re-tuned): its verdict joins the entry's history rather than
@@ -122,53 +116,39 @@ def learn(outcome: Outcome, *, store_dir: Path | None = None, lessons_dir: Path 
     return Learned(entry_dir, lesson)
 
 
-def check_lesson(entry, workload: str, hardware: str, w: dict, command: str, lessons_dir: Path | None = None) -> Path | None:
+def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, command: str,
+                 lessons_dir: Path | None = None) -> Path | None:
     """A store entry re-validated on a GPU (`store check --record`, `store record-bench`): a rejection
     becomes a caveat lesson, one file per entry, workload and hardware, rewritten by each record;
     an acceptance removes that caveat (the knowledge it held is out of date)."""
-    from bot.knowledge.lessons import write_lesson
-
-    lessons_dir = Path(lessons_dir or LESSONS_DIR)
+    lessons_dir = Path(lessons_dir or locate().lessons)
     slug = _slug(entry.id, "on", hardware, workload)
     file = lessons_dir / f"{slug}.md"
-    if w.get("status") == "accepted":
+    if w.status == "accepted":
         if file.is_file():
             file.unlink()
         return None
-    eager = (w.get("speed") or {}).get("eager") or {}
-    graph = (w.get("speed") or {}).get("graph") or {}
-    worst = w.get("worst_output") or {}
+    eager, graph = w.speed.get("eager"), w.speed.get("graph")
 
     def ms(x):
         return "n/a" if x is None else f"{x:.1f}"
 
-    speed = (f"eager {eager.get('speedup')}x (base {ms(eager.get('base_step_ms'))} -> {ms(eager.get('patched_step_ms'))} ms "
-             f"per step, A/A noise {eager.get('noise_pct')}%)" if eager else "no speed measured")
-    if graph.get("speedup"):
-        speed += f", CUDA graph {graph['speedup']}x"
-    reason = f"{w.get('reason') or w.get('status')}: {w.get('summary', '')}"
-    body = (f"# {entry.id} on {hardware} ({workload}): {w.get('reason') or w.get('status')}\n\n"
-            f"Tried: the entry's patch on the {w.get('preset')} preset ({w.get('dtype')}), base "
-            f"{(w.get('base_sha') or '')[:12]}, re-validated by `{command}`.\n\n"
-            f"Happened: {w.get('status')} ({w.get('reason')}): {speed}; worst output rel L2 {worst.get('rel_l2')}.\n\n"
+    speed = (f"eager {eager.speedup}x (base {ms(eager.base_step_ms)} -> {ms(eager.patched_step_ms)} ms "
+             f"per step, A/A noise {eager.noise_pct}%)" if eager else "no speed measured")
+    if graph and graph.speedup:
+        speed += f", CUDA graph {graph.speedup}x"
+    reason = f"{w.reason or w.status}: {w.summary or ''}"
+    worst = w.worst_output.rel_l2 if w.worst_output else None
+    body = (f"# {entry.id} on {hardware} ({workload}): {w.reason or w.status}\n\n"
+            f"Tried: the entry's patch on the {w.preset} preset ({w.dtype}), base "
+            f"{(w.base_sha or '')[:12]}, re-validated by `{command}`.\n\n"
+            f"Happened: {w.status} ({w.reason}): {speed}; worst output rel L2 {worst}.\n\n"
             f"Root cause: {root_cause(reason)}. Replay skips this entry on {hardware} at this base while the "
             f"patch, torch and triton are unchanged (bench.json gpu.validation; `optimize --revalidate` measures "
             f"again).\n")
     applies = {"pattern": entry.pattern, "engine": entry.engine.name, "hardware": hardware}
     evidence = [f"entry:{entry.id}", f"kernel_store/{entry.id}/bench.json"]
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
-
-
-def read_bench(entry_dir: Path) -> dict:
-    """An entry's bench.json (a new one names the entry)."""
-    f = entry_dir / "bench.json"
-    return json.loads(f.read_text()) if f.is_file() else {"entry": entry_dir.name}
-
-
-def write_bench(entry_dir: Path, bench: dict) -> Path:
-    f = entry_dir / "bench.json"
-    f.write_text(json.dumps(bench, indent=2, default=str) + "\n")
-    return f
 
 
 def adopt_variant(o: Outcome, entry_dir: Path) -> None:
@@ -178,7 +158,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     the entry's patch (`gpu.variant_search`), so the next run does not search the same space again."""
     if not o.device.startswith("cuda"):
         return
-    bench = read_bench(entry_dir)
+    bench = load_bench(entry_dir)
     adopted = o.status == "accepted" and bool(o.patch.strip())
     if adopted:
         sources = {p.name for p in entry_dir.glob("*.py") if not p.name.startswith("test_")}
@@ -187,26 +167,12 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
                 (entry_dir / Path(path).name).write_text(content)
         (entry_dir / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
     env = o.verdict.get("env") or {}
-    record_search(entry_dir, o.hardware, {"run_id": o.run_id, "config": o.config, "status": o.status,
-                                          "reason": o.reason, "adopted": adopted, "torch": env.get("torch"),
-                                          "triton": env.get("triton")}, bench)
+    record_search(entry_dir, o.hardware, VariantSearch(run_id=o.run_id, config=o.config, status=o.status,
+                                                       reason=o.reason, adopted=adopted, torch=env.get("torch"),
+                                                       triton=env.get("triton")), bench)
 
 
-def record_search(entry_dir: Path, hardware: str, record: dict, bench: dict | None = None) -> Path:
-    """A finished variant search of the entry on `hardware`, in bench.json `gpu.variant_search`, tied
-    to the entry's patch as it is now (after any adoption): a later run with the same patch, torch
-    and triton does not search again (bot/optimize/recall.searched). `record`: run_id, config,
-    status (accepted | rejected | kept), reason, adopted, torch, triton."""
-    from bot.knowledge.known import patch_file_sha256
-
-    bench = read_bench(entry_dir) if bench is None else bench
-    bench.setdefault("gpu", {}).setdefault("variant_search", {})[hardware] = {
-        **record, "patch_sha256": patch_file_sha256(entry_dir / "patch.diff"),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return write_bench(entry_dir, bench)
-
-
-def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
+def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: Bench) -> None:
     """A verdict measured on a GPU goes into bench.json `gpu.validation` in the format `store check
     --record` writes, so the next run can reuse it (bot/knowledge/known.py) when nothing changed.
     A rejected variant's verdict is about another patch than the entry's: not recorded there."""
@@ -214,41 +180,27 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: dict) -> None:
         return
     if o.generator == "variant-search" and o.status != "accepted":
         return
-    vs = ((bench.get("gpu") or {}).get("variant_search") or {}).get(o.hardware) or {}
-    if o.generator == "replay" and vs.get("run_id") == o.run_id and vs.get("adopted"):
+    vs = bench.gpu.variant_search.get(o.hardware) if bench.gpu else None
+    if o.generator == "replay" and vs is not None and vs.run_id == o.run_id and vs.adopted:
         return  # this run's tuned variant replaced the patch the plain replay was validated on
-    from bot.knowledge.known import patch_file_sha256, validation_numbers
-
-    w = validation_numbers(o.verdict)
-    w["patch_sha256"] = patch_file_sha256(entry_dir / "patch.diff")
-    bench.setdefault("gpu", {})["validation"] = {
-        "command": o.command or f"optbot optimize (run {o.run_id})", "run_id": o.run_id,
-        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": o.device,
-        "workloads": {o.workload: w}}
-
-
-def record_ablation(entry_dir: Path, workload: str, record: dict) -> Path:
-    """The stack's leave-one-out, measured on a GPU, kept in each member entry's bench.json
-    `gpu.ablation[workload]` (the whole stack's rows, so any member answers for it): a later run with
-    the same stack reuses it (bot/knowledge/known.known_ablation)."""
-    bench = read_bench(entry_dir)
-    bench.setdefault("gpu", {}).setdefault("ablation", {})[workload] = {
-        **record, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return write_bench(entry_dir, bench)
+    w = WorkloadVerdict.from_verdict(o.verdict)
+    w.patch_sha256 = patch_file_sha256(entry_dir / "patch.diff")
+    bench.gpu_section().validation = ValidationRecord(
+        command=o.command or f"optbot optimize (run {o.run_id})", run_id=o.run_id, recorded_at=now(),
+        device=o.device, workloads={o.workload: w})
 
 
 def record_history(o: Outcome, entry_dir: Path) -> Path:
     """Append this run's verdict on a stored entry to its bench.json `history` (one row per run and
     generator: a resumed run rewrites its own row)."""
-    bench = read_bench(entry_dir)
-    rows = [r for r in bench.get("history", []) if not (r.get("run_id") == o.run_id and r.get("generator") == o.generator)]
-    rows.append({"run_id": o.run_id, "generator": o.generator, "status": o.status, "reason": o.reason,
-                 "device": o.device, "hardware": o.hardware, "workload": o.workload, "dtype": o.dtype,
-                 "base_sha": o.base_sha, "engine_sha": o.commit_sha, "numbers": o.numbers,
-                 "validated_by": o.validated_by, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    bench["history"] = rows
+    bench = load_bench(entry_dir)
+    rows = [r for r in bench.history if not (r.run_id == o.run_id and r.generator == o.generator)]
+    rows.append(HistoryRow(run_id=o.run_id, generator=o.generator, status=o.status, reason=o.reason, device=o.device,
+                           hardware=o.hardware, workload=o.workload, dtype=o.dtype, base_sha=o.base_sha,
+                           engine_sha=o.commit_sha, numbers=o.numbers, validated_by=o.validated_by, date=now()))
+    bench.history = rows
     record_gpu_verdict(o, entry_dir, bench)
-    return write_bench(entry_dir, bench)
+    return save_bench(entry_dir, bench)
 
 
 def write_entry(o: Outcome, store_dir: Path) -> Path:
@@ -281,11 +233,10 @@ def write_entry(o: Outcome, store_dir: Path) -> Path:
     for path, content in o.added_files.items():
         if path.endswith(".py"):
             (d / Path(path).name).write_text(content)
-    bench = {"validated_by": o.validated_by, "device": o.device, "hardware": o.hardware, "verdict": o.status,
-             "reason": o.reason, "numbers": o.numbers, "engine_sha": o.commit_sha, "base_sha": o.base_sha,
-             "run_id": o.run_id}
+    bench = Bench(validated_by=o.validated_by, device=o.device, hardware=o.hardware, verdict=o.status,
+                  reason=o.reason, numbers=o.numbers, engine_sha=o.commit_sha, base_sha=o.base_sha, run_id=o.run_id)
     record_gpu_verdict(o, d, bench)
-    write_bench(d, bench)
+    save_bench(d, bench)
     return d
 
 
@@ -327,161 +278,4 @@ def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> P
         confidence = "medium"
     evidence = [f"run:{o.run_id}", f"commit:{o.commit_sha[:12]}"] + ([f"entry:{entry_id}"] if entry_id else [])
     applies = {"pattern": o.kind, "engine": o.engine, "hardware": o.hardware}
-    lessons_dir.mkdir(parents=True, exist_ok=True)
-    kn = _knowledge_lessons()
-    if kn is not None and hasattr(kn, "write_lesson"):
-        return kn.write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body)
-    file = lessons_dir / f"{slug}.md"
-    meta = {"kind": kind, "applies-to": applies, "evidence": evidence, "confidence": confidence}
-    file.write_text("---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body.strip() + "\n")
-    return file
-
-
-# ------------------------------------------------------------------------------------------------
-# retrieval
-
-
-def _knowledge_lessons():
-    try:
-        from bot.knowledge import lessons  # type: ignore[import-not-found]  (branch `store`)
-        return lessons
-    except ImportError:
-        return None
-
-
-def _knowledge_store():
-    try:
-        from bot.knowledge import store  # type: ignore[import-not-found]
-        return store
-    except ImportError:
-        return None
-
-
-@dataclass
-class LessonView:
-    slug: str
-    kind: str
-    applies_to: dict
-    confidence: str
-    body: str
-
-    @property
-    def title(self) -> str:
-        return self.body.strip().splitlines()[0].lstrip("# ").strip() if self.body.strip() else self.slug
-
-
-@dataclass
-class EntryView:
-    id: str
-    title: str
-    pattern: str
-    engine: str
-    hardware: list[str]
-    status: str
-    provenance: str
-    path: Path
-
-
-def _read_lesson(p: Path) -> LessonView | None:
-    m = re.match(r"^---\s*\n(.*?)\n---\s*\n?(.*)$", p.read_text(), re.S)
-    if not m:
-        return None
-    try:
-        meta = yaml.safe_load(m[1]) or {}
-    except yaml.YAMLError:
-        return None
-    if not isinstance(meta, dict):
-        return None
-    return LessonView(p.stem, str(meta.get("kind", "")), dict(meta.get("applies-to") or {}),
-                      str(meta.get("confidence", "")), m[2].strip())
-
-
-def _applies(applies: dict, pattern, engine, hardware) -> bool:
-    for key, want in (("pattern", pattern), ("engine", engine), ("hardware", hardware)):
-        have = applies.get(key)
-        if want is not None and have not in (None, "any", want):
-            return False
-    return True
-
-
-def find_lessons(pattern: str | None = None, engine: str | None = None, hardware: str | None = None,
-                 query: str = "", lessons_dir: Path | None = None) -> list[LessonView]:
-    """Lessons that apply to (pattern, engine, hardware), best query match first; caveats before patterns
-    at equal score, since a known failure is the costlier thing to repeat."""
-    root = Path(lessons_dir or LESSONS_DIR)
-    if not root.is_dir():
-        return []
-    words = [w for w in re.findall(r"[\w.+-]+", (query or "").lower()) if w]
-    scored = []
-    for p in sorted(root.glob("*.md")):
-        if p.name.lower() == "readme.md":
-            continue
-        lv = _read_lesson(p)
-        if lv is None or not _applies(lv.applies_to, pattern, engine, hardware):
-            continue
-        hay = (lv.body + " " + " ".join(map(str, lv.applies_to.values()))).lower()
-        score = sum(hay.count(w) for w in words)
-        if words and score == 0:
-            continue
-        scored.append((-score, 0 if lv.kind == "caveat" else 1, lv.slug, lv))
-    return [t[-1] for t in sorted(scored, key=lambda t: t[:3])]
-
-
-def find_entries(pattern: str | None = None, engine: str | None = None, hardware: str | None = None,
-                 store_dir: Path | None = None) -> list[EntryView]:
-    root = Path(store_dir or STORE_DIR)
-    if not root.is_dir():
-        return []
-    out = []
-    for d in sorted(root.iterdir()):
-        f = d / "entry.yaml"
-        if not f.is_file():
-            continue
-        try:
-            e = yaml.safe_load(f.read_text()) or {}
-        except yaml.YAMLError:
-            continue
-        eng = (e.get("engine") or {}).get("name", "")
-        hw = e.get("hardware") or []
-        hw = [hw] if isinstance(hw, str) else list(hw)
-        if pattern is not None and e.get("pattern") != pattern:
-            continue
-        if engine is not None and eng != engine:
-            continue
-        if hardware is not None and hardware not in hw and "any" not in hw:
-            continue
-        if e.get("status") == "rejected":
-            continue
-        prov = e.get("provenance") or {}
-        out.append(EntryView(str(e.get("id", d.name)), str(e.get("title", "")), str(e.get("pattern", "")), eng, hw,
-                             str(e.get("status", "")), f"{prov.get('kind', '')} {prov.get('agent') or prov.get('author') or ''}".strip(), d))
-    return out
-
-
-def prompt_context(pattern: str | None, engine: str | None, hardware: str | None, *, lessons_dir: Path | None = None,
-                   store_dir: Path | None = None, max_chars: int = 12_000) -> str:
-    """The knowledge block of the agent's (cached) system prompt: matching lessons, then store entries."""
-    parts = []
-    lessons = find_lessons(pattern, engine, hardware, lessons_dir=lessons_dir)
-    if lessons:
-        parts.append("## Lessons from earlier runs (caveats first)")
-        for lv in lessons:
-            parts.append(f"### [{lv.kind}, confidence {lv.confidence}] {lv.slug}\n{lv.body}")
-    entries = find_entries(pattern, engine, hardware, store_dir=store_dir)
-    if entries:
-        parts.append("## Kernel-store entries for this pattern (validated optimizations; read_store shows a patch)")
-        for e in entries:
-            parts.append(f"- {e.id}: {e.title} [{e.status}; {e.provenance}; hardware {', '.join(e.hardware)}]")
-    text = "\n\n".join(parts) if parts else "No lessons or store entries match this pattern, engine and hardware yet."
-    return text if len(text) <= max_chars else text[:max_chars] + "\n... (truncated; use read_lessons/read_store)"
-
-
-def store_entry_text(entry_id: str, store_dir: Path | None = None, max_chars: int = 30_000) -> str:
-    root = Path(store_dir or STORE_DIR)
-    d = (root / entry_id).resolve()
-    if root.resolve() not in d.parents or not (d / "entry.yaml").is_file():
-        return f"no store entry {entry_id!r}"
-    text = "entry.yaml:\n" + (d / "entry.yaml").read_text()
-    if (d / "patch.diff").is_file():
-        text += "\npatch.diff:\n" + (d / "patch.diff").read_text()
-    return text[:max_chars]
+    return write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body)

@@ -7,6 +7,8 @@
     confidence: low | medium | high
     ---
     Short body: what was tried, what happened, why.
+
+Where the lessons are comes from location.py: a `root` of None below means its lessons folder.
 """
 from __future__ import annotations
 
@@ -18,9 +20,8 @@ import yaml
 
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge import OPPORTUNITY_KINDS
-from bot.paths import REPO_ROOT
+from bot.knowledge.location import locate
 
-LESSONS_DIR = REPO_ROOT / "lessons"
 KINDS = ("pattern", "caveat")
 CONFIDENCE = ("low", "medium", "high")
 APPLIES_KEYS = ("pattern", "engine", "hardware", "dtype", "workload", "model")
@@ -95,15 +96,19 @@ def load_lesson(file: Path) -> Lesson:
     return parse_lesson(Path(file).read_text(), Path(file))
 
 
+def _root(root: Path | None) -> Path:
+    return Path(root) if root is not None else locate().lessons
+
+
 def load_lessons(root: Path | None = None) -> list[Lesson]:
-    root = Path(root or LESSONS_DIR)
+    root = _root(root)
     if not root.is_dir():
         return []
     return [load_lesson(p) for p in sorted(root.glob("*.md")) if p.name.lower() != "readme.md"]
 
 
 def get_lesson(slug: str, root: Path | None = None) -> Lesson:
-    root = Path(root or LESSONS_DIR)
+    root = _root(root)
     file = root / f"{slug.removesuffix('.md')}.md"
     if not file.is_file():
         raise OptbotError(f"lessons {root}: no lesson {slug!r} (see `optbot lessons list`)")
@@ -111,8 +116,10 @@ def get_lesson(slug: str, root: Path | None = None) -> Lesson:
 
 
 def search(query: str = "", pattern: str | None = None, engine: str | None = None, hardware: str | None = None,
-           kind: str | None = None, root: Path | None = None) -> list[Lesson]:
-    """Retrieval by pattern, engine and hardware, then ranked by how many query words they contain."""
+           kind: str | None = None, root: Path | None = None, caveats_first: bool = False) -> list[Lesson]:
+    """Retrieval by pattern, engine and hardware, then ranked by how many query words they contain.
+    `caveats_first` (the agent's view): at equal score a caveat comes before a pattern, since a
+    known failure is the costlier thing to repeat."""
     words = [w for w in re.findall(r"[\w.+-]+", query.lower()) if w]
     scored = []
     for lesson in load_lessons(root):
@@ -124,8 +131,9 @@ def search(query: str = "", pattern: str | None = None, engine: str | None = Non
         score = sum(hay.count(w) for w in words)
         if words and score == 0:
             continue
-        scored.append((-score, lesson.slug, lesson))
-    return [lesson for _, _, lesson in sorted(scored, key=lambda t: (t[0], t[1]))]
+        rank = 1 if caveats_first and lesson.kind != "caveat" else 0
+        scored.append((-score, rank, lesson.slug, lesson))
+    return [t[-1] for t in sorted(scored, key=lambda t: t[:3])]
 
 
 def write_lesson(root: Path, slug: str, kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str) -> Path:

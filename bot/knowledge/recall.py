@@ -23,7 +23,7 @@ from bot.trailers import trailer_values
 class RunKey:
     store_root: Path  # the kernel_store/ this run replays from
     workload: str
-    hardware: str  # bot.knowledge.learn.hardware_name: "h200", "cpu"
+    hardware: str  # bot.hardware.hardware_name: "h200", "cpu"
     base_sha: str
     preset: str
     dtype: str
@@ -73,15 +73,16 @@ def learned_from(key: RunKey, entry_ids: list[str], generator: str) -> str:
 
 def searched(key: RunKey, entry) -> str:
     """Why the entry's config space needs no search on this hardware, or "": a search for the same
-    patch, torch and triton is recorded in its bench.json (bot/learn.adopt_variant)."""
+    patch, torch and triton is recorded in its bench.json (bot/knowledge/records.record_search)."""
     if key.revalidate:
         return ""
     from bot.knowledge.known import patch_sha256
-    rec = ((entry.bench().get("gpu") or {}).get("variant_search") or {}).get(key.hardware) or {}
-    if (rec.get("patch_sha256") == patch_sha256(entry) and rec.get("torch") == key.env.get("torch")
-            and rec.get("triton") == key.env.get("triton")):
-        what = "adopted" if rec.get("adopted") else f"{rec.get('status')} ({rec.get('reason', '')[:80]})"
-        return f"searched in run {rec.get('run_id')} on {key.hardware}: {rec.get('config')} {what}"
+    gpu = entry.bench().gpu
+    rec = gpu.variant_search.get(key.hardware) if gpu else None
+    if (rec is not None and rec.patch_sha256 == patch_sha256(entry) and rec.torch == key.env.get("torch")
+            and rec.triton == key.env.get("triton")):
+        what = "adopted" if rec.adopted else f"{rec.status} ({(rec.reason or '')[:80]})"
+        return f"searched in run {rec.run_id} on {key.hardware}: {rec.config} {what}"
     return ""
 
 
@@ -110,10 +111,10 @@ def stack_ablation(key: RunKey, commits: list, candidates: dict, stack_sha256: s
 def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidates: dict, entry_of: dict[str, Path],
                           run_id: str, command: str) -> list[str]:
     """This run's measured leave-one-out (combine step result) into each member entry's bench.json in
-    the knowledge copy `knowledge` (bot/learn.record_ablation), when every member is a store entry
-    there (`entry_of`: candidate id -> an entry this run's learn step wrote). The files written,
-    relative to `knowledge`."""
-    from bot.knowledge.learn import record_ablation
+    the knowledge copy `knowledge` (bot/knowledge/records.record_ablation), when every member is a
+    store entry there (`entry_of`: candidate id -> an entry this run's learn step wrote). The files
+    written, relative to `knowledge`."""
+    from bot.knowledge.records import Ablation, AblationRow, record_ablation
 
     measured = combine.get("ablation_measured") or {}
     if not measured or not combine.get("ablation") or not combine.get("stack_sha256"):
@@ -126,10 +127,14 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidate
         if d is None or not (d / "entry.yaml").is_file():
             return []  # a member with no entry: the record could never be matched
         dirs[cid] = d
-    rec = {"stack_sha256": combine["stack_sha256"], "base_sha": key.base_sha, "preset": key.preset, "dtype": key.dtype,
-           "hardware": key.hardware, "torch": key.env.get("torch"), "triton": key.env.get("triton"),
-           "run_id": run_id, "command": command, **measured,
-           "rows": [{"entry": dirs[r["candidate_id"]].name, "without_ms": r.get("without_ms"),
-                     "contribution_ms": r.get("contribution_ms"), "contribution_pct": r.get("contribution_pct")}
-                    for r in combine["ablation"] if r.get("candidate_id") in dirs]}
-    return [str(record_ablation(d, key.workload, rec).relative_to(knowledge)) for d in dirs.values()]
+    rows = [AblationRow(dirs[r["candidate_id"]].name, r.get("without_ms"), r.get("contribution_ms"),
+                        r.get("contribution_pct")) for r in combine["ablation"] if r.get("candidate_id") in dirs]
+    written = []
+    for d in dirs.values():  # one record per member: each file gets its own recorded_at
+        rec = Ablation(stack_sha256=combine["stack_sha256"], base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
+                       hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"), run_id=run_id,
+                       command=command, mode=measured.get("mode"), rounds=measured.get("rounds"),
+                       device=measured.get("device"), base_ms=measured.get("base_ms"),
+                       stack_ms=measured.get("stack_ms"), noise_pct=measured.get("noise_pct"), rows=rows)
+        written.append(str(record_ablation(d, key.workload, rec).relative_to(knowledge)))
+    return written

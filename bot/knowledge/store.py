@@ -6,11 +6,13 @@
                    the patch adds to the engine, so the tested kernel is the one the engine runs)
     test_<op>.py   the kernel test contract: reference(*inputs), kernel(*inputs),
                    make_inputs(shape, dtype, device, seed), SHAPES, CASES [(dtype, atol, rtol)]
-    bench.json     micro and end-to-end numbers with their environment (only measured numbers)
+    bench.json     micro and end-to-end numbers with their environment (only measured numbers;
+                   typed in records.py)
+
+Where the store is comes from location.py: a `root` of None below means its kernel_store.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +22,9 @@ import yaml
 
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge import OPPORTUNITY_KINDS
-from bot.paths import REPO_ROOT
+from bot.knowledge.location import locate
+from bot.knowledge.records import Bench, bench_file, load_bench
 
-STORE_DIR = REPO_ROOT / "kernel_store"
 STATUSES = ("candidate", "validated-cpu", "validated-gpu", "rejected")
 PROVENANCE_KINDS = ("authored", "generated")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -76,7 +78,7 @@ class Entry:
 
     @property
     def bench_path(self) -> Path:
-        return self.path / "bench.json"
+        return bench_file(self.path)
 
     def test_files(self) -> list[Path]:
         return sorted(self.path.glob("test_*.py"))
@@ -84,16 +86,12 @@ class Entry:
     def kernel_files(self) -> list[Path]:
         return sorted(p for p in self.path.glob("*.py") if not p.name.startswith("test_"))
 
-    def bench(self) -> dict:
-        if not self.bench_path.is_file():
-            return {}
-        try:
-            return json.loads(self.bench_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(self.bench_path, "(json)", str(e), "valid JSON") from None
+    def bench(self) -> Bench:
+        """bench.json (records.py); an empty one naming the entry when the file does not exist yet."""
+        return load_bench(self.path)
 
-    def matches(self, kind: str, engine: str | None = None, hardware: str | None = None) -> bool:
-        return (self.pattern == kind and (engine is None or self.engine.name == engine)
+    def matches(self, kind: str | None, engine: str | None = None, hardware: str | None = None) -> bool:
+        return ((kind is None or self.pattern == kind) and (engine is None or self.engine.name == engine)
                 and (hardware is None or hardware in self.hardware or "any" in self.hardware))
 
 
@@ -207,15 +205,19 @@ def load_entry(folder: Path) -> Entry:
     return entry
 
 
+def _root(root: Path | None) -> Path:
+    return Path(root) if root is not None else locate().kernel_store
+
+
 def load_store(root: Path | None = None) -> list[Entry]:
-    root = Path(root or STORE_DIR)
+    root = _root(root)
     if not root.is_dir():
         return []
     return [load_entry(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith((".", "_"))]
 
 
 def get_entry(entry_id: str, root: Path | None = None) -> Entry:
-    root = Path(root or STORE_DIR)
+    root = _root(root)
     folder = root / entry_id
     if not folder.is_dir():
         known = [e.id for e in load_store(root)]
@@ -223,9 +225,10 @@ def get_entry(entry_id: str, root: Path | None = None) -> Entry:
     return load_entry(folder)
 
 
-def find_entries(kind: str, engine: str | None = None, hardware: str | None = None,
+def find_entries(kind: str | None, engine: str | None = None, hardware: str | None = None,
                  root: Path | None = None, include_rejected: bool = False) -> list[Entry]:
-    """Retrieval by pattern, engine and hardware (the replay generator's and the agent's query)."""
+    """Retrieval by pattern, engine and hardware (the replay generator's and the agent's query);
+    None asks nothing about that condition."""
     return [e for e in load_store(root) if e.matches(kind, engine, hardware)
             and (include_rejected or e.status != "rejected")]
 

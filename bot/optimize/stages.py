@@ -577,7 +577,7 @@ class Stages:
         from bot.generate.agent.config import AgentConfig
         from bot.generate.agent.loop import AgentTask, opportunity_dict
         from bot.generate.agent.validation import ValidationContext
-        from bot.deliver.knowledge import knowledge_root
+        from bot.knowledge.location import knowledge_of
         t = self.target(ctx)
         covered = {r.opportunity for r in recs}
         todo = [o for o in opps if o.get("id") not in covered and o.get("generator") in ("agent", None, "")] or \
@@ -587,11 +587,11 @@ class Stages:
         opp = opportunity_dict(todo[0])
         work = ctx.run_dir / "agent"
         vctx = ValidationContext.from_target(t, Path(ctx.results["checkout"]["base_worktree"]), work / "validation")
-        root = knowledge_root(ctx.options)
+        knowledge = knowledge_of(ctx.options)
         profile = json.loads(Path(ctx.results["profile"]["profile_file"]).read_text())
         task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout, vctx=vctx, opportunity=opp,
                          engine=t.engine_name or t.workload.default_engine, hardware=self._hardware(ctx),
-                         profile=profile, lessons_dir=root / "lessons", store_dir=root / "kernel_store")
+                         profile=profile, lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store)
         cfg = AgentConfig.from_env()
         if ctx.options.budget_cost_usd is not None:
             cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
@@ -607,8 +607,8 @@ class Stages:
 
     @staticmethod
     def _store_root(ctx: RunContext) -> Path:
-        from bot.deliver.knowledge import knowledge_root
-        return knowledge_root(ctx.options) / "kernel_store"
+        from bot.knowledge.location import knowledge_of
+        return knowledge_of(ctx.options).kernel_store
 
     def _key(self, ctx: RunContext) -> "recall.RunKey":
         """What recorded GPU results must match to apply to this run (bot/knowledge/recall.py)."""
@@ -620,7 +620,7 @@ class Stages:
     def _hardware(self, ctx: RunContext) -> str:
         t = self.target(ctx)
         env = ctx.results.get("baseline", {}).get("env", {})
-        hw = _piece("bot.knowledge.learn", "hardware_name")
+        hw = _piece("bot.hardware", "hardware_name")
         if hw is not None:
             return hw(t.device, env.get("device_name", ""))
         return "cpu" if not t.device.startswith("cuda") else (env.get("device_name") or "cuda").lower()
@@ -693,7 +693,7 @@ class Stages:
                 # too short for a stack whose Triton kernels all run in the interpreter.
                 kw = dict(speed=False, seeds=self._run_seeds(ctx)[0], weight_seed=self._run_seeds(ctx)[1],
                           cache_dir=ctx.run_dir / "validate" / "base-cache", timeout_s=900)
-            opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, **kw)
+            opts = vopts_cls(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, kernel_store=self._store_root(ctx), **kw)
         v = fn(t, ref, t.checkout.base_sha, opts)
         return verdict_from_validator(cid, as_dict(v))
 
@@ -800,8 +800,8 @@ class Stages:
         searches = (ctx.results.get("generate") or {}).get("searches") or []
         if not verdicts and not searches:
             return LearnResult("skipped", "nothing validated, nothing to learn")
-        from bot.deliver.knowledge import knowledge_root
-        known_root = knowledge_root(ctx.options)
+        from bot.knowledge.location import knowledge_of
+        known_root = knowledge_of(ctx.options).root
         root = staging_copy(known_root, ctx.run_dir / "knowledge-staging")
         t = self.target(ctx)
         cands = {c["id"]: CandidateRecord(**c) for c in ctx.results["generate"]["candidates"]}
@@ -839,7 +839,7 @@ class Stages:
                 lessons.append(str(Path(ld["lesson_path"]).relative_to(root)))
         recall.record_stack_ablation(self._key(ctx), root, ctx.results.get("combine") or {}, cands, entry_of,
                                      ctx.run_id, ctx.options.command)
-        record_search = _piece("bot.knowledge.learn", "record_search")
+        record_search = _piece("bot.knowledge.records", "record_search")
         env = ctx.results.get("baseline", {}).get("env", {})
         for sr in searches:  # a search that kept the entry's config is finished: not searched again
             d = root / "kernel_store" / sr["entry_id"]

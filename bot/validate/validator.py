@@ -68,6 +68,7 @@ class Options:
     cache_dir: Path | None = None  # reuse the base side's correctness outputs (same seeds and sha)
     run_dir: Path | None = None
     log: object = None  # callable(str) for progress lines
+    kernel_store: Path | None = None  # where Optbot-Entry kernel tests are; default: bot.knowledge.location's
 
 
 def fresh_seeds(n: int = 3) -> list[int]:
@@ -353,9 +354,9 @@ def _corr_summary(corr: Correctness) -> str:
     return "no outputs to compare"
 
 
-def kernel_tests_for(cand: Candidate, root: Path = REPO_ROOT) -> list[str]:
+def kernel_tests_for(cand: Candidate, kernel_store: Path) -> list[str]:
     """Kernel test modules a candidate names: Optbot-Kernel-Tests paths (in the engine repo) and the
-    test_*.py files of its Optbot-Entry kernel_store entries."""
+    test_*.py files of its Optbot-Entry entries in `kernel_store`."""
     tests = []
     for rel in cand.trailers.get("Optbot-Kernel-Tests", []):
         p = (cand.worktree / rel).resolve()
@@ -363,17 +364,14 @@ def kernel_tests_for(cand: Candidate, root: Path = REPO_ROOT) -> list[str]:
             raise OptbotError(f"trailer Optbot-Kernel-Tests: {rel!r} is not a file inside the candidate's worktree")
         tests.append(str(p))
     for entry in cand.trailers.get("Optbot-Entry", []):
-        for store in (Path.cwd() / "kernel_store", root / "kernel_store"):
-            d = store / entry
-            if d.is_dir():
-                tests += [str(p) for p in sorted(d.glob("test_*.py"))]
-                break
+        tests += [str(p) for p in sorted((Path(kernel_store) / entry).glob("test_*.py"))]
     return sorted(set(tests))
 
 
 def _kernel_checks(ctx: _Ctx, cand: Candidate, corr: Correctness) -> Verdict | None:
     """Fills corr.kernels (and clears corr.ok on a failure); a crashed check comes back as a verdict."""
-    tests = kernel_tests_for(cand)
+    from bot.knowledge.location import locate
+    tests = kernel_tests_for(cand, ctx.opts.kernel_store or locate().kernel_store)
     if not tests:
         return None
     tolmap = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in ctx.target.workload.tolerance.items()}

@@ -1,0 +1,413 @@
+"""kernel_store/<entry>/bench.json, typed: every reader and writer of the file goes through here.
+
+    {"entry": ID,
+     "correctness": {"cpu" | "cuda": KernelTests, "cpu_validation": ValidationRecord},
+     "gpu": {"validation": ValidationRecord, "micro": MicroRecord, "end_to_end": {...},
+             "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: Ablation}},
+     "history": [HistoryRow, ...]}
+
+plus, in an entry the learn step generated, the verdict that made it (Bench.validated_by ...
+run_id). docs/store.md says who writes which part.
+
+The format is the JSON the commands always wrote; this module only types it. A record keeps the
+object it was read from, so dumping writes the keys in the file's order and keeps keys no field
+names: a file loaded and dumped unchanged is byte-identical, and an old record still matches. A
+record made here writes its fields in their declared order; a field marked optional is left out
+while it is unset, as the writers always left those keys out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import statistics
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bot.errors import ConfigError
+
+_OPTIONAL = {"optional": True}
+
+
+def _opt(default: Any = None, factory: Any = None) -> Any:
+    """A field whose key the file holds only when it was set."""
+    if factory is not None:
+        return field(default_factory=factory, metadata=_OPTIONAL)
+    return field(default=default, metadata=_OPTIONAL)
+
+
+def _short(v: Any) -> Any:
+    """The value for an error message; a long one cut (a whole record would bury the message)."""
+    r = repr(v)
+    return v if len(r) <= 80 else r[:77] + "..."
+
+
+class _Record:
+    """Typed fields over a JSON object (subclasses are dataclasses)."""
+    _doc: ClassVar[dict | None] = None  # per instance once loaded: the object it was read from
+
+    @classmethod
+    def from_json(cls, d: Any, file: str | Path = "(bench.json)", key: str = ""):
+        if not isinstance(d, dict):
+            raise ConfigError(file, key or "(top level)", _short(d), f"a mapping ({cls.__name__})")
+        hints = typing.get_type_hints(cls)
+        kw = {f.name: _decode(hints[f.name], d[f.name], file, f"{key}.{f.name}" if key else f.name)
+              for f in dataclasses.fields(cls) if f.name in d}
+        rec = cls(**kw)
+        rec._doc = d
+        return rec
+
+    def to_json(self) -> dict:
+        doc = self._doc
+        out = dict(doc) if doc is not None else {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name not in out and v == _default(f) and (doc is not None or f.metadata.get("optional")):
+                continue  # absent and unset: stays absent
+            out[f.name] = _encode(v)
+        return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, _Record):
+        return v.to_json()
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    return v
+
+
+_SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
+            list: "a list"}
+
+
+def _decode(tp: Any, v: Any, file, key: str) -> Any:
+    """v checked against the annotation tp (records decoded, JSON numbers kept as read)."""
+    if tp is Any:
+        return v
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(inner, v, file, key)
+    if isinstance(tp, type) and issubclass(tp, _Record):
+        return tp.from_json(v, file, key)
+    if origin is dict or tp is dict:
+        if not isinstance(v, dict):
+            raise ConfigError(file, key, _short(v), "a mapping")
+        inner = args[1] if args else Any
+        return {k: _decode(inner, x, file, f"{key}.{k}") for k, x in v.items()}
+    if origin is list or tp is list:
+        if not isinstance(v, list):
+            raise ConfigError(file, key, _short(v), "a list")
+        inner = args[0] if args else Any
+        return [_decode(inner, x, file, f"{key}[{i}]") for i, x in enumerate(v)]
+    ok = {float: isinstance(v, (int, float)) and not isinstance(v, bool),
+          int: isinstance(v, int) and not isinstance(v, bool)}.get(tp, isinstance(v, tp))
+    if not ok:
+        raise ConfigError(file, key, _short(v), _SCALARS.get(tp, tp.__name__))
+    return v
+
+
+# ------------------------------------------------------------------------------------------------
+# the validator's verdict on an entry, per workload (gpu.validation, correctness.cpu_validation)
+
+
+@dataclass
+class WorstOutput(_Record):
+    label: str | None = None
+    output: str | None = None
+    rel_l2: float | None = None
+    max_abs: float | None = None
+
+
+@dataclass
+class ModeSpeed(_Record):
+    """One production mode's end-to-end numbers: process medians of each side, copied from the verdict."""
+    device: str | None = None
+    base_step_ms: float | None = None
+    patched_step_ms: float | None = None
+    passes: int = 1
+    base_per_pass_ms: float | None = None
+    patched_per_pass_ms: float | None = None
+    speedup: float | None = None
+    noise_pct: float | None = None
+    outcome: str | None = None
+    base_process_ms: list[float] = field(default_factory=list)
+    patched_process_ms: list[float] = field(default_factory=list)
+    trials_per_process: int | None = None
+    note: str | None = None
+
+
+@dataclass
+class WorkloadVerdict(_Record):
+    """The numbers of one verdict (bot/validate/verdict.Verdict) on one workload."""
+    status: str | None = None  # accepted | rejected | held
+    reason: str | None = None
+    summary: str | None = None
+    preset: str | None = None
+    dtype: str | None = None
+    base_sha: str | None = None
+    candidate_sha: str | None = None
+    seeds: list[int] | None = None
+    shapes: list[str] | None = None
+    rule: str | None = None
+    worst_output: WorstOutput | None = None
+    speed: dict[str, ModeSpeed] = field(default_factory=dict)  # mode (eager, graph) -> numbers
+    env: dict[str, Any] | None = None  # the verdict's environment: device_name, torch, triton, ...
+    seconds: float | None = None
+    patch_sha256: str | None = _opt()  # of the patch.diff the verdict was made on (bot/knowledge/known.py)
+    patch_sha256_from: str | None = _opt()  # set when the hash was taken at record time, not check time
+
+    @classmethod
+    def from_verdict(cls, verdict: dict) -> "WorkloadVerdict":
+        """From a Verdict as JSON (Verdict.to_json()): copied, not computed, except each side's
+        median over its processes and the worst output."""
+        speed = {}
+        for sp in verdict.get("speed") or []:
+            b, c = sp.get("base_ms") or [], sp.get("candidate_ms") or []
+            passes = sp.get("passes") or 1
+            speed[sp["mode"]] = ModeSpeed(
+                device=sp.get("device"), base_step_ms=statistics.median(b) if b else None,
+                patched_step_ms=statistics.median(c) if c else None, passes=passes,
+                base_per_pass_ms=statistics.median(b) / passes if b else None,
+                patched_per_pass_ms=statistics.median(c) / passes if c else None,
+                speedup=sp.get("speedup"), noise_pct=sp.get("noise_pct"), outcome=sp.get("outcome"),
+                base_process_ms=list(b), patched_process_ms=list(c), trials_per_process=sp.get("n"),
+                note=sp.get("note"))
+        corr = verdict.get("correctness") or {}
+        ranked = [ch for ch in corr.get("checks", []) if ch.get("rel_l2") is not None]
+        worst = max(ranked, key=lambda ch: ch["rel_l2"]) if ranked else None
+        return cls(status=verdict.get("status"), reason=verdict.get("reason"), summary=verdict.get("summary"),
+                   preset=verdict.get("preset"), dtype=verdict.get("dtype"), base_sha=verdict.get("base_sha"),
+                   candidate_sha=verdict.get("candidate_sha"), seeds=corr.get("seeds"), shapes=corr.get("shapes"),
+                   rule=corr.get("rule"),
+                   worst_output=WorstOutput(worst.get("label"), worst.get("output"), worst.get("rel_l2"),
+                                            worst.get("max_abs")) if worst else None,
+                   speed=speed, env=verdict.get("env"), seconds=verdict.get("seconds"))
+
+
+@dataclass
+class ValidationRecord(_Record):
+    """One recording of verdicts (a store check, a record-bench, an optimize run's learn step)."""
+    command: str | None = None
+    run_id: str | None = _opt()  # the optimize run that measured it
+    recorded_at: str | None = None
+    device: str | None = None
+    source: str | None = _opt()  # the results file record-bench read
+    workloads: dict[str, WorkloadVerdict] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel tests (correctness.cpu|cuda, gpu.micro): the runner's per-test results, kept as reported
+
+
+@dataclass
+class KernelTests(_Record):
+    command: str | None = None
+    date: str | None = None
+    tests: dict[str, dict] = field(default_factory=dict)  # test_<op>.py -> passed, interpret, cases, micro, env
+
+
+@dataclass
+class MicroRecord(_Record):
+    source: str | None = None
+    command: str | None = None
+    recorded_at: str | None = None
+    device: str | None = None
+    tests: dict[str, dict] = field(default_factory=dict)  # test_<op>.py -> micro, env, passed
+
+
+@dataclass
+class Correctness(_Record):
+    cpu: KernelTests | None = _opt()
+    cuda: KernelTests | None = _opt()
+    cpu_validation: ValidationRecord | None = _opt()
+
+
+# ------------------------------------------------------------------------------------------------
+# what optimize runs learned: variant searches, the stack's leave-one-out, the history of verdicts
+
+
+@dataclass
+class VariantSearch(_Record):
+    """A finished variant search on one hardware, tied to the entry's patch as it was after it."""
+    run_id: str | None = None
+    config: str | None = None
+    status: str | None = None  # accepted | rejected | kept
+    reason: str | None = None
+    adopted: bool = False
+    torch: str | None = None
+    triton: str | None = None
+    patch_sha256: str | None = None
+    date: str | None = None
+
+
+@dataclass
+class AblationRow(_Record):
+    entry: str | None = None
+    without_ms: float | None = None
+    contribution_ms: float | None = None
+    contribution_pct: float | None = None
+
+
+@dataclass
+class Ablation(_Record):
+    """A stack's leave-one-out on one workload, kept in each member entry (bot/knowledge/known.known_ablation)."""
+    stack_sha256: str | None = None
+    base_sha: str | None = None
+    preset: str | None = None
+    dtype: str | None = None
+    hardware: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    run_id: str | None = None
+    command: str | None = None
+    mode: str | None = None
+    rounds: int | None = None
+    device: str | None = None
+    base_ms: float | None = None
+    stack_ms: float | None = None
+    noise_pct: float | None = None
+    rows: list[AblationRow] = field(default_factory=list)
+    recorded_at: str | None = None
+
+
+@dataclass
+class HistoryRow(_Record):
+    """One optimize run's verdict on a replayed entry (a replayed entry never becomes a second entry)."""
+    run_id: str | None = None
+    generator: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    device: str | None = None
+    hardware: str | None = None
+    workload: str | None = None
+    dtype: str | None = None
+    base_sha: str | None = None
+    engine_sha: str | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+    validated_by: str | None = None
+    date: str | None = None
+
+
+@dataclass
+class Gpu(_Record):
+    validation: ValidationRecord | None = _opt()
+    micro: MicroRecord | None = _opt()
+    end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
+    variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
+    ablation: dict[str, Ablation] = _opt(factory=dict)  # workload -> leave-one-out
+
+
+@dataclass
+class Bench(_Record):
+    entry: str | None = _opt()
+    # an entry the learn step generated: the verdict that made it
+    validated_by: str | None = _opt()
+    device: str | None = _opt()
+    hardware: str | None = _opt()
+    verdict: str | None = _opt()
+    reason: str | None = _opt()
+    numbers: dict[str, Any] | None = _opt()
+    engine_sha: str | None = _opt()
+    base_sha: str | None = _opt()
+    run_id: str | None = _opt()
+    correctness: Correctness | None = _opt()
+    gpu: Gpu | None = _opt()
+    history: list[HistoryRow] = _opt(factory=list)
+
+    def gpu_section(self) -> Gpu:
+        """bench.gpu, made when the file has none yet."""
+        if self.gpu is None:
+            self.gpu = Gpu()
+        return self.gpu
+
+    def correctness_section(self) -> Correctness:
+        if self.correctness is None:
+            self.correctness = Correctness()
+        return self.correctness
+
+    def dumps(self) -> str:
+        # default=str: a Path among a run's numbers is written as its text, as it always was
+        return json.dumps(self.to_json(), indent=2, default=str) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# files
+
+
+def bench_file(entry_dir: Path) -> Path:
+    return Path(entry_dir) / "bench.json"
+
+
+def read_bench(file: Path) -> Bench | None:
+    """A bench.json, or None when there is none; a malformed one is a ConfigError naming the key."""
+    file = Path(file)
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(file, "(json)", str(e), "valid JSON") from None
+    return Bench.from_json(data, file)
+
+
+def load_bench(entry_dir: Path) -> Bench:
+    """An entry's bench.json; a new one names the entry."""
+    return read_bench(bench_file(entry_dir)) or Bench(entry=Path(entry_dir).name)
+
+
+def save_bench(entry_dir: Path, bench: Bench) -> Path:
+    f = bench_file(entry_dir)
+    f.write_text(bench.dumps())
+    return f
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def patch_file_sha256(path: Path) -> str:
+    """The key a recorded verdict or variant search is tied to: the bytes of an entry's patch.diff."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# writers of one part (the learn step's and the optimize steps')
+
+
+def record_search(entry_dir: Path, hardware: str, search: VariantSearch | dict, bench: Bench | None = None) -> Path:
+    """A finished variant search of the entry on `hardware` into `gpu.variant_search`, tied to the
+    entry's patch as it is now (after any adoption): a later run with the same patch, torch and
+    triton does not search again (bot/knowledge/recall.searched). `search` carries run_id, config,
+    status (accepted | rejected | kept), reason, adopted, torch, triton; a mapping of those is
+    read as one (the optimize learn step passes one)."""
+    if isinstance(search, dict):
+        search = VariantSearch.from_json(search, "(variant search record)")
+    search.patch_sha256 = patch_file_sha256(Path(entry_dir) / "patch.diff")
+    search.date = now()
+    bench = load_bench(entry_dir) if bench is None else bench
+    bench.gpu_section().variant_search[hardware] = search
+    return save_bench(entry_dir, bench)
+
+
+def record_ablation(entry_dir: Path, workload: str, ablation: Ablation) -> Path:
+    """The stack's leave-one-out, measured on a GPU, into the member entry's `gpu.ablation[workload]`
+    (the whole stack's rows, so any member answers for it)."""
+    ablation.recorded_at = now()
+    bench = load_bench(entry_dir)
+    bench.gpu_section().ablation[workload] = ablation
+    return save_bench(entry_dir, bench)

@@ -1,0 +1,172 @@
+"""The layout rules of the redesign (issue 13): no import cycles between bot/ and runner/ modules,
+no bot module over 450 lines. The import graph is built from the AST (function-level imports
+included: a lazy import only hides a cycle, it does not remove it)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("bot", "runner")
+MAX_LINES = 450
+
+# Known cycles, as the one import (importer, imported) that closes each: the change that removes
+# the cycle deletes its line here (test_known_cycles_still_exist says when).
+KNOWN_CYCLE_EDGES = {
+    # the lead is splitting bot/optimize/stages.py: bot/deliver/* import stages' result types
+    # (PullRequestRef, DeliverResult, RunContext) and stages' deliver step imports bot.deliver.deliver
+    ("bot.optimize.stages", "bot.deliver.deliver"),
+    # the same split: bot/optimize/stack.py imports StackCommit from stages, stages' combine step
+    # imports build_stack
+    ("bot.optimize.stages", "bot.optimize.stack"),
+}
+# Modules allowed over MAX_LINES until they are split (test_known_long_modules_are_still_long
+# says when to delete a line).
+KNOWN_LONG = {
+    "bot/optimize/stages.py",  # the lead is splitting it into bot/steps/
+    "bot/validate/validator.py",  # being split into several modules (branch redesign-validate)
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is one of our modules (an import of a function or
+    class resolves to the module defining it)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(mod: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of ours that `mod` imports, at any level of the file."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package
+                base = mod.split(".")
+                base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            # `from bot.knowledge import store` imports a module; `from bot.knowledge.store import Entry` a name
+            names = [f"{prefix}.{a.name}" for a in node.names] + [prefix]
+        else:
+            continue
+        for n in names:
+            target = _resolve(n, known)
+            if target and target != mod:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports_of(m, p, known) for m, p in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 10_000))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(old)
+    return out
+
+
+def _without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    g = {m: set(ts) for m, ts in graph.items()}
+    for a, b in KNOWN_CYCLE_EDGES:
+        g[a].discard(b)
+    return g
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        v = todo.pop()
+        if v == goal:
+            return True
+        if v not in seen:
+            seen.add(v)
+            todo += graph.get(v, ())
+    return False
+
+
+def test_no_import_cycles():
+    found = cycles(_without_known(import_graph()))
+    assert not found, "import cycles (module -> module, function-level imports included):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_known_cycles_still_exist():
+    """A known exception that is fixed must leave KNOWN_CYCLE_EDGES, so it cannot come back unnoticed."""
+    g = import_graph()
+    gone = [(a, b) for a, b in sorted(KNOWN_CYCLE_EDGES) if b not in g.get(a, ()) or not _reaches(g, b, a)]
+    assert not gone, f"these imports no longer close a cycle, remove them from KNOWN_CYCLE_EDGES: {gone}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_bot_module_over_450_lines():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "bot").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    over = {p: n for p, n in long.items() if p not in KNOWN_LONG}
+    assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
+
+
+def test_known_long_modules_are_still_long():
+    short = sorted(p for p in KNOWN_LONG if not (ROOT / p).is_file()
+                   or len((ROOT / p).read_text().splitlines()) <= MAX_LINES)
+    assert not short, f"split or gone, remove them from KNOWN_LONG: {short}"
