@@ -1,4 +1,4 @@
-"""optbot store list|show|check and optbot lessons list|show|search, through the real CLI."""
+"""optbot store list|show|check|record-bench|tune (bot/commands/store.py), through the real CLI."""
 from __future__ import annotations
 
 import json
@@ -7,22 +7,24 @@ import subprocess
 import sys
 
 from bot.cli import cli
-from bot.knowledge.store import STORE_DIR
+from bot.knowledge.location import SHIPPED_STORE as STORE_DIR
 
 ROOT = STORE_DIR.parent
 
 
 def test_store_list_and_show(cli_runner):
-    r = cli_runner.invoke(cli, ["store", "list"])
+    r = cli_runner.invoke(cli, ["store", "list", "--knowledge-path", str(ROOT)])
     assert r.exit_code == 0, r.output
-    assert "flux2-qk-rmsnorm-rope" in r.output and "attention-waste" in r.output and "authored" in r.output
-    r = cli_runner.invoke(cli, ["store", "show", "flux2-swiglu"])
-    assert r.exit_code == 0 and "patch.diff" in r.output and "test_swiglu.py" in r.output
+    assert "flux2-qk-rmsnorm-rope" in r.stdout and "attention-waste" in r.stdout and "authored" in r.stdout
+    assert r.stderr.splitlines()[0] == f"knowledge: {ROOT} (--knowledge-path)"  # where it read, said once
+    r = cli_runner.invoke(cli, ["store", "show", "flux2-swiglu", "--knowledge-path", str(ROOT)])
+    assert r.exit_code == 0 and "patch.diff" in r.stdout and "test_swiglu.py" in r.stdout
+    assert (STORE_DIR / "flux2-swiglu" / "bench.json").read_text()[:3000] in r.stdout  # the file, as it is
 
 
 def test_store_check_patch_only(cli_runner, diffusers_engine, tmp_path):
     out = tmp_path / "check.json"
-    r = cli_runner.invoke(cli, ["store", "check", "--no-kernels", "--json", str(out),
+    r = cli_runner.invoke(cli, ["store", "check", "--no-kernels", "--json", str(out), "--knowledge-path", str(ROOT),
                                 "flux2-swiglu", "qwen-image-drop-all-ones-mask"])
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
@@ -80,16 +82,6 @@ def test_record_bench_copies_measured_numbers(cli_runner, tmp_path):
     assert e2e["workloads"]["flux2"]["patched_step_ms"] == 1.0 and e2e["source"] == str(res) and e2e["recorded_at"]
 
 
-def test_lessons_commands(cli_runner):
-    r = cli_runner.invoke(cli, ["lessons", "list", "--kind", "caveat"])
-    assert r.exit_code == 0 and "store-patches-need-distinct-anchors" in r.output
-    assert "fallback-must-replay-the-unfused-ops" not in r.output
-    r = cli_runner.invoke(cli, ["lessons", "show", "all-ones-mask-needs-a-host-read"])
-    assert r.exit_code == 0 and "kind: caveat" in r.output
-    r = cli_runner.invoke(cli, ["lessons", "search", "mask", "--pattern", "attention-waste", "--engine", "diffusers"])
-    assert r.exit_code == 0 and r.output.splitlines()[0].startswith("all-ones-mask-needs-a-host-read")
-
-
 def test_schema_error_exits_2_without_traceback(tmp_path):
     store = tmp_path / "store"
     shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")
@@ -104,11 +96,12 @@ def test_schema_error_exits_2_without_traceback(tmp_path):
 def test_store_tune_on_cpu_checks_every_config_and_commits_nothing(cli_runner, tmp_path, monkeypatch):
     monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path / "runs"))
     out = tmp_path / "tune.json"
-    r = cli_runner.invoke(cli, ["store", "tune", "flux2-swiglu", "flux2-merge-qkv", "--device", "cpu", "--json", str(out)])
+    r = cli_runner.invoke(cli, ["store", "tune", "flux2-swiglu", "flux2-merge-qkv", "--device", "cpu", "--json", str(out),
+                                "--knowledge-path", str(ROOT)])
     assert r.exit_code == 0, r.output
     assert "flux2-merge-qkv: no config_space declared, skipped" in r.output
     d = json.loads(out.read_text())["entries"]["flux2-swiglu"]
     assert len(d["rows"]) == 12 and all(row["correct"] for row in d["rows"])
     assert d["timings"] == {} and d["chosen"] == {} and "speed needs a GPU" in d["note"]
-    r = cli_runner.invoke(cli, ["store", "tune", "flux2-merge-qkv", "--device", "cpu"])
+    r = cli_runner.invoke(cli, ["store", "tune", "flux2-merge-qkv", "--device", "cpu", "--knowledge-path", str(ROOT)])
     assert r.exit_code != 0 and "declares a config_space" in str(r.exception)

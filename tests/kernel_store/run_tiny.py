@@ -1,7 +1,7 @@
 """Test helper, run as a child process: one tiny-preset step of a workload from an engine import
 root, outputs saved to OUT.pt, and which path each optbot kernel module took written to OUT.json.
 
-    PYTHONPATH=<engine_root>:<optbot root> python tests/store/run_tiny.py WORKLOAD ENGINE_ROOT OUT
+    PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/run_tiny.py WORKLOAD ENGINE_ROOT OUT
 """
 from __future__ import annotations
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bot.knowledge.check import check_sources, run_kernel_tests
-from bot.knowledge.store import STORE_DIR, load_entry, load_store
+from bot.knowledge.location import SHIPPED_STORE as STORE_DIR
+from bot.knowledge.store import load_entry, load_store
 
-KERNEL_ENTRIES = [e.id for e in load_store() if e.test_files()]
+KERNEL_ENTRIES = [e.id for e in load_store(STORE_DIR) if e.test_files()]
 
 
 @pytest.mark.parametrize("entry_id", KERNEL_ENTRIES)

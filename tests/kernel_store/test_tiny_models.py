@@ -9,18 +9,17 @@ import pytest
 import torch
 
 from bot.generate.replay import apply_entry
-from bot.knowledge.store import load_store
+from bot.knowledge.location import SHIPPED_STORE
+from bot.knowledge.store import get_entry, load_store
 from bot.workload import load_workload
 
-SEEDS = [(e.id, wl) for e in load_store() for wl in e.workloads]
+SEEDS = [(e.id, wl) for e in load_store(SHIPPED_STORE) for wl in e.workloads]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("entry_id, workload", SEEDS)
 def test_patched_tiny_model_matches_base(entry_id, workload, diffusers_engine, tiny_base, tiny_runner, tmp_path):
-    from bot.knowledge.store import get_entry
-
-    entry = get_entry(entry_id)
+    entry = get_entry(entry_id, SHIPPED_STORE)
     r = apply_entry(diffusers_engine, entry, name=f"test-tiny-{entry_id}")
     assert r.status == "applied", r.reason
     base = tiny_base(workload)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bot.generate.replay import apply_entry
+from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_cfg_modulation_cache_hits_and_misses(diffusers_engine):
-    r = apply_entry(diffusers_engine, get_entry("qwen-image-cfg-modulation-cache"), name="test-cfg-cache")
+    r = apply_entry(diffusers_engine, get_entry("qwen-image-cfg-modulation-cache", SHIPPED_STORE), name="test-cfg-cache")
     assert r.status == "applied", r.reason
     src = Path(r.worktree) / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))

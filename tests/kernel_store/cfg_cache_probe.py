@@ -1,6 +1,6 @@
 """Test helper, run as a child process with a patched Qwen-Image engine first on PYTHONPATH: counts
 the blocks' modulation linears over passes, to show the CFG modulation cache hits and misses when
-it should.  PYTHONPATH=<engine_root>:<optbot root> python tests/store/cfg_cache_probe.py ENGINE_ROOT"""
+it should.  PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/cfg_cache_probe.py ENGINE_ROOT"""
 from __future__ import annotations
 
 import json

@@ -10,6 +10,7 @@ import pytest
 from bot.engine import add_worktree
 from bot.generate.candidate import TRAILER_KEYS, parse_trailers, split_kernels
 from bot.generate.replay import apply_entry, match, replay
+from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
 
 OPPS = [
@@ -24,17 +25,17 @@ QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache"
 
 
 def test_match_by_kind_engine_hardware_workload():
-    pairs = {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "flux2")}
+    pairs = {(e.id, o) for e, o in match(load_store(SHIPPED_STORE), OPPS, "diffusers", "h200", "flux2")}
     assert pairs == {("flux2-swiglu", "opp-3"), ("flux2-qk-rmsnorm-rope", "opp-1"),
                      ("flux2-qkv-norm-rope-epilogue", "opp-1")}
-    assert match(load_store(), OPPS, "sglang", "h200") == []
-    assert {(e.id, o) for e, o in match(load_store(), OPPS, "diffusers", "h200", "qwen-image")} == {
+    assert match(load_store(SHIPPED_STORE), OPPS, "sglang", "h200") == []
+    assert {(e.id, o) for e, o in match(load_store(SHIPPED_STORE), OPPS, "diffusers", "h200", "qwen-image")} == {
         ("qwen-image-drop-all-ones-mask", "opp-1"), ("qwen-image-qkv-norm-rope-epilogue", "opp-1"),
         ("qwen-image-absorb-bias", "opp-4")}
 
 
 def test_replay_commits_candidates_with_trailers(diffusers_engine):
-    results = replay(diffusers_engine, OPPS, "diffusers", "h200", workload="flux2")
+    results = replay(diffusers_engine, OPPS, "diffusers", "h200", workload="flux2", store_root=SHIPPED_STORE)
     assert [r.status for r in results] == ["applied"] * 3, [r.reason for r in results]
     for r in results:
         c = r.candidate
@@ -45,7 +46,7 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
         assert list(trailers) == list(TRAILER_KEYS)
         assert trailers["Optbot-Entry"] == r.entry_id == c.entry_id
         assert trailers["Optbot-Opportunity"] == c.opportunity_id
-        assert split_kernels(trailers["Optbot-Adds-Kernels"]) == list(get_entry(r.entry_id).adds_kernels)
+        assert split_kernels(trailers["Optbot-Adds-Kernels"]) == list(get_entry(r.entry_id, SHIPPED_STORE).adds_kernels)
         assert not repo.is_dirty(untracked_files=True)
         assert any(p.startswith("src/diffusers/models/optbot_kernels/") for p in head.stats.files)
 
@@ -57,7 +58,7 @@ def test_seed_patches_stack(diffusers_engine, group):
     """The seed entries of one workload apply on top of each other (edits at distinct anchors)."""
     onto = None
     for eid in group:
-        r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-stack-{eid}", onto=onto)
+        r = apply_entry(diffusers_engine, get_entry(eid, SHIPPED_STORE), f"opp-{eid}", name=f"test-stack-{eid}", onto=onto)
         assert r.status == "applied", r.reason
         onto = r.candidate.commit_sha
     log = git.Repo(r.worktree).git.log("--format=%s", f"{diffusers_engine.base_sha}..{onto}").splitlines()
@@ -74,7 +75,7 @@ def test_qwen_seed_patches_stack_in_any_order(diffusers_engine):
     for n, order in enumerate(orders):
         onto = None
         for eid in order:
-            r = apply_entry(diffusers_engine, get_entry(eid), f"opp-{eid}", name=f"test-qwen-order{n}-{eid}", onto=onto)
+            r = apply_entry(diffusers_engine, get_entry(eid, SHIPPED_STORE), f"opp-{eid}", name=f"test-qwen-order{n}-{eid}", onto=onto)
             assert r.status == "applied", (order, r.reason)
             onto = r.candidate.commit_sha
         trees.add(git.Repo(r.worktree).head.commit.tree.hexsha)
@@ -85,9 +86,9 @@ def test_qwen_seed_patches_stack_in_any_order(diffusers_engine):
 def test_epilogue_entry_conflicts_with_what_it_supersedes(diffusers_engine, first):
     """flux2-qkv-norm-rope-epilogue rewrites the code these entries change (its entry.yaml says so):
     stacked on either, replay records a conflict on transformer_flux2.py instead of a broken commit."""
-    r = apply_entry(diffusers_engine, get_entry(first), "opp-a", name=f"test-supersede-{first}")
+    r = apply_entry(diffusers_engine, get_entry(first, SHIPPED_STORE), "opp-a", name=f"test-supersede-{first}")
     assert r.status == "applied", r.reason
-    c = apply_entry(diffusers_engine, get_entry("flux2-qkv-norm-rope-epilogue"), "opp-b",
+    c = apply_entry(diffusers_engine, get_entry("flux2-qkv-norm-rope-epilogue", SHIPPED_STORE), "opp-b",
                     name=f"test-supersede-{first}-epilogue", onto=r.candidate.commit_sha)
     assert c.status == "conflict", c.reason
     assert "src/diffusers/models/transformers/transformer_flux2.py" in c.conflicts
@@ -103,7 +104,7 @@ def test_conflict_is_recorded_not_fatal(diffusers_engine):
     f.write_text(text.replace(old, "        x = torch.nn.functional.silu(x[..., :half]) * x[..., half:]  # changed upstream\n"))
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "upstream change"], cwd=wt, check=True)
     onto = git.Repo(wt).head.commit.hexsha
-    r = apply_entry(diffusers_engine, get_entry("flux2-swiglu"), "opp-3", name="test-conflict", onto=onto)
+    r = apply_entry(diffusers_engine, get_entry("flux2-swiglu", SHIPPED_STORE), "opp-3", name="test-conflict", onto=onto)
     assert r.status == "conflict" and r.candidate is None
     assert "src/diffusers/models/transformers/transformer_flux2.py" in r.conflicts
     assert "does not apply" in r.reason

@@ -1,0 +1,98 @@
+"""What the store already knows (bot/knowledge/known.py): a recorded GPU verdict is reused only when
+patch, base, workload, preset, dtype, hardware, torch and triton are all unchanged; a recorded
+leave-one-out only for the same stack."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from bot.knowledge.known import known_ablation, known_verdict, patch_sha256
+from bot.knowledge.location import SHIPPED_STORE
+from bot.knowledge.records import Ablation, AblationRow, record_ablation
+from bot.knowledge.store import get_entry
+from tests.knowledge.verdicts import ENV, record_verdict
+
+
+@pytest.fixture
+def entry(tmp_path):
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", tmp_path / "store" / "flux2-swiglu")
+    return get_entry("flux2-swiglu", tmp_path / "store")
+
+
+def ask(entry, **kw):
+    args = dict(workload="flux2", hardware="h200", base_sha="b" * 40, preset="full", dtype="bfloat16", env=ENV)
+    args.update(kw)
+    return known_verdict(entry, **args)
+
+
+def test_a_recorded_verdict_applies_only_unchanged(entry):
+    record_verdict(entry)
+    k, why = ask(entry)
+    assert k is not None and why == "" and k.status == "accepted" and k.speedup == 1.036
+    assert k.numbers["speed"]["eager"]["base_process_ms"] == [551.9, 550.2]  # the record, as JSON
+    for change, word in [(dict(base_sha="c" * 40), "base"), (dict(preset="tiny"), "preset"),
+                         (dict(dtype="float32"), "dtype"), (dict(hardware="h100"), "hardware"),
+                         (dict(env={**ENV, "triton": "3.7.0"}), "triton"), (dict(workload="qwen-image"), "no GPU verdict")]:
+        k, why = ask(entry, **change)
+        assert k is None and word in why, (change, why)
+    # the patch changed since the verdict: unknown again
+    entry.patch_path.write_text(entry.patch_path.read_text() + "\n")
+    k, why = ask(entry)
+    assert k is None and "patch" in why
+
+
+def test_no_record_means_unknown(entry):
+    entry.bench_path.unlink(missing_ok=True)
+    assert ask(entry) == (None, "no GPU verdict recorded")
+
+
+def test_the_shipped_records_are_found(entry):
+    """The committed H200 verdict of the seed entry (benchmarks/results) matches its own conditions."""
+    rec = json.loads((SHIPPED_STORE / "flux2-swiglu" / "bench.json").read_text())["gpu"]["validation"]["workloads"]["flux2"]
+    k, why = ask(entry, base_sha=rec["base_sha"], env=rec["env"])
+    assert k is not None, why
+    assert k.status == rec["status"] and k.numbers == rec
+
+
+def _ablation(key: dict, rounds: int = 1) -> Ablation:
+    """The stack's leave-one-out as the optimize learn step records it (numbers are test data)."""
+    return Ablation(**key, run_id="run-1", command="optbot optimize flux2", mode="eager", rounds=rounds, device="cuda",
+                    base_ms=554.0, stack_ms=478.2, noise_pct=0.5,
+                    rows=[AblationRow("flux2-swiglu", 495.0, 16.8, 3.4),
+                          AblationRow("flux2-qk-rmsnorm-rope", 534.9, 56.7, 10.6)])
+
+
+def test_a_stack_ablation_is_known_for_the_same_stack_only(tmp_path):
+    """records.record_ablation writes the stack's leave-one-out into each member's bench.json;
+    known_ablation reuses it only when every member holds it for the same stack diff, base,
+    preset, dtype, hardware, torch, triton and at least as many rounds."""
+    store = tmp_path / "store"
+    for eid in ("flux2-swiglu", "flux2-qk-rmsnorm-rope"):
+        shutil.copytree(SHIPPED_STORE / eid, store / eid)
+    members = [get_entry(e, store) for e in ("flux2-swiglu", "flux2-qk-rmsnorm-rope")]
+    key = dict(stack_sha256="s" * 64, base_sha="b" * 40, preset="full", dtype="bfloat16", hardware="h200",
+               torch=ENV["torch"], triton=ENV["triton"])
+
+    def ask_stack(entries=members, **kw):
+        a = dict(workload="flux2", stack_sha256=key["stack_sha256"], hardware="h200", base_sha=key["base_sha"],
+                 preset="full", dtype="bfloat16", env=ENV, rounds=1)
+        a.update(kw)
+        return known_ablation(entries, **a)
+
+    assert ask_stack()[0] is None and "no leave-one-out" in ask_stack()[1]
+    record_ablation(members[0].path, "flux2", _ablation(key))
+    got, why = ask_stack()
+    assert got is None and "flux2-qk-rmsnorm-rope" in why  # one member does not hold it (yet)
+    record_ablation(members[1].path, "flux2", _ablation(key))
+    got, why = ask_stack()
+    assert why == "" and got["run_id"] == "run-1" and [r["contribution_ms"] for r in got["rows"]] == [16.8, 56.7]
+    assert json.loads(members[0].bench_path.read_text())["gpu"]["ablation"]["flux2"]["recorded_at"]
+    for change, word in [(dict(stack_sha256="t" * 64), "stack"), (dict(base_sha="c" * 40), "base"),
+                         (dict(hardware="h100"), "hardware"), (dict(env={**ENV, "torch": "2.12.0"}), "torch"),
+                         (dict(rounds=2), "rounds"), (dict(workload="qwen-image"), "no leave-one-out")]:
+        got, why = ask_stack(**change)
+        assert got is None and word in why, (change, why)
+    got, why = ask_stack(entries=members[:1])  # a stack of other members
+    assert got is None and "other entries" in why

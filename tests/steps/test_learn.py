@@ -1,0 +1,92 @@
+"""The optimize run's learn step, through the real stage: what the learners write is what the
+knowledge commit holds, and what the next run recalls (bot/knowledge/recall.py)."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import git
+
+from bot.knowledge import recall
+from bot.knowledge.location import SHIPPED_STORE
+from bot.knowledge.store import get_entry
+from bot.optimize.stages import (Budget, CandidateRecord, GenerateResult, Options, RunContext, Stages, ValidateResult,
+                                 VerdictRecord)
+from tests.knowledge.verdicts import ENV, gpu_verdict
+
+
+def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
+    """Regression (H200 loop, 2026-11-30): learn adopted a tuned variant into its entry (patch.diff,
+    kernel source) but the learn step listed only bench.json for the knowledge commit, so the next
+    run found a variant_search record whose patch_sha256 matched no patch.diff, searched again and
+    validated again. Through the real learn step: every file the learner wrote is in its result,
+    and the staged entry is known (searched, and its verdict applies) to the next run."""
+    root = tmp_path / "knowledge"
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", root / "kernel_store" / "flux2-swiglu")
+    (root / "kernel_store" / "flux2-swiglu" / "bench.json").unlink(missing_ok=True)
+    kernel = next(p for p in (root / "kernel_store" / "flux2-swiglu").glob("*.py") if not p.name.startswith("test_"))
+
+    eng = git.Repo.init(tmp_path / "engine")
+    with eng.config_writer() as cw:
+        cw.set_value("user", "name", "t")
+        cw.set_value("user", "email", "t@localhost")
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return x\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "base")
+    base = eng.head.commit.hexsha
+    kdir = tmp_path / "engine" / "optbot_kernels"
+    kdir.mkdir()
+    tuned_src = kernel.read_text() + "\n# tuned: block_n=2048 (test)\n"
+    (kdir / kernel.name).write_text(tuned_src)
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return swiglu(x)\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "variant\n\nOptbot-Entry: flux2-swiglu\nOptbot-Config: block_n=2048")
+    cand = CandidateRecord("variant-flux2-swiglu", "Fused SwiGLU (tuned)", eng.head.commit.hexsha, "", "variant-search",
+                           "fuse-elementwise-chain", "o", "", {"Optbot-Entry": "flux2-swiglu", "Optbot-Config": "block_n=2048"})
+    verdict = gpu_verdict(base_ms=(550.0,), candidate_ms=(524.0,), speedup=1.05, base_sha=base,
+                          candidate_sha=cand.sha).to_json()
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(repo=eng, base_sha=base, repo_path=tmp_path / "engine"),
+                             preset="full", dtype="bfloat16", device="cuda")
+    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
+                     {"baseline": {"env": ENV}, "generate": {"candidates": [asdict(cand)]},
+                      "validate": asdict(ValidateResult("done", "1 of 1 accepted", [VerdictRecord(
+                          cand.id, "accepted", "accepted", "cuda", raw={"verdict": verdict})]))},
+                     target=target)
+    res = Stages().learn(ctx)
+    staged = Path(res.knowledge_root) / "kernel_store" / "flux2-swiglu"
+    assert {"kernel_store/flux2-swiglu/patch.diff", f"kernel_store/flux2-swiglu/{kernel.name}",
+            "kernel_store/flux2-swiglu/bench.json"} <= set(res.files), res.files
+    assert (staged / kernel.name).read_text() == tuned_src and "swiglu(x)" in (staged / "patch.diff").read_text()
+    # the next run reads what was committed: the search is known, and so is the verdict
+    key = recall.RunKey(staged.parent, "flux2", "h200", base, "full", "bfloat16", True, False, ENV)
+    e = get_entry("flux2-swiglu", staged.parent)
+    assert "adopted" in recall.searched(key, e)
+    k, why = recall.entry_verdict(key, "flux2-swiglu")
+    assert k is not None and k.status == "accepted", why
+
+
+def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
+    """Variant search that found nothing worth a candidate (the entry's own config is, or is near,
+    the fastest) is finished: the learn step records it against the entry's patch, and the next
+    run's recall says the space was searched. Nothing was validated in this run."""
+    root = tmp_path / "knowledge"
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", root / "kernel_store" / "flux2-swiglu")
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(repo=None, base_sha="b" * 40, repo_path=tmp_path),
+                             preset="full", dtype="bfloat16", device="cuda")
+    search = {"entry_id": "flux2-swiglu", "config": "block_n=1024,num_warps=4", "status": "kept",
+              "reason": "the entry's own config is within 3% of the fastest"}
+    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
+                     {"baseline": {"env": ENV}, "generate": asdict(GenerateResult("done", "0 candidates", searches=[search])),
+                      "validate": asdict(ValidateResult("skipped", "no candidates to validate"))}, target=target)
+    res = Stages().learn(ctx)
+    assert res.status == "done" and res.files == ["kernel_store/flux2-swiglu/bench.json"], (res.reason, res.files)
+    staged = Path(res.knowledge_root) / "kernel_store"
+    key = recall.RunKey(staged, "flux2", "h200", "b" * 40, "full", "bfloat16", True, False, ENV)
+    said = recall.searched(key, get_entry("flux2-swiglu", staged))
+    assert "searched in run run-1 on h200: block_n=1024,num_warps=4 kept" in said, said
+    assert recall.searched(recall.RunKey(**{**key.__dict__, "env": {**ENV, "triton": "3.7.0"}}),
+                           get_entry("flux2-swiglu", staged)) == ""  # another triton: searched again
