@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from bot.knowledge.known import known_ablation, known_verdict, patch_sha256
+from bot.knowledge.known import known_ablation, known_verdict
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.records import Ablation, AblationRow, record_ablation
 from bot.knowledge.store import get_entry

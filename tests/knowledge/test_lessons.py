@@ -2,8 +2,6 @@
 repository's lessons load and cite real evidence."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from bot.errors import ConfigError
