@@ -195,7 +195,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
 def record_search(entry_dir: Path, hardware: str, record: dict, bench: dict | None = None) -> Path:
     """A finished variant search of the entry on `hardware`, in bench.json `gpu.variant_search`, tied
     to the entry's patch as it is now (after any adoption): a later run with the same patch, torch
-    and triton does not search again (bot/optimize/recall.searched). `record`: run_id, config,
+    and triton does not search again (bot/knowledge/recall.searched). `record`: run_id, config,
     status (accepted | rejected | kept), reason, adopted, torch, triton."""
     from bot.knowledge.known import patch_file_sha256
 
