@@ -43,8 +43,7 @@ class Target:
         return Job(kind=kind, workload=self.workload.to_json(), preset=self.preset, device=self.device,
                    dtype=self.dtype, engine_root=self.engine_root(worktree),
                    engine_sha=engine_sha or git.Repo(worktree).head.commit.hexsha, model_class=self.model_class,
-                   shapes=shapes or [{"resolution": list(shape.resolution), "text_tokens": shape.text_tokens,
-                                      "batch": shape.batch}], out_dir=str(out_dir), **kw)
+                   shapes=shapes or [shape.to_json()], out_dir=str(out_dir), **kw)
 
 
 @functools.lru_cache(maxsize=1)
