@@ -17,6 +17,7 @@ import click
 from bot.engine import EngineCheckout, add_worktree, checkout_engine, resolve_source
 from bot.errors import OptbotError
 from bot.workload import Workload, load_workload
+from runner.job import Job
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,19 @@ class Target:
     dtype: str
 
     def engine_root(self, worktree: Path) -> str:
-        return str((worktree / self.checkout.import_root).resolve())
+        return str((Path(worktree) / self.checkout.import_root).resolve())
+
+    def job(self, kind: str, worktree: Path | str, out_dir: Path | str, *, shapes: list | None = None,
+            engine_sha: str | None = None, **kw) -> Job:
+        """A runner job of `kind` on the engine in `worktree` (its HEAD unless `engine_sha`), at the
+        preset's shape unless `shapes` are given; `kw`: the other Job fields (seeds, iters, params...)."""
+        import git
+
+        shape = self.workload.preset(self.preset).shapes
+        return Job(kind=kind, workload=self.workload.to_json(), preset=self.preset, device=self.device,
+                   dtype=self.dtype, engine_root=self.engine_root(worktree),
+                   engine_sha=engine_sha or git.Repo(worktree).head.commit.hexsha, model_class=self.model_class,
+                   shapes=shapes or [shape.to_json()], out_dir=str(out_dir), **kw)
 
 
 @functools.lru_cache(maxsize=1)

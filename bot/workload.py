@@ -37,6 +37,10 @@ class Shape:
     def label(self) -> str:
         return f"{self.resolution[0]}x{self.resolution[1]}/txt{self.text_tokens}/b{self.batch}"
 
+    def to_json(self) -> dict:
+        """The shape as runner jobs take it (runner/job.py `shapes`)."""
+        return {"resolution": list(self.resolution), "text_tokens": self.text_tokens, "batch": self.batch}
+
 
 @dataclass(frozen=True)
 class Tolerance:

@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import git
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,3 +73,70 @@ def cli_runner():
     from click.testing import CliRunner
 
     return CliRunner()
+
+
+# ------------------------------------------------------------------------------------------------
+# a GitHub stand-in, a small engine repository with a bare "GitHub" remote, and a knowledge
+# repository with its bare remote: the delivery and run-machinery tests (tests/deliver, tests/run)
+
+ENGINE_SRC = '''"""A stand-in engine module (the forge tests never import it)."""
+
+
+def swiglu(x, gate):
+    return x * gate
+
+
+def qkv(x, wq, wk, wv):
+    return x @ wq, x @ wk, x @ wv
+'''
+
+
+def _init_repo(path: Path, files: dict[str, str]) -> git.Repo:
+    path.mkdir(parents=True)
+    repo = git.Repo.init(path, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "test")
+        cw.set_value("user", "email", "test@localhost")
+    for rel, text in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    repo.git.add("-A")
+    repo.git.commit("-qm", "base", env={"GIT_AUTHOR_DATE": "2001-01-01T00:00:00Z",
+                                        "GIT_COMMITTER_DATE": "2001-01-01T00:00:00Z"})
+    return repo
+
+
+@pytest.fixture
+def standin():
+    from tests.deliver.github_standin import GitHubStandIn
+
+    s = GitHubStandIn().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def forge_env(tmp_path, standin, monkeypatch):
+    """Engine + knowledge repositories, their bare remotes registered in the stand-in, env set."""
+    engine = _init_repo(tmp_path / "engine", {"src/engine_mod.py": ENGINE_SRC})
+    engine_bare = tmp_path / "engine.git"
+    git.Repo.init(engine_bare, bare=True, initial_branch="main")
+    engine.create_remote("origin", str(engine_bare))
+    engine.git.push("origin", "main")
+    know = _init_repo(tmp_path / "knowledge", {"lessons/README.md": "lessons\n", "kernel_store/README.md": "store\n"})
+    know_bare = tmp_path / "knowledge.git"
+    git.Repo.init(know_bare, bare=True, initial_branch="main")
+    know.create_remote("origin", str(know_bare))
+    know.git.push("origin", "main")
+    standin.add_repo("team/engine", engine_bare)
+    standin.add_repo("team/optbot", know_bare)
+    trig = standin.add_pull_for_trigger("team/engine")
+    comment = standin.add_comment("team/engine", trig, "/optimize flux2")
+    monkeypatch.setenv("OPTBOT_GITHUB_TOKEN", "test-token")
+    monkeypatch.setenv("OPTBOT_GITHUB_API_URL", standin.base)
+    monkeypatch.setenv("OPTBOT_GITHUB_WRITE_DELAY", "0")
+    monkeypatch.setenv("OPTBOT_GITHUB_MAX_WAIT", "3")
+    monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("OPTBOT_ABORT_AFTER", raising=False)
+    return {"engine": engine, "engine_bare": engine_bare, "knowledge": know, "knowledge_bare": know_bare,
+            "trigger_pr": trig, "trigger_comment": comment, "tmp": tmp_path}

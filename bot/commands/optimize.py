@@ -112,18 +112,17 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
     """
     from bot.knowledge.location import Knowledge, locate
     from bot.run.orchestrator import run_optimize
-    from bot.optimize.stages import Options
+    from bot.run.context import GENERATORS, Options
     from bot.run.state import RunState
 
     wall, cost = parse_budget(budget)
     pause_s = None if pause_after is None else parse_duration(pause_after)
     if pause_after is not None and pause_s is None:
         raise click.BadParameter(f"{pause_after!r}: expected a duration like 8m, 540s or 1h30m", param_hint="--pause-after")
-    known_gens = ("replay", "variants", "compile-region", "agent")
     gens = tuple(g.strip() for g in generators.split(",") if g.strip())
-    bad = [g for g in gens if g not in known_gens]
+    bad = [g for g in gens if g not in GENERATORS]
     if bad or not gens:
-        raise click.BadParameter(f"{generators!r}: expected a comma-separated subset of {','.join(known_gens)}",
+        raise click.BadParameter(f"{generators!r}: expected a comma-separated subset of {','.join(GENERATORS)}",
                                  param_hint="--generators")
     if resume:
         saved = RunState.load(resume)
@@ -144,9 +143,10 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        generators=gens, revalidate=revalidate, ablation_rounds=ablation_rounds)
         state = run_optimize(opts, pause_after_s=pause_s)
     if json_path is not None:
+        from bot.jsonable import to_json
         from bot.run.state import STEPS
         write_json(json_path, {"run_id": state.run_id, "run_dir": str(state.run_dir), "finished": state.finished,
                                "paused": state.paused, "gpu_s": state.gpu_seconds(),
-                               **{s: state.result(s) for s in STEPS}})
+                               **{s: to_json(state.result(s)) for s in STEPS}})
     if state.paused:
         raise SystemExit(75)  # EX_TEMPFAIL: not done, not failed; --resume continues

@@ -28,7 +28,7 @@ import git
 from github import Auth, Github, GithubException
 
 from bot.errors import OptbotError
-from bot.optimize.stages import PullRequestRef
+from bot.deliver.pull_request import PullRequestRef
 
 DEFAULT_API = "https://api.github.com"
 

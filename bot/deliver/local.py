@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.optimize.stages import PullRequestRef
+from bot.deliver.pull_request import PullRequestRef
 
 
 class LocalForge:

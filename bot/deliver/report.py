@@ -9,6 +9,9 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bot.steps.baseline import Measurement, measurements
+from bot.validate.verdict import Verdict
+
 # ------------------------------------------------------------------------------------------------
 # blocks
 
@@ -113,49 +116,48 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _meas_row(label: str, mode: str, m: dict | None, base: dict | None = None) -> list[str]:
+def _meas_row(label: str, mode: str, m: Measurement | None, base: Measurement | None = None) -> list[str]:
     if not m:
         return [label, mode, "n/a", "n/a", "n/a", "n/a", "n/a", "not measured"]
-    spread = f"{_ms(m['min_ms'])}–{_ms(m['max_ms'])} (sd {_ms(m['stdev_ms'])})"
-    passes = m.get("passes", 1) or 1
-    vs = ""
-    if base and base.get("median_ms") and m is not base:
-        vs = f"{base['median_ms'] / m['median_ms']:.3f}x"
-    dev = m["device"] + (f" ({m['device_name']})" if m.get("device_name") else "")
-    return [label, mode, _ms(m["median_ms"]), _ms(m["median_ms"] / passes), spread, str(m["n"]), vs or "—", dev]
+    spread = f"{_ms(m.min_ms)}–{_ms(m.max_ms)} (sd {_ms(m.stdev_ms)})"
+    vs = f"{base.median_ms / m.median_ms:.3f}x" if base and base.median_ms and m is not base else ""
+    dev = m.device + (f" ({m.device_name})" if m.device_name else "")
+    return [label, mode, _ms(m.median_ms), _ms(m.per_pass_ms), spread, str(m.n), vs or "—", dev]
 
 
 LAT_HEADER = ["", "mode", "median ms / step", "ms / pass", "spread ms (min–max)", "N", "speedup", "measured on"]
 
 
-def latency_table(results: dict) -> tuple[list, dict]:
+def latency_table(results) -> tuple[list, dict[str, Measurement | None]]:
     """Baseline vs optimized, eager and graph. Prefers the validator's interleaved stack numbers;
     falls back to the baseline step job (then 'optimized' is not measured)."""
-    comb = results.get("combine", {})
-    sv = comb.get("stack_verdict")
-    base = results.get("baseline", {})
-    rows: list[list[str]] = []
-    data = {}
-    if sv and sv.get("base_eager"):
-        rows.append(_meas_row("baseline", "eager", sv.get("base_eager")))
-        rows.append(_meas_row("optimized", "eager", sv.get("cand_eager"), sv.get("base_eager")))
-        rows.append(_meas_row("baseline", "CUDA graph", sv.get("base_graph")))
-        rows.append(_meas_row("optimized", "CUDA graph", sv.get("cand_graph"), sv.get("base_graph")))
-        data = {k: sv.get(k) for k in ("base_eager", "cand_eager", "base_graph", "cand_graph")}
+    comb, base = results.combine, results.baseline
+    sv = comb.stack_verdict if comb else None
+    m = measurements(sv) if sv else {}
+    if m.get("base_eager"):
+        rows = [_meas_row("baseline", "eager", m["base_eager"]),
+                _meas_row("optimized", "eager", m["cand_eager"], m["base_eager"]),
+                _meas_row("baseline", "CUDA graph", m["base_graph"]),
+                _meas_row("optimized", "CUDA graph", m["cand_graph"], m["base_graph"])]
         note = "Base and optimized timed interleaved by the validator in one runner job."
-        if sv.get("graph_note"):
-            note += " CUDA graph: " + sv["graph_note"]
-    else:
-        rows.append(_meas_row("baseline", "eager", base.get("eager")))
-        rows.append(_meas_row("baseline", "CUDA graph", base.get("graph")))
-        why = comb.get("stack_note") or "no optimized stack was measured"
-        rows.append(["optimized", "eager / CUDA graph", "n/a", "n/a", "n/a", "n/a", "—", f"not measured: {why}"])
-        data = {"base_eager": base.get("eager"), "base_graph": base.get("graph")}
-        note = "Baseline: the runner's step job on the base worktree" + (f" ({base['graph_note']})." if base.get("graph_note") else ".")
-    return [Table(LAT_HEADER, rows), P(note)], data
+        graph_notes = "; ".join(f"{s.mode}: {s.note}" for s in sv.speed if s.note)
+        if "graph" not in {s.mode for s in sv.speed}:
+            graph_notes = "; ".join(filter(None, [graph_notes, "graph: not measured" + (
+                " (CUDA graphs need a CUDA device)" if sv.device == "cpu" else "")]))
+        if graph_notes:
+            note += " CUDA graph: " + graph_notes
+        return [Table(LAT_HEADER, rows), P(note)], m
+    rows = [_meas_row("baseline", "eager", base.eager if base else None),
+            _meas_row("baseline", "CUDA graph", base.graph if base else None)]
+    why = (comb.stack_note if comb else "") or "no optimized stack was measured"
+    rows.append(["optimized", "eager / CUDA graph", "n/a", "n/a", "n/a", "n/a", "—", f"not measured: {why}"])
+    note = "Baseline: the runner's step job on the base worktree" + (f" ({base.graph_note})." if base and base.graph_note
+                                                                     else ".")
+    return [Table(LAT_HEADER, rows), P(note)], {"base_eager": base.eager if base else None,
+                                                "base_graph": base.graph if base else None}
 
 
-def chart_png(results: dict, path: Path, title: str) -> Path | None:
+def chart_png(results, path: Path, title: str) -> Path | None:
     """Bar chart of per-step latency, baseline vs optimized, each bar labelled with its device."""
     _, data = latency_table(results)
     bars = [(k, v) for k, v in data.items() if v]
@@ -171,9 +173,9 @@ def chart_png(results: dict, path: Path, title: str) -> Path | None:
     names = {"base_eager": "baseline eager", "cand_eager": "optimized eager",
              "base_graph": "baseline graph", "cand_graph": "optimized graph"}
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
-    labels = [f"{names[k]}\n({v['device']})" for k, v in bars]
-    vals = [v["median_ms"] for _, v in bars]
-    err = [[v["median_ms"] - v["min_ms"] for _, v in bars], [v["max_ms"] - v["median_ms"] for _, v in bars]]
+    labels = [f"{names[k]}\n({v.device})" for k, v in bars]
+    vals = [v.median_ms for _, v in bars]
+    err = [[v.median_ms - v.min_ms for _, v in bars], [v.max_ms - v.median_ms for _, v in bars]]
     colors = ["#888" if k.startswith("base") else "#2a7" for k, _ in bars]
     ax.bar(labels, vals, yerr=err, color=colors, capsize=4)
     for i, v in enumerate(vals):
@@ -191,20 +193,27 @@ def chart_png(results: dict, path: Path, title: str) -> Path | None:
 # the body
 
 
-def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None = None) -> list:
-    """links: {"entries": [(name, url)], "lessons": [(name, url)], "knowledge_pr": url, "report": path}"""
-    co = results.get("checkout", {})
-    comb = results.get("combine", {})
-    val = results.get("validate", {})
-    gen = results.get("generate", {})
-    ana = results.get("analyze", {})
-    prof = results.get("profile", {})
-    base = results.get("baseline", {})
-    env = base.get("env") or prof.get("env") or {}
-    n_commits = len(comb.get("commits", []))
-    blocks: list = [H(2, f"optbot: {co.get('workload', '?')} on {co.get('engine', '?')} @ {co.get('base_sha', '')[:12]}")]
-    blocks.append(P(f"{n_commits} optimization(s) on branch `{comb.get('branch', '?')}` "
-                    f"(preset {co.get('preset')}, {co.get('dtype')}, shape {co.get('shape')}). "
+def _speedup(v: Verdict | None) -> str:
+    m = measurements(v) if v else {}
+    b, c = m.get("base_eager"), m.get("cand_eager")
+    return f"{b.median_ms / c.median_ms:.3f}x ({c.device})" if b and c and c.median_ms else "n/a"
+
+
+def _reason(v: Verdict) -> str:
+    return (v.reason or "accepted") + (f": {v.summary}" if v.summary else "")
+
+
+def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None, command: str = "",
+                 steps: list | None = None) -> list:
+    """The report of a run from its typed Results (bot/run/state.py). links: {"entries": [(name, url)],
+    "lessons": [(name, url)], "knowledge_pr": url}; steps: the run's StepRecords."""
+    co, comb, val, gen = results.checkout, results.combine, results.validate, results.generate
+    ana, prof, base = results.analyze, results.profile, results.baseline
+    env = (base.env if base else {}) or (prof.env if prof else {}) or {}
+    commits = comb.commits if comb else []
+    blocks: list = [H(2, f"optbot: {co.workload} on {co.engine} @ {co.base_sha[:12]}")]
+    blocks.append(P(f"{len(commits)} optimization(s) on branch `{comb.branch if comb else '?'}` "
+                    f"(preset {co.preset}, {co.dtype}, shape {co.shape}). "
                     f"Every number below names the device that measured it; CPU timings never stand in for GPU results."))
 
     blocks.append(H(3, "Per-step latency: baseline vs optimized"))
@@ -214,103 +223,100 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
         blocks.append(Img("latency chart", chart_src))
 
     blocks.append(H(3, "Optimizations"))
-    cands = {c["id"]: c for c in gen.get("candidates", [])}
-    verdicts = {v["candidate_id"]: v for v in val.get("verdicts", [])}
-    if comb.get("commits"):
+    cands = gen.by_id() if gen else {}
+    verdicts = val.verdicts if val else {}
+    if commits:
         rows = []
-        for c in comb["commits"]:
-            cand, v = cands.get(c["candidate_id"], {}), verdicts.get(c["candidate_id"], {})
-            sp = ""
-            if v.get("base_eager") and v.get("cand_eager"):
-                sp = f"{v['base_eager']['median_ms'] / v['cand_eager']['median_ms']:.3f}x ({v['cand_eager']['device']})"
-            rows.append([c["sha"][:12], c["subject"], cand.get("kind", ""), cand.get("generator", ""), sp or "n/a"])
+        for c in commits:
+            cand = cands.get(c.candidate_id)
+            rows.append([c.sha[:12], c.subject, cand.kind if cand else "", cand.generator if cand else "",
+                         _speedup(verdicts.get(c.candidate_id))])
         blocks.append(Table(["commit", "what", "kind", "generator", "alone: speedup (device)"], rows))
     else:
         blocks.append(P("No optimization was accepted in this run. " + _why_none(ana, gen, val)))
-    if comb.get("dropped"):
-        blocks.append(P("Dropped while stacking: " + "; ".join(comb["dropped"])))
-    if cands or gen.get("notes"):
-        vrows = [[cid, c.get("generator", ""), c.get("kind", ""), c.get("title", ""),
-                  verdicts.get(cid, {}).get("status", "not validated"), verdicts.get(cid, {}).get("reason", "")]
-                 for cid, c in cands.items()]
+    if comb and comb.dropped:
+        blocks.append(P("Dropped while stacking: " + "; ".join(comb.dropped)))
+    if cands or (gen and gen.notes):
+        vrows = [[cid, c.generator, c.kind, c.title, verdicts[cid].status if cid in verdicts else "not validated",
+                  _reason(verdicts[cid]) if cid in verdicts else ""] for cid, c in cands.items()]
         inner = [Table(["candidate", "generator", "kind", "what", "verdict", "reason"], vrows)] if vrows else []
-        inner += [P("Generators: " + "; ".join(gen.get("notes", [])))] if gen.get("notes") else []
+        inner += [P("Generators: " + "; ".join(gen.notes))] if gen and gen.notes else []
         blocks.append(Details(f"All candidates and verdicts ({len(cands)})", inner))
 
     blocks.append(H(3, "Contribution of each optimization (ablation)"))
-    if comb.get("ablation"):
+    ab = comb.ablation if comb else None
+    if ab and ab.rows:
         blocks.append(Table(["optimization", "step ms without it", "contribution ms", "contribution %", "measured on"],
-                            [[f"{a['candidate_id']}: {a['title']}", _ms(a["without_ms"]), _ms(a["contribution_ms"]),
-                              "n/a" if a["contribution_pct"] is None else f"{a['contribution_pct']:.1f}", a["device"]]
-                             for a in comb["ablation"]]))
-    blocks.append(P(comb.get("ablation_note") or "not run"))
+                            [[f"{comb.candidate_of(r.sha)}: {r.subject}", _ms(r.without_ms), _ms(r.contribution_ms),
+                              "n/a" if r.contribution_pct is None else f"{r.contribution_pct:.1f}", ab.device]
+                             for r in ab.rows]))
+    blocks.append(P((comb.ablation_note if comb else "") or "not run"))
 
     blocks.append(H(3, "Correctness"))
     corr_rows = []
-    for cid, v in [("stack", comb.get("stack_verdict") or {})] + list(verdicts.items()):
-        for c in v.get("correctness", []):
-            corr_rows.append([cid, str(c.get("output", "")), str(c.get("shape", "")), str(c.get("seed", "")),
-                              str(c.get("max_abs", "n/a")), str(c.get("max_rel", "n/a")),
-                              "ok" if c.get("ok") else "FAIL", str(c.get("device", v.get("device", "")))])
+    judged = ([("stack", comb.stack_verdict)] if comb and comb.stack_verdict else []) + list(verdicts.items())
+    for cid, v in judged:
+        for ch in (v.correctness.checks if v.correctness else []):
+            shape, _, seed = ch.label.partition(" seed ")
+            corr_rows.append([cid, ch.output, shape, seed, str(ch.max_abs if ch.max_abs is not None else "n/a"),
+                              str(ch.rel_l2 if ch.rel_l2 is not None else "n/a"), "ok" if ch.ok else "FAIL",
+                              (v.env or {}).get("device_kind") or v.device])
     if corr_rows:
         blocks.append(Table(["candidate", "output", "shape", "seed", "max abs err", "rel err (rel L2)", "within tolerance",
                              "device"], corr_rows))
     else:
-        blocks.append(P("No candidate was compared with the base (" + (val.get("reason") or "validation not run") + ")."))
-    if base.get("outputs"):
+        blocks.append(P("No candidate was compared with the base (" + ((val.reason if val else "") or
+                                                                       "validation not run") + ")."))
+    if base and base.outputs:
         rows = [[", ".join(f"{k} {t['shape']} {t['dtype']}" for k, t in o.get("tensors", {}).items()),
                  str(o.get("seed")), ", ".join(t["digest"] for t in o.get("tensors", {}).values())]
-                for o in base["outputs"]]
+                for o in base.outputs]
         blocks.append(Details("Baseline outputs (seeds, shapes, digests)",
                               [Table(["outputs", "seed", "digest"], rows)]))
 
-    micro = [(cid, m) for cid, v in verdicts.items() for m in v.get("micro", [])]
     blocks.append(H(3, "Microbenchmarks of new kernels"))
-    if micro:
-        by_kernel: dict[str, list] = {}
-        for cid, m in micro:
-            by_kernel.setdefault(m.get("kernel", cid), []).append(m)
+    by_kernel: dict[str, list] = {}
+    for cid, v in verdicts.items():
+        for k in (v.correctness.kernels if v.correctness else []):
+            micro = k.get("micro")
+            if isinstance(micro, str) or (isinstance(micro, dict) and isinstance(micro.get("reference"), dict)
+                                          and isinstance(micro.get("kernel"), dict)):
+                by_kernel.setdefault(k.get("name") or cid, []).append(micro)
+    if by_kernel:
         for k, ms in by_kernel.items():
             blocks.append(Details(f"{k} ({len(ms)} shapes)", [Table(
                 ["shape", "reference ms", "reference again (A/A) ms", "kernel ms", "speedup", "N", "measured on"],
-                [[str(m.get("shape", "")), _ms(m.get("base_ms")), _ms(m.get("aa_ms")), _ms(m.get("cand_ms")),
-                  f"{m['speedup']:.2f}x" if m.get("speedup") else "n/a", str(m.get("n", "")), str(m.get("device", ""))]
-                 for m in ms])]))
+                [_micro_row(m) for m in ms])]))
     else:
         blocks.append(P("No new kernel was microbenchmarked in this run."))
 
     blocks.append(H(3, "Where the time goes (baseline profile)"))
-    if prof.get("categories"):
-        total = prof.get("total_ms") or 0
-        blocks.append(P(f"Profiled on {prof.get('device')} ({env.get('device_name', '')}); unprofiled step median "
-                        f"{_ms(total)} ms."))
+    if prof and prof.categories:
+        blocks.append(P(f"Profiled on {prof.device} ({env.get('device_name', '')}); unprofiled step median "
+                        f"{_ms(prof.total_ms)} ms."))
         blocks.append(Details("Time per category and top kernels", [
             Table(["category", "ms (under the profiler)", "measured on"],
-                  [[k, _ms(v), prof.get("device", "")] for k, v in sorted(prof["categories"].items(), key=lambda x: -x[1])]),
+                  [[k, _ms(v), prof.device] for k, v in sorted(prof.categories.items(), key=lambda x: -x[1])]),
             Table(["kernel / op", "category", "module", "calls", "ms (under the profiler)", "measured on"],
-                  [[k.get("name", ""), k.get("category", ""), k.get("module", ""), str(k.get("calls", "")), _ms(k.get("ms")),
-                    prof.get("device", "")]
-                   for k in prof.get("top_kernels", [])])]))
-    if ana.get("opportunities"):
-        pdev = prof.get("device", "?")
+                  [[k.get("name", ""), k.get("category", ""), k.get("module", ""), str(k.get("calls", "")),
+                    _ms(k.get("ms")), prof.device] for k in prof.top_kernels])]))
+    if ana and ana.opportunities:
         rows = []
-        for o in ana["opportunities"]:
-            loc = o.get("location") if isinstance(o.get("location"), dict) else {}
-            where = loc.get("module_pattern") or o.get("module") or ""
-            src = f"{loc.get('engine_file', '')}:{loc.get('engine_line')}" if loc.get("engine_file") else ""
-            gain = o.get("gain_ms", o.get("estimated_gain_ms"))
-            rows.append([str(o.get("kind", "")), where, src, _ms(gain) if isinstance(gain, (int, float)) else "n/a",
-                         f"{o['gain_pct']:.1f}" if isinstance(o.get("gain_pct"), (int, float)) else "n/a",
-                         str(o.get("generator", "")), pdev])
-        blocks.append(Details(f"Opportunities found ({len(ana['opportunities'])})", [Table(
+        for o in ana.opportunities:
+            loc = o.location
+            src = f"{loc.engine_file}:{loc.engine_line}" if loc.engine_file else ""
+            rows.append([o.kind, loc.module_pattern, src, _ms(o.gain_ms), f"{o.gain_pct:.1f}", o.generator,
+                         prof.device if prof else "?"])
+        blocks.append(Details(f"Opportunities found ({len(ana.opportunities)})", [Table(
             ["kind", "module", "engine file:line", "estimated gain ms", "% of step", "generator",
              "estimated from a profile on"], rows)]))
 
     blocks.append(H(3, "Knowledge"))
     items = [f"[{n}]({u})" for n, u in links.get("entries", [])] + [f"[{n}]({u})" for n, u in links.get("lessons", [])]
     kpr = links.get("knowledge_pr")
+    learn = results.learn
     blocks.append(P(("Store entries and lessons: " + ", ".join(items) if items else "No store entry or lesson was written"
-                     + (f" ({results.get('learn', {}).get('reason')})" if results.get("learn", {}).get("reason") else ""))
+                     + (f" ({learn.reason})" if learn and learn.reason else ""))
                     + (f"\nKnowledge PR: {kpr}" if kpr else "")))
 
     blocks.append(Details("Environment", [Code("\n".join([
@@ -321,22 +327,33 @@ def build_blocks(results: dict, run_id: str, links: dict, chart_src: str | None 
         f"triton:      {env.get('triton')}",
         f"python:      {env.get('python')}",
         f"platform:    {env.get('platform')}",
-        f"engine:      {co.get('engine')} {co.get('repo_path')}",
-        f"engine sha:  {co.get('base_sha')}",
-        f"branch head: {comb.get('head_sha', '')}",
-        f"command:     {results.get('_command', '')}",
+        f"engine:      {co.engine} {co.repo_path}",
+        f"engine sha:  {co.base_sha}",
+        f"branch head: {comb.head_sha if comb else ''}",
+        f"command:     {command}",
         f"run id:      {run_id}",
     ]))]))
-    steps = results.get("_steps", [])
     if steps:
         blocks.append(Details("Steps of this run", [Table(["step", "status", "seconds", "summary"],
-                                                          [[s["name"], s["status"], f"{s['seconds']:.1f}", s["summary"]]
+                                                          [[s.name, s.status, f"{s.seconds:.1f}", s.summary]
                                                            for s in steps])]))
     return blocks
 
 
-def _why_none(ana: dict, gen: dict, val: dict) -> str:
+def _micro_row(m: dict | str) -> list[str]:
+    """One shape of a kernel's microbenchmark (runner/kinds/kernel_check.py): reference, its A/A
+    repeat and the kernel, each a timing of the one timing routine; or why none was taken."""
+    if isinstance(m, str):  # e.g. "needs a GPU": said where the device would be
+        return ["", "n/a", "n/a", "n/a", "n/a", "", m]
+    ref, ker = m["reference"], m["kernel"]
+    aa = m.get("reference_aa") if isinstance(m.get("reference_aa"), dict) else {}
+    sp = ref["median_ms"] / ker["median_ms"] if ker.get("median_ms") else None
+    return [str(m.get("shape", "")), _ms(ref.get("median_ms")), _ms(aa.get("median_ms")), _ms(ker.get("median_ms")),
+            f"{sp:.2f}x" if sp else "n/a", str(ker.get("n", "")), str(ker.get("device", "cuda"))]
+
+
+def _why_none(ana, gen, val) -> str:
     for step, d in (("analyze", ana), ("generate", gen), ("validate", val)):
-        if d.get("status") == "skipped":
-            return f"{step}: {d.get('reason')}."
-    return val.get("reason", "") + "."
+        if d is not None and d.status == "skipped":
+            return f"{step}: {d.reason}."
+    return (val.reason if val else "") + "."

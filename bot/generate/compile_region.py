@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.generate.agent.candidates import GeneratedCandidate, commit_candidate, make_trailers
+from bot.generate.agent.candidates import commit_candidate, make_trailers
+from bot.generate.candidate import Candidate
 from bot.errors import OptbotError
 
 INDEXED = re.compile(r"^(?P<container>[A-Za-z_][\w.]*?)\.(?P<idx>\d+)(?:\.|$)")
@@ -94,7 +95,7 @@ def patch_source(text: str, class_name: str, containers: list[str], file: str = 
 
 
 def generate(checkout, base_sha: str, profile: dict, model_class: str, import_root: str, run_id: str,
-             opportunity: dict | None = None, min_share: float = 0.10) -> GeneratedCandidate | None:
+             opportunity: dict | None = None, min_share: float = 0.10) -> Candidate | None:
     """A compile-region candidate in its own worktree, or None when no repeated region is hot enough."""
     from bot.engine import add_worktree
 
@@ -112,6 +113,6 @@ def generate(checkout, base_sha: str, profile: dict, model_class: str, import_ro
     body = "Regions chosen from the profile (share of the step's kernel time):\n" + "\n".join(
         f"- {r.container}: {r.ms:.3f} ms ({100 * r.share:.1f}%, {r.blocks} blocks seen)" for r in regions)
     sha = commit_candidate(wt, base_sha, title, body, trailers)
-    return GeneratedCandidate(id=f"compile-region-{sha[:8]}", opportunity_id=str(opp.get("id") or "none"), kind=kind,
+    return Candidate(id=f"compile-region-{sha[:8]}", opportunity_id=str(opp.get("id") or "none"), kind=kind,
                               generator="compile-region", worktree=str(wt), commit_sha=sha, base_sha=base_sha,
                               trailers=trailers, title=title)

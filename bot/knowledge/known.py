@@ -10,7 +10,7 @@ verdict instead of measuring again only when everything that determined it is un
   the machine       same hardware name (e.g. h200), torch and triton versions
 
 Anything else, or no record, means unknown: the candidate is validated as usual. The stack that a
-run delivers is always validated fresh, on new seeds (bot/optimize/stages.py combine).
+run delivers is always validated fresh, on new seeds (bot/steps/combine.py).
 
 The stack's leave-one-out ablation is an attribution (which entry gives how much), not the run's
 number. A run that measured one records it in every member entry's bench.json `gpu.ablation`

@@ -44,12 +44,6 @@ def entry_id_of(trailers: dict | None) -> str:
     return next(iter(trailer_values((trailers or {}).get("Optbot-Entry"))), "")
 
 
-def _entry_of_candidate(c) -> str:
-    """The store entry a candidate replays, from a generate-step record in either shape the stages
-    hold it: the step's JSON (dict) or a CandidateRecord."""
-    return entry_id_of(c.get("trailers") if isinstance(c, dict) else getattr(c, "trailers", None))
-
-
 def entry_verdict(key: RunKey, entry_id: str):
     """(KnownVerdict | None, why not): the entry's recorded GPU verdict when it applies to this run
     unchanged. Only on CUDA, and not with --revalidate."""
@@ -90,14 +84,14 @@ def stack_ablation(key: RunKey, commits: list, candidates: dict, stack_sha256: s
                    rounds: int) -> tuple[dict, dict[str, object]] | None:
     """(the recorded leave-one-out of this exact stack, entry id -> this run's stack commit) when an
     earlier run measured it (bot/knowledge/known.known_ablation); None when it must be measured.
-    `commits` are the stack's StackCommits, `candidates` the generate step's records by id (dicts or
-    CandidateRecords)."""
+    `commits` are the stack's StackCommits, `candidates` the run's Candidates by id."""
     if key.revalidate:
         return None
     from bot.knowledge.known import known_ablation
     members, entries = {}, []
     for sc in commits:
-        eid = _entry_of_candidate(candidates.get(sc.candidate_id))
+        c = candidates.get(sc.candidate_id)
+        eid = entry_id_of(c.trailers) if c else ""
         e = _entry(key, eid) if eid else None
         if e is None:
             return None  # a member that is no store entry (yet): nothing can be known about it
@@ -108,33 +102,33 @@ def stack_ablation(key: RunKey, commits: list, candidates: dict, stack_sha256: s
     return None if rec is None else (rec, members)
 
 
-def record_stack_ablation(key: RunKey, knowledge: Path, combine: dict, candidates: dict, entry_of: dict[str, Path],
+def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dict, entry_of: dict[str, Path],
                           run_id: str, command: str) -> list[str]:
-    """This run's measured leave-one-out (combine step result) into each member entry's bench.json in
-    the knowledge copy `knowledge` (bot/knowledge/records.record_ablation), when every member is a
-    store entry there (`entry_of`: candidate id -> an entry this run's learn step wrote). The files
-    written, relative to `knowledge`."""
+    """This run's measured leave-one-out (the combine step's Result; one known from an earlier run is
+    not recorded again) into each member entry's bench.json in the knowledge copy `knowledge`
+    (bot/knowledge/records.record_ablation), when every member is a store entry there (`entry_of`:
+    candidate id -> an entry this run's learn step wrote; `candidates`: the run's Candidates by id).
+    The files written, relative to `knowledge`."""
     from bot.knowledge.records import Ablation, AblationRow, record_ablation
 
-    measured = combine.get("ablation_measured") or {}
-    if not measured or not combine.get("ablation") or not combine.get("stack_sha256"):
+    ab = combine.ablation if combine else None
+    if ab is None or combine.ablation_known_from or not ab.rows or not combine.stack_sha256:
         return []
     dirs = {}
-    for sc in combine.get("commits", []):
-        cid = sc["candidate_id"]
-        eid = _entry_of_candidate(candidates.get(cid))
-        d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
+    for sc in combine.commits:
+        c = candidates.get(sc.candidate_id)
+        eid = entry_id_of(c.trailers) if c else ""
+        d = entry_of.get(sc.candidate_id) or (knowledge / "kernel_store" / eid if eid else None)
         if d is None or not (d / "entry.yaml").is_file():
             return []  # a member with no entry: the record could never be matched
-        dirs[cid] = d
-    rows = [AblationRow(dirs[r["candidate_id"]].name, r.get("without_ms"), r.get("contribution_ms"),
-                        r.get("contribution_pct")) for r in combine["ablation"] if r.get("candidate_id") in dirs]
+        dirs[sc.candidate_id] = d
+    rows = [AblationRow(dirs[cid].name, r.without_ms, r.contribution_ms, r.contribution_pct)
+            for r in ab.rows if (cid := combine.candidate_of(r.sha)) in dirs]
     written = []
     for d in dirs.values():  # one record per member: each file gets its own recorded_at
-        rec = Ablation(stack_sha256=combine["stack_sha256"], base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
+        rec = Ablation(stack_sha256=combine.stack_sha256, base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
                        hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"), run_id=run_id,
-                       command=command, mode=measured.get("mode"), rounds=measured.get("rounds"),
-                       device=measured.get("device"), base_ms=measured.get("base_ms"),
-                       stack_ms=measured.get("stack_ms"), noise_pct=measured.get("noise_pct"), rows=rows)
+                       command=command, mode=ab.mode, rounds=ab.rounds, device=ab.device, base_ms=ab.base_ms,
+                       stack_ms=ab.stack_ms, noise_pct=ab.noise_pct, rows=rows)
         written.append(str(record_ablation(d, key.workload, rec).relative_to(knowledge)))
     return written

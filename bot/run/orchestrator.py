@@ -7,8 +7,9 @@ commits; deliver finds pull requests and replies by head branch and marker befor
 """
 from __future__ import annotations
 
+import importlib
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
 try:  # rich draws the progress and the table; a bare GPU box without it gets plain lines
     from rich.console import Console
@@ -16,43 +17,32 @@ try:  # rich draws the progress and the table; a bare GPU box without it gets pl
 except ImportError:  # pragma: no cover - exercised only where rich is missing
     from bot.run.plain import Console, Table
 
+from bot.deliver.forge import make_forge
 from bot.errors import OptbotError
 from bot.jobs import LEDGER
-from bot.optimize.stages import Budget, Options, RunContext, Stages
-from bot.run.state import STEPS, InjectedAbort, Paused, RunState, maybe_abort, to_jsonable
 from bot.paths import new_run_dir
+from bot.run.context import Budget, Options, Paused, RunContext
+from bot.run.faults import InjectedAbort, maybe_abort
+from bot.run.state import STEPS, RunState, result_type
+
+# step name -> its function; tests of orchestration and delivery replace some with doubles
+StepFns = Mapping[str, Callable[[RunContext], Any]]
 
 
-def _summary(step: str, r: Any) -> str:
-    d = to_jsonable(r)
-    if step == "checkout":
-        return f"{d['engine']} @ {d['base_sha'][:12]}; {d['preset']} preset on {d['device']}, {d['dtype']}, {d['shape']}"
-    if step == "baseline":
-        e = d.get("eager")
-        return f"{e['median_ms']:.3f} ms/step eager (median of {e['n']}, {e['device']})" if e else "no timing"
-    if step == "profile":
-        cats = d.get("categories") or {}
-        top = max(cats, key=cats.get) if cats else "?"
-        return f"{d['total_ms']:.3f} ms/step ({d['device']}); most time in {top}"
-    if step == "combine":
-        return f"{d['branch']}: {len(d['commits'])} commit(s); {d['stack_note']}; {d['ablation_note']}"
-    if step == "deliver":
-        return f"{d['forge']} forge: engine PR {d['engine_pr']['action']}, knowledge PR {d['knowledge_pr']['action']}"
-    return str(d.get("reason", ""))
+def default_steps() -> dict[str, Callable[[RunContext], Any]]:
+    return {s: getattr(importlib.import_module(f"bot.steps.{s}"), "run") for s in STEPS}
 
 
-def _status(r: Any) -> str:
-    return "skipped" if getattr(r, "status", "done") == "skipped" else "done"
-
-
-def run_optimize(options: Options | None = None, resume: str | None = None, stages: Stages | None = None,
-                 console: Console | None = None, pause_after_s: float | None = None) -> RunState:
+def run_optimize(options: Options | None = None, resume: str | None = None, steps: StepFns | None = None,
+                 console: Console | None = None, pause_after_s: float | None = None,
+                 validate: Callable | None = None, ablate: Callable | None = None) -> RunState:
     """One attempt of a run (a new one, or `resume` = RUN_ID continued). With `pause_after_s` the
     attempt stops at the first safe point after that many seconds (state.paused; --resume goes on):
-    a runner with a job time limit splits a long run into attempts without losing work."""
+    a runner with a job time limit splits a long run into attempts without losing work.
+    `steps`, `validate` and `ablate` replace the real ones (tests of the orchestration only)."""
     started = time.time()
     console = console or Console(stderr=True)
-    stages = stages or Stages()
+    fns = {**default_steps(), **(steps or {})}
     if resume:
         state = RunState.load(resume)
         if state.finished:
@@ -62,7 +52,7 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
         state.attempts += 1
         state.paused = False
         state.save()
-        options = Options(**state.options)
+        options = state.options
         console.print(f"resuming run {state.run_id} at step {state.next_step()} (attempt {state.attempts})")
     else:
         if options is None:
@@ -70,30 +60,32 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
         from bot.workload import load_workload
         load_workload(options.workload)  # a bad name or file fails here, before a run directory exists
         run_dir = new_run_dir("optimize")
-        state = RunState(run_id=run_dir.name, workload=options.workload, options=to_jsonable(options),
+        state = RunState(run_id=run_dir.name, workload=options.workload, options=options,
                          created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         state.save()
     console.print(f"run {state.run_id}: directory {state.run_dir}")
     ctx = RunContext(run_id=state.run_id, run_dir=state.run_dir, options=options,
-                     budget=Budget(options.budget_wall_s, options.budget_cost_usd),
-                     results={s: state.result(s) for s in STEPS if state.is_done(s)},
+                     budget=Budget(options.budget_wall_s, options.budget_cost_usd), results=state.results(),
                      log=lambda m: console.print(m),
                      pause_at=None if pause_after_s is None else started + pause_after_s)
-    from bot.deliver.deliver import make_forge
-    ctx.forge = make_forge(ctx)
+    if validate is not None:
+        ctx.validate = validate
+    if ablate is not None:
+        ctx.ablate = ablate
+    ctx.forge = make_forge(options, state.run_id, state.run_dir, log=ctx.log)
     _react(ctx, "eyes", console)
     for i, step in enumerate(STEPS, 1):
         if state.is_done(step):
             continue
-        if step == "deliver":
-            ctx.results["_command"] = options.command
-            ctx.results["_steps"] = [to_jsonable(s) for s in state.steps.values()]
+        ctx.steps_done = list(state.steps.values())
         t0 = time.monotonic()
         gpu0 = LEDGER.snapshot().get("cuda", 0.0)
         try:
             ctx.check_pause(f"step {step}")
             with console.status(f"[{i}/{len(STEPS)}] {step} ...", spinner="dots"):
-                result = getattr(stages, step)(ctx)
+                result = fns[step](ctx)
+            if not isinstance(result, result_type(step)):
+                raise TypeError(f"step {step} returned {type(result).__name__}, not {result_type(step).__qualname__}")
         except InjectedAbort:
             raise
         except Paused as p:
@@ -112,11 +104,12 @@ def run_optimize(options: Options | None = None, resume: str | None = None, stag
                 raise OptbotError(f"step {step} failed: {e} (resume with: optbot optimize {state.workload} --resume {state.run_id})") from e
             raise
         secs = time.monotonic() - t0
-        summary = _summary(step, result)
+        summary = result.summary()
+        status = "skipped" if getattr(result, "status", "done") == "skipped" else "done"
         gpu_s = LEDGER.snapshot().get("cuda", 0.0) - gpu0
-        state.record(step, _status(result), result, secs, summary, gpu_s)
-        ctx.results[step] = to_jsonable(result)
-        console.print(f"[{i}/{len(STEPS)}] {step}: {_status(result)} in {secs:.1f} s"
+        state.record(step, status, result, secs, summary, gpu_s)
+        setattr(ctx.results, step, result)
+        console.print(f"[{i}/{len(STEPS)}] {step}: {status} in {secs:.1f} s"
                       + (f" ({gpu_s:.1f} GPU-s)" if gpu_s else "") + f" — {summary}")
         maybe_abort(step)
     state.finished = True
@@ -149,11 +142,11 @@ def print_summary(state: RunState, console: Console) -> None:
         console.print(f"GPU time: {gpu:.1f} s (wall seconds of the run's runner jobs on CUDA devices)")
     d = state.result("deliver")
     if d:
-        console.print(f"optimization branch: {d['engine_branch']} @ {d['engine_head'][:12]} "
-                      f"(engine repository {state.result('checkout').get('repo_path')})")
-        if d.get("knowledge_branch"):
-            console.print(f"knowledge branch: {d['knowledge_branch']}")
+        console.print(f"optimization branch: {d.engine_branch} @ {d.engine_head[:12]} "
+                      f"(engine repository {state.result('checkout').repo_path})")
+        if d.knowledge_branch:
+            console.print(f"knowledge branch: {d.knowledge_branch}")
         for what in ("engine_pr", "knowledge_pr", "trigger_reply"):
-            pr = d[what]
-            console.print(f"{what.replace('_', ' ')}: {pr['action']} {pr.get('url') or ''} {pr.get('note') or ''}")
-        console.print(f"report: {d['report_md']} · {d['report_html']}")
+            pr = getattr(d, what)
+            console.print(f"{what.replace('_', ' ')}: {pr.action} {pr.url or ''} {pr.note or ''}")
+        console.print(f"report: {d.report_md} · {d.report_html}")

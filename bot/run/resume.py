@@ -18,25 +18,25 @@ from pathlib import Path
 import git
 
 from bot.errors import OptbotError
+from bot.jsonable import from_json, write_json_atomic
+from bot.validate.verdict import Verdict
 
 BUNDLE = "candidates.bundle"
 
 
-def save_checkpoint(run_dir: Path, cid: str, sha: str, verdict: dict) -> None:
-    from bot.run.state import write_json_atomic
-
+def save_checkpoint(run_dir: Path, cid: str, sha: str, verdict: Verdict) -> None:
     f = run_dir / "validate" / cid / "verdict-record.json"
     f.parent.mkdir(parents=True, exist_ok=True)  # the validator may have stopped before making it
     write_json_atomic(f, {"sha": sha, "verdict": verdict})
 
 
-def load_checkpoint(run_dir: Path, cid: str, sha: str) -> dict | None:
-    """The verdict (as saved) for this candidate id AND commit; another commit under the id: None."""
+def load_checkpoint(run_dir: Path, cid: str, sha: str) -> Verdict | None:
+    """The Verdict saved for this candidate id AND commit; another commit under the id: None."""
     f = run_dir / "validate" / cid / "verdict-record.json"
     if not f.is_file():
         return None
     d = json.loads(f.read_text())
-    return d["verdict"] if d.get("sha") == sha else None
+    return from_json(Verdict, d["verdict"]) if d.get("sha") == sha else None
 
 
 def bundle_candidates(repo: git.Repo, run_dir: Path, run_id: str, shas: list[str]) -> str:
@@ -51,15 +51,15 @@ def bundle_candidates(repo: git.Repo, run_dir: Path, run_id: str, shas: list[str
     return f"candidate commits bundled in {f.name} (for a resume on another machine)"
 
 
-def fetch_candidates(checkout, run_dir: Path, run_id: str, results: dict) -> None:
+def fetch_candidates(checkout, run_dir: Path, run_id: str, results) -> None:
     """On resume: commits of the run's candidates (and stack) missing from this machine's engine
     repository come from the bundle, and the stack branch is set again. Without them the run stops
-    with a message naming the missing commits."""
+    with a message naming the missing commits. `results`: the run's Results (bot/run/state.py)."""
     repo = checkout.repo
-    shas = [c["sha"] for c in (results.get("generate") or {}).get("candidates", [])]
-    comb = results.get("combine") or {}
-    if comb.get("commits") and comb.get("head_sha"):
-        shas.append(comb["head_sha"])
+    shas = [c.commit_sha for c in results.generate.candidates] if results.generate else []
+    comb = results.combine
+    if comb and comb.commits:
+        shas.append(comb.head_sha)
 
     def missing() -> list[str]:
         out = []
@@ -79,8 +79,8 @@ def fetch_candidates(checkout, run_dir: Path, run_id: str, results: dict) -> Non
     if gone:
         raise OptbotError(f"resume of {run_id}: candidate commits {', '.join(s[:12] for s in gone)} are not in "
                           f"{checkout.repo_path}" + ("" if f.is_file() else f" and {f} does not exist"))
-    if comb.get("commits") and comb.get("branch"):
-        repo.git.update_ref(f"refs/heads/{comb['branch']}", comb["head_sha"])
+    if comb and comb.commits:
+        repo.git.update_ref(f"refs/heads/{comb.branch}", comb.head_sha)
 
 
 def staging_copy(root: Path, staging: Path) -> Path:

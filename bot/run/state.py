@@ -1,47 +1,51 @@
-"""Run state of `optbot optimize`: which steps are done, and where each step's typed result lies.
+"""Run state of `optbot optimize`: which steps are done, and each step's typed result.
 
 The run directory (.optbot/runs/<run-id>/) holds:
   state.json         this file's RunState: options, step records (status, seconds, summary)
-  <step>.json        each step's typed result (a dataclass of bot/optimize/stages.py, as JSON)
+  <step>.json        each step's Result (bot/steps/<step>.py), read back as that dataclass
   jobs/, logs        runner jobs' JSON, results and logs
   report.md/.html    the rendered report (deliver)
 
 A step is recorded as done only after its result file is written (atomically), so a run killed at
 any instant resumes at the first step without a record, and a step's side effects (branches,
-pull requests) are made idempotent by the step itself (bot/deliver/).
+pull requests) are made idempotent by the step itself (bot/steps/deliver.py, bot/deliver/).
 """
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from bot.errors import OptbotError
+from bot.jsonable import from_json, write_json_atomic
 from bot.paths import runs_dir
+from bot.run.context import Options
+from bot.steps import analyze, baseline, checkout, combine, deliver, generate, learn, profile, validate
 
 STEPS = ("checkout", "baseline", "profile", "analyze", "generate", "validate", "combine", "learn", "deliver")
 
 
-def to_jsonable(obj: Any) -> Any:
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {k: to_jsonable(v) for k, v in asdict(obj).items()}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+@dataclass
+class Results:
+    """The typed results of a run's steps; a step not done yet is None."""
+    checkout: checkout.Result | None = None
+    baseline: baseline.Result | None = None
+    profile: profile.Result | None = None
+    analyze: analyze.Result | None = None
+    generate: generate.Result | None = None
+    validate: validate.Result | None = None
+    combine: combine.Result | None = None
+    learn: learn.Result | None = None
+    deliver: deliver.Result | None = None
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_jsonable(data), indent=2, default=str))
-    os.replace(tmp, path)
+_MODULES = {"checkout": checkout, "baseline": baseline, "profile": profile, "analyze": analyze, "generate": generate,
+            "validate": validate, "combine": combine, "learn": learn, "deliver": deliver}
+
+
+def result_type(step: str) -> type:
+    return _MODULES[step].Result
 
 
 @dataclass
@@ -59,7 +63,7 @@ class StepRecord:
 class RunState:
     run_id: str
     workload: str
-    options: dict[str, Any]
+    options: Options
     created_at: str
     steps: dict[str, StepRecord] = field(default_factory=dict)
     finished: bool = False
@@ -85,10 +89,8 @@ class RunState:
             hint = f"; known optimize runs: {', '.join(known[-5:])}" if known else ""
             raise OptbotError(f"--resume {run_id}: no run state at {path}{hint}")
         try:
-            data = json.loads(path.read_text())
-            steps = {k: StepRecord(**v) for k, v in data.pop("steps", {}).items()}
-            return cls(steps=steps, **data)
-        except (json.JSONDecodeError, TypeError) as e:
+            return from_json(cls, json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise OptbotError(f"{path}: not a run state written by this optbot ({e})") from None
 
     # ---------------------------------------------------------------- steps
@@ -97,12 +99,9 @@ class RunState:
         return rec is not None and rec.status in ("done", "skipped")
 
     def next_step(self) -> str | None:
-        for s in STEPS:
-            if not self.is_done(s):
-                return s
-        return None
+        return next((s for s in STEPS if not self.is_done(s)), None)
 
-    def record(self, step: str, status: str, result: Any, seconds: float, summary: str, gpu_s: float = 0.0) -> None:
+    def record(self, step: str, status: str, result, seconds: float, summary: str, gpu_s: float = 0.0) -> None:
         result_file = self.run_dir / f"{step}.json"
         write_json_atomic(result_file, result)  # the result first: a record always has its file
         before = self.partial.pop(step, {})
@@ -130,36 +129,16 @@ class RunState:
         done = sum(r.gpu_s for r in self.steps.values())  # a finished step's record includes its paused time
         return round(done + sum(p.get("gpu_s", 0.0) for p in self.partial.values()), 2)
 
-    def result(self, step: str) -> dict:
+    def result(self, step: str):
+        """The step's Result (its dataclass, read back from <step>.json), or None when not done."""
         rec = self.steps.get(step)
-        if rec is None or not rec.result_file:
-            return {}
-        return json.loads(Path(rec.result_file).read_text())
+        if rec is None or not rec.result_file or not self.is_done(step):
+            return None
+        path = Path(rec.result_file)
+        try:
+            return from_json(result_type(step), json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            raise OptbotError(f"{path}: not a {step} result written by this optbot ({e})") from None
 
-
-class Paused(BaseException):
-    """Raised at a safe point once the attempt's --pause-after time has passed: before a step, before
-    a candidate's validation, before the stack's validation or its ablation. Everything reached so
-    far is kept (step records, verdict checkpoints), so `--resume` continues without redoing it.
-    A BaseException, so that no step's error handling takes it for a failure."""
-
-    def __init__(self, before: str):
-        super().__init__(before)
-        self.before = before
-
-
-class InjectedAbort(BaseException):
-    """Raised at an abort point named by $OPTBOT_ABORT_AFTER (tests of resume). A BaseException, so
-    that nothing on the way up treats it as a step failure: to the run it looks like a kill."""
-
-
-def maybe_abort(point: str) -> None:
-    """Fault injection for resume tests: $OPTBOT_ABORT_AFTER=STEP (or deliver:knowledge-pr,
-    deliver:engine-pr) stops the run right after that point; with $OPTBOT_ABORT_MODE=kill the
-    process SIGKILLs itself (as the OOM killer or a runner reboot would), else InjectedAbort is raised."""
-    if os.environ.get("OPTBOT_ABORT_AFTER") != point:
-        return
-    if os.environ.get("OPTBOT_ABORT_MODE") == "kill":
-        import signal
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise InjectedAbort(point)
+    def results(self) -> Results:
+        return Results(**{s: self.result(s) for s in STEPS})

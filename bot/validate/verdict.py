@@ -95,6 +95,10 @@ class Verdict:
     env: dict[str, Any] = field(default_factory=dict)
     run_dir: str = ""
     seconds: float = 0.0
+    # set when this verdict was not measured now but taken from the store's record of the same patch,
+    # base, workload, preset, dtype, hardware, torch and triton (bot/steps/validate.py): says which
+    # record, so no reader takes it for a fresh measurement and learn does not record it again
+    reused_from: str = ""
 
     def __post_init__(self):
         if self.status not in STATUSES:

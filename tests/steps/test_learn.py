@@ -1,20 +1,32 @@
-"""The optimize run's learn step, through the real stage: what the learners write is what the
-knowledge commit holds, and what the next run recalls (bot/knowledge/recall.py)."""
+"""The learn step (bot/steps/learn.py), run for real: what the learners write is what the knowledge
+commit holds, and what the next run recalls (bot/knowledge/recall.py)."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
 import git
 
+from bot.generate.candidate import Candidate
 from bot.knowledge import recall
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
-from bot.optimize.stages import (Budget, CandidateRecord, GenerateResult, Options, RunContext, Stages, ValidateResult,
-                                 VerdictRecord)
+from bot.run.context import Budget, Options, RunContext
+from bot.run.state import Results
+from bot.steps import baseline, generate, learn, validate
 from tests.knowledge.verdicts import ENV, gpu_verdict
+
+
+def _baseline() -> baseline.Result:
+    return baseline.Result("done", None, None, "", env=dict(ENV))  # what recorded results are matched on
+
+
+def _ctx(tmp_path, root, target, results: Results) -> RunContext:
+    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(), results,
+                     log=lambda m: None)
+    ctx._target = target
+    return ctx
 
 
 def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
@@ -43,19 +55,17 @@ def test_the_learn_step_commits_what_an_adopted_variant_wrote(tmp_path):
     (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return swiglu(x)\n")
     eng.git.add("-A")
     eng.git.commit("-m", "variant\n\nOptbot-Entry: flux2-swiglu\nOptbot-Config: block_n=2048")
-    cand = CandidateRecord("variant-flux2-swiglu", "Fused SwiGLU (tuned)", eng.head.commit.hexsha, "", "variant-search",
-                           "fuse-elementwise-chain", "o", "", {"Optbot-Entry": "flux2-swiglu", "Optbot-Config": "block_n=2048"})
+    cand = Candidate("variant-flux2-swiglu", "o", "fuse-elementwise-chain", "variant-search", "", eng.head.commit.hexsha,
+                     base, "flux2-swiglu", title="Fused SwiGLU (tuned)",
+                     trailers={"Optbot-Entry": "flux2-swiglu", "Optbot-Config": "block_n=2048"})
     verdict = gpu_verdict(base_ms=(550.0,), candidate_ms=(524.0,), speedup=1.05, base_sha=base,
-                          candidate_sha=cand.sha).to_json()
+                          candidate_sha=cand.commit_sha)
     target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
                              checkout=SimpleNamespace(repo=eng, base_sha=base, repo_path=tmp_path / "engine"),
                              preset="full", dtype="bfloat16", device="cuda")
-    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
-                     {"baseline": {"env": ENV}, "generate": {"candidates": [asdict(cand)]},
-                      "validate": asdict(ValidateResult("done", "1 of 1 accepted", [VerdictRecord(
-                          cand.id, "accepted", "accepted", "cuda", raw={"verdict": verdict})]))},
-                     target=target)
-    res = Stages().learn(ctx)
+    res = learn.run(_ctx(tmp_path, root, target, Results(
+        baseline=_baseline(), generate=generate.Result("done", "1 candidate", [cand]),
+        validate=validate.Result("done", "1 of 1 accepted", {cand.id: verdict}))))
     staged = Path(res.knowledge_root) / "kernel_store" / "flux2-swiglu"
     assert {"kernel_store/flux2-swiglu/patch.diff", f"kernel_store/flux2-swiglu/{kernel.name}",
             "kernel_store/flux2-swiglu/bench.json"} <= set(res.files), res.files
@@ -77,12 +87,11 @@ def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
     target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
                              checkout=SimpleNamespace(repo=None, base_sha="b" * 40, repo_path=tmp_path),
                              preset="full", dtype="bfloat16", device="cuda")
-    search = {"entry_id": "flux2-swiglu", "config": "block_n=1024,num_warps=4", "status": "kept",
-              "reason": "the entry's own config is within 3% of the fastest"}
-    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(),
-                     {"baseline": {"env": ENV}, "generate": asdict(GenerateResult("done", "0 candidates", searches=[search])),
-                      "validate": asdict(ValidateResult("skipped", "no candidates to validate"))}, target=target)
-    res = Stages().learn(ctx)
+    search = generate.Search("flux2-swiglu", "block_n=1024,num_warps=4", "kept",
+                             "the entry's own config is within 3% of the fastest")
+    res = learn.run(_ctx(tmp_path, root, target, Results(
+        baseline=_baseline(), generate=generate.Result("done", "0 candidates", searches=[search]),
+        validate=validate.Result("skipped", "no candidates to validate"))))
     assert res.status == "done" and res.files == ["kernel_store/flux2-swiglu/bench.json"], (res.reason, res.files)
     staged = Path(res.knowledge_root) / "kernel_store"
     key = recall.RunKey(staged, "flux2", "h200", "b" * 40, "full", "bfloat16", True, False, ENV)

@@ -1,16 +1,17 @@
-"""The optimize run's validate step on a candidate the store already knows: the recorded verdict is
-its verdict, with the recorded numbers and where they came from (bot/optimize/stages.reused_verdict)."""
+"""The validate step on a candidate the store already knows (bot/steps/validate.reused_verdict): the
+recorded verdict is its verdict, with the recorded numbers and where they came from."""
 from __future__ import annotations
 
-import dataclasses
 import shutil
+from types import SimpleNamespace
 
-import pytest
-
+from bot.generate.candidate import Candidate
 from bot.knowledge.known import known_verdict
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
-from bot.optimize.stages import reused_verdict
+from bot.run.context import Budget, Options, RunContext
+from bot.run.state import Results
+from bot.steps.validate import reused_verdict
 from tests.knowledge.verdicts import ENV, record_verdict
 
 
@@ -18,9 +19,15 @@ def test_reused_verdict_carries_the_recorded_numbers(tmp_path):
     shutil.copytree(SHIPPED_STORE / "flux2-swiglu", tmp_path / "store" / "flux2-swiglu")
     entry = get_entry("flux2-swiglu", tmp_path / "store")
     record_verdict(entry)
-    k, why = known_verdict(entry, "flux2", "h200", "b" * 40, "full", "bfloat16", ENV)
-    assert k is not None, why
-    v = reused_verdict("replay-flux2-swiglu", dataclasses.asdict(k))
-    assert v.status == "accepted" and v.reason.startswith("reused:") and v.raw["reused"] is True
-    assert v.base_eager.median_ms == pytest.approx(551.05) and v.cand_eager.median_ms == pytest.approx(531.65)
-    assert v.base_eager.device_name == "NVIDIA H200" and v.speedup == pytest.approx(551.05 / 531.65)
+    known, why = known_verdict(entry, "flux2", "h200", "b" * 40, "full", "bfloat16", ENV)
+    assert known is not None, why
+    ctx = RunContext("r", tmp_path, Options("flux2"), Budget(), Results(), log=lambda m: None)
+    ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16", preset="full", workload=SimpleNamespace(name="flux2"),
+                                  checkout=SimpleNamespace(base_sha="b" * 40))
+    c = Candidate("replay-flux2-swiglu", "o1", "fuse-elementwise-chain", "replay", "", "c" * 40,
+                  trailers={"Optbot-Entry": "flux2-swiglu"})
+    v = reused_verdict(ctx, c, known)
+    assert v.status == "accepted" and v.summary.startswith("reused:") and "flux2-swiglu" in v.reused_from
+    eager = v.speed[0]
+    assert (eager.mode, eager.base_ms, eager.candidate_ms, eager.speedup) == ("eager", [551.9, 550.2], [530.6, 532.7], 1.036)
+    assert v.env["device_name"] == "NVIDIA H200" and v.correctness.seeds == [5, 9, 11]

@@ -1,21 +1,24 @@
 """Delivery through the real PyGithub client against the GitHub stand-in on 127.0.0.1.
 
 Each scenario must end with exactly one engine PR and one knowledge PR. These tests replace the
-measuring stages with FakeStages (conftest.py): what is under test is resume and delivery; the
+measuring steps with the doubles of tests/fakes.py: what is under test is resume and delivery; the
 git operations (worktrees, cherry-picks, pushes to bare repositories) and the HTTP calls are real.
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import git
 import pytest
 
 from bot.errors import OptbotError
+from bot.run.context import Options
+from bot.run.faults import InjectedAbort
 from bot.run.orchestrator import run_optimize
-from bot.optimize.stages import Options, Stages, VerdictRecord
-from bot.run.state import InjectedAbort, RunState
-from tests.optimize.conftest import FakeStages, fake_measure
+from bot.run.state import RunState
+from bot.steps import validate
+from tests.fakes import fake_steps, fake_verdict, stack_validator
 
 
 def _opts(env) -> Options:
@@ -23,6 +26,10 @@ def _opts(env) -> Options:
                    repo="team/engine", knowledge_repo="team/optbot",
                    knowledge_path=str(env["knowledge"].working_tree_dir),
                    trigger_pr=env["trigger_pr"], trigger_comment=env["trigger_comment"], command="optbot optimize flux2")
+
+
+def _fakes(env) -> dict:
+    return {"steps": fake_steps(Path(env["knowledge"].working_tree_dir)), "validate": stack_validator}
 
 
 def _branch(env) -> str:
@@ -39,13 +46,13 @@ def _assert_one_each(standin, env):
 
 def test_two_runs_in_a_row_one_pr_each(standin, forge_env):
     env = forge_env
-    s1 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    s1 = run_optimize(_opts(env), **_fakes(env))
     d1 = s1.result("deliver")
-    assert d1["forge"] == "github"
-    assert d1["engine_pr"]["action"] == "opened" and d1["knowledge_pr"]["action"] == "opened"
-    s2 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    assert d1.forge == "github"
+    assert d1.engine_pr.action == "opened" and d1.knowledge_pr.action == "opened"
+    s2 = run_optimize(_opts(env), **_fakes(env))
     d2 = s2.result("deliver")
-    assert d2["engine_pr"]["action"] == "updated" and d2["knowledge_pr"]["action"] == "updated"
+    assert d2.engine_pr.action == "updated" and d2.knowledge_pr.action == "updated"
     pr, kpr = _assert_one_each(standin, env)
     assert pr["state"] == "open" and pr["base"]["ref"] == "main"
     # the pushed branch holds one commit per accepted candidate, with numbers and trailers
@@ -73,7 +80,7 @@ def test_killed_and_resumed_one_pr_each(standin, forge_env, monkeypatch, point):
     env = forge_env
     monkeypatch.setenv("OPTBOT_ABORT_AFTER", point)
     with pytest.raises(InjectedAbort):
-        run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+        run_optimize(_opts(env), **_fakes(env))
     monkeypatch.delenv("OPTBOT_ABORT_AFTER")
     runs = sorted(p.name for p in (env["tmp"] / "runs").iterdir())
     assert len(runs) == 1
@@ -84,7 +91,7 @@ def test_killed_and_resumed_one_pr_each(standin, forge_env, monkeypatch, point):
         assert len(standin.pulls("team/engine")) == 2  # the trigger PR + the engine PR
     # a rate limit on the way: retried, not fatal
     standin.fail_next("POST" if point == "validate" else "GET", r"/pulls$", "primary")
-    st2 = run_optimize(resume=runs[0], stages=FakeStages(env["knowledge"].working_tree_dir))
+    st2 = run_optimize(resume=runs[0], **_fakes(env))
     assert st2.finished and st2.attempts == 2
     pr, _ = _assert_one_each(standin, env)
     assert pr["state"] == "open"
@@ -95,13 +102,13 @@ def test_killed_and_resumed_one_pr_each(standin, forge_env, monkeypatch, point):
 
 def test_pr_closed_by_a_person_is_not_reopened(standin, forge_env):
     env = forge_env
-    run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    run_optimize(_opts(env), **_fakes(env))
     pr, _ = _assert_one_each(standin, env)
     standin.close_pr("team/engine", pr["number"])
-    s2 = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    s2 = run_optimize(_opts(env), **_fakes(env))
     d = s2.result("deliver")
-    assert d["engine_pr"]["action"] == "closed-by-person"
-    assert "does not reopen" in d["engine_pr"]["note"]
+    assert d.engine_pr.action == "closed-by-person"
+    assert "does not reopen" in d.engine_pr.note
     pr2, _ = _assert_one_each(standin, env)
     assert pr2["state"] == "closed"
     reply = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"][-1]
@@ -111,7 +118,7 @@ def test_pr_closed_by_a_person_is_not_reopened(standin, forge_env):
 def test_secondary_rate_limit_retry_after(standin, forge_env):
     env = forge_env
     standin.fail_next("GET", r"^/repos/team/engine$", "secondary")
-    s = run_optimize(_opts(env), stages=FakeStages(env["knowledge"].working_tree_dir))
+    s = run_optimize(_opts(env), **_fakes(env))
     assert s.finished
     _assert_one_each(standin, env)
     assert sum(1 for m, p in standin.requests if p == "/repos/team/engine") >= 2
@@ -120,12 +127,13 @@ def test_secondary_rate_limit_retry_after(standin, forge_env):
 def test_failure_reacts_confused_and_records(standin, forge_env):
     env = forge_env
 
-    class Broken(FakeStages):
-        def generate(self, ctx):
-            raise OptbotError("generator exploded")
+    def broken(ctx):
+        raise OptbotError("generator exploded")
 
+    fakes = _fakes(env)
+    fakes["steps"]["generate"] = broken
     with pytest.raises(OptbotError, match="step generate failed: generator exploded .*optimize flux2 --resume"):
-        run_optimize(_opts(env), stages=Broken(env["knowledge"].working_tree_dir))
+        run_optimize(_opts(env), **fakes)
     contents = sorted(r["content"] for r in standin.reactions[env["trigger_comment"]])
     assert contents == ["confused", "eyes"]
     run = next((env["tmp"] / "runs").iterdir()).name
@@ -138,42 +146,51 @@ def test_token_without_repo_is_a_clear_error(forge_env):
     o = _opts(env)
     o.repo = None
     with pytest.raises(OptbotError, match="--repo OWNER/NAME"):
-        run_optimize(o, stages=FakeStages(env["knowledge"].working_tree_dir))
+        run_optimize(o, **_fakes(env))
 
 
-class _PausingStages(FakeStages):
+class _Pausing:
     """The real validate step (lanes, checkpoints, pause points) over a validator double whose
     first call uses up the attempt's time: the pause must come at the next safe point."""
 
-    def __init__(self, knowledge, pause_in_first_call: bool):
-        super().__init__(knowledge)
+    def __init__(self, env, pause_in_first_call: bool):
         self.calls: list[str] = []
         self.pause_in_first_call = pause_in_first_call
+        self.steps = fake_steps(Path(env["knowledge"].working_tree_dir))
+        self.ctx = None
 
-    validate = Stages.validate
-
-    def verdict_of(self, ctx, ref, cid, device):
+    def validator(self, t, ref, base, opts):
         import time
+        cid = opts.run_dir.name
         self.calls.append(cid)
         if self.pause_in_first_call and len(self.calls) == 1:
             time.sleep(0.3)
-            ctx.pause_at = time.time()  # the attempt's time is spent while this validation runs
-        return VerdictRecord(cid, "accepted", "test double", "cpu", fake_measure(10.0), fake_measure(9.0))
+            self.ctx.pause_at = time.time()  # the attempt's time is spent while this validation runs
+        return fake_verdict(t, ref, cid, 10.0, 9.0)
+
+    def kw(self) -> dict:
+        def validate_keeping_ctx(ctx):  # the real step; the double needs the context to spend its time
+            self.ctx = ctx
+            return validate.run(ctx)
+
+        return {"steps": {**self.steps, "validate": validate_keeping_ctx}, "validate": self.validator}
 
 
 def test_paused_mid_validate_then_resumed_keeps_what_was_reached(standin, forge_env):
     env = forge_env
-    s1 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=True)
-    st = run_optimize(_opts(env), stages=s1, pause_after_s=3600)
+    s1 = _Pausing(env, pause_in_first_call=True)
+    st = run_optimize(_opts(env), pause_after_s=3600, **s1.kw())
     assert st.paused and not st.finished and s1.calls == ["c1"]  # c1 finished in flight; c2 never started
     assert st.next_step() == "validate" and st.partial["validate"]["seconds"] >= 0.3
     assert (st.run_dir / "validate" / "c1" / "verdict-record.json").is_file()
-    s2 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=False)
-    st2 = run_optimize(resume=st.run_id, stages=s2)
+    s2 = _Pausing(env, pause_in_first_call=False)
+    st2 = run_optimize(resume=st.run_id, **s2.kw())
     assert st2.finished and not st2.paused and st2.attempts == 2
     assert s2.calls == ["c2", "stack"]  # c1's verdict came from its checkpoint
     assert st2.steps["validate"].seconds >= 0.3 and st2.partial == {}  # the paused attempt's time counts
-    assert [v["status"] for v in st2.result("validate")["verdicts"]] == ["accepted", "accepted"]
+    verdicts = st2.result("validate").verdicts
+    assert [(cid, type(v).__name__, v.status) for cid, v in verdicts.items()] == [("c1", "Verdict", "accepted"),
+                                                                                  ("c2", "Verdict", "accepted")]
     _assert_one_each(standin, env)
 
 
@@ -181,11 +198,11 @@ def test_paused_before_a_step_and_the_stack_checkpoint(standin, forge_env):
     """A pause is checked before each step; the stack's verdict is checkpointed like a candidate's,
     so a resume after combine's validation does not validate the stack again."""
     env = forge_env
-    s1 = _PausingStages(env["knowledge"].working_tree_dir, pause_in_first_call=False)
-    st = run_optimize(_opts(env), stages=s1, pause_after_s=0)
+    s1 = _Pausing(env, pause_in_first_call=False)
+    st = run_optimize(_opts(env), pause_after_s=0, **s1.kw())
     assert st.paused and st.steps == {} and s1.calls == []
-    st2 = run_optimize(resume=st.run_id, stages=s1)
+    st2 = run_optimize(resume=st.run_id, **s1.kw())
     assert st2.finished and s1.calls == ["c1", "c2", "stack"]
-    head = st2.result("combine")["head_sha"]
+    head = st2.result("combine").head_sha
     assert json.loads((st2.run_dir / "validate" / "stack" / "verdict-record.json").read_text())["sha"] == head
-    assert len(st2.result("combine")["stack_sha256"]) == 64
+    assert len(st2.result("combine").stack_sha256) == 64

@@ -1,8 +1,9 @@
-"""The main job end to end with the real stages, on CPU, tiny preset, no tokens: a real
-`python -m bot optimize flux2` subprocess is SIGKILLed right after the validate step (fault
-injection: $OPTBOT_ABORT_AFTER=validate, $OPTBOT_ABORT_MODE=kill), then resumed with --resume.
-It must end with the local optimization branch in the engine repository, and a report (markdown
-and HTML) whose every latency row names the device that measured it."""
+"""`optbot optimize` as a user runs it: its options (--budget, --pause-after) and the main job end to
+end with the real steps, on CPU, tiny preset, no tokens: a real `python -m bot optimize flux2`
+subprocess is SIGKILLed right after the validate step (fault injection: $OPTBOT_ABORT_AFTER=validate,
+$OPTBOT_ABORT_MODE=kill), then resumed with --resume. It must end with the local optimization branch
+in the engine repository, and a report (markdown and HTML) whose every latency row names the device
+that measured it."""
 from __future__ import annotations
 
 import json
@@ -14,10 +15,45 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import git
 import pytest
 
+from bot.commands.optimize import parse_budget
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("values, wall, cost", [
+    (("30m",), 1800, None), (("1h30m", "$5"), 5400, 5.0), (("90s,2.5usd",), 90, 2.5), ((), None, None)])
+def test_parse_budget(values, wall, cost):
+    assert parse_budget(values) == (wall, cost)
+
+
+@pytest.mark.parametrize("bad", ["30x", "five dollars", "$"])
+def test_parse_budget_rejects(bad):
+    with pytest.raises(click.BadParameter, match="--budget|expected"):
+        parse_budget((bad,))
+
+
+def test_pause_after_exits_75_with_a_resumable_run(tmp_path):
+    """`--pause-after` stops the attempt at a safe point: exit status 75 (not done, not failed), the
+    JSON says paused, and the printed line names the --resume command; a bad duration names the option."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPTBOT_RUNS_DIR": str(tmp_path / "runs")}
+    p = subprocess.run([sys.executable, "-m", "bot", "optimize", "flux2", "--pause-after", "0s", "--json",
+                        str(tmp_path / "run.json")], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 75, p.stderr
+    d = json.loads((tmp_path / "run.json").read_text())
+    assert d["paused"] is True and d["finished"] is False
+    assert f"--resume {d['run_id']}" in " ".join(p.stderr.split())
+    bad = subprocess.run([sys.executable, "-m", "bot", "optimize", "flux2", "--pause-after", "5x"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "--pause-after" in bad.stderr and "'5x'" in bad.stderr
 
 
 def _env(tmp_path: Path) -> dict:
@@ -123,6 +159,6 @@ def test_resume_on_another_machine_fetches_the_candidates(tmp_path, diffusers_en
     repo = git.Repo(home / "engines" / "diffusers-0.42.1")
     assert repo.head.commit.hexsha == diffusers_engine.base_sha  # deterministic engine repository
     for c in cands:
-        repo.commit(c["sha"])  # fetched from the bundle
+        repo.commit(c["commit_sha"])  # fetched from the bundle
     if out["combine"]["commits"]:
         assert repo.commit(out["combine"]["branch"]).hexsha == out["combine"]["head_sha"]

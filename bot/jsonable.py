@@ -1,0 +1,78 @@
+"""Dataclasses to JSON and back, by their type hints: the one codec of the run directory.
+
+Every step result (bot/steps/), the Verdict and the Candidate are written with ``to_json`` and read
+back with ``from_json(Type, data)``, so a resumed run holds the same typed objects as the run that
+wrote them, never dicts. Supported field types: dataclasses, ``X | None``, ``list[X]``,
+``tuple[X, ...]``, ``dict[str, X]``, ``Path`` and JSON scalars. A key the dataclass does not have
+is an error (the file was written by another optbot), not something to drop silently.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+
+def to_json(obj: Any) -> Any:
+    """Plain JSON data of a dataclass (or of lists, tuples, dicts and Paths of them)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_json(tp: Any, data: Any) -> Any:
+    """``data`` (as ``to_json`` wrote it) as an instance of type ``tp``."""
+    if data is None or tp is Any:
+        return data
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return from_json(args[0], data) if len(args) == 1 else data
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise TypeError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(tp) if f.init}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise TypeError(f"{tp.__name__}: unknown keys {unknown}")
+        hints = _hints(tp)
+        return tp(**{k: from_json(hints[k], v) for k, v in data.items()})
+    if origin is list:
+        (arg,) = typing.get_args(tp) or (Any,)
+        return [from_json(arg, v) for v in data]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return tuple(from_json(args[0] if args else Any, v) for v in data)
+    if origin is dict:
+        _, val = typing.get_args(tp) or (str, Any)
+        return {k: from_json(val, v) for k, v in data.items()}
+    if tp is Path:
+        return Path(data)
+    if tp is float and isinstance(data, int):
+        return float(data)
+    return data
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``to_json(data)`` into `path` through a temporary file, so a reader never sees half a file."""
+    import json
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_json(data), indent=2, default=str))
+    os.replace(tmp, path)

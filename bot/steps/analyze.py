@@ -1,0 +1,47 @@
+"""Step 4, analyze: the op graph of one base step (runner `graph` job) and the profile -> ranked
+Opportunities (bot/analyze/, docs/analyze.md). `optbot analyze` runs the same code through
+``analyze_base``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.analyze.graph import Graph
+from bot.analyze.opportunity import Opportunity
+from bot.analyze.run import analyze
+from bot.jsonable import from_json, write_json_atomic
+from bot.run.context import RunContext
+from bot.steps.jobs import run_ok
+from bot.target import Target
+
+
+@dataclass
+class Result:
+    status: str  # done | skipped
+    reason: str
+    opportunities: list[Opportunity] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return self.reason
+
+
+def analyze_base(t: Target, worktree: Path | str, out_dir: Path, profile: dict, profile_source: str,
+                 meta: dict, only: list[str] | None = None, timeout_s: float = 3600) -> dict:
+    """Capture the op graph of one step of `worktree` and run the detectors over it and `profile`:
+    the analysis (bot/analyze/run.py), with the graph job's environment and capture time in `meta`."""
+    g = run_ok(t, "graph", Path(worktree), out_dir, timeout_s, iters=0, warmup=0, save_outputs=False)
+    meta = {**meta, "capture_s": g.get("capture_s"), "graph_file": g["graph"]}
+    result = analyze(Graph.load(g["graph"]), profile, meta, profile_source, only)
+    result["env"] = {"profile": profile.get("env"), "graph": g.get("env")}
+    return result
+
+
+def run(ctx: RunContext) -> Result:
+    co, prof = ctx.results.checkout, ctx.results.profile
+    analysis = analyze_base(ctx.target, co.base_worktree, ctx.jobs_dir() / "graph", prof.load(), prof.profile_file,
+                            {"workload": co.workload, "preset": co.preset, "engine": co.engine})
+    write_json_atomic(ctx.run_dir / "analysis.full.json", analysis)
+    opps = [from_json(Opportunity, o) for o in analysis.get("opportunities", [])]
+    claimed = analysis.get("claimed_ms")
+    return Result("done", f"{len(opps)} opportunities"
+                  + (f", {claimed:.3f} ms claimed ({analysis['profile'].get('device')})" if claimed else ""), opps)

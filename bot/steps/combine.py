@@ -1,0 +1,237 @@
+"""Step 7, combine: the accepted candidates cherry-picked onto the base, one commit each, on the
+branch ``optbot/<workload>/<base-sha12>``; the stack validated again as a whole, then ablated
+(leave-one-out), unless an earlier run measured the leave-one-out of exactly this stack.
+
+The branch is stable across runs (a later run updates the same branch and pull request). Each commit
+keeps the candidate's author and dates, so the same candidates and numbers always give the same
+shas (a resumed run rebuilds the identical branch). Its message says what it changes, why, and the
+numbers that justify it, followed by git trailers (DESIGN decision 5).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import git
+
+from bot.engine import add_worktree, remove_worktree
+from bot.generate.candidate import Candidate
+from bot.knowledge import recall
+from bot.run.context import RunContext
+from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
+from bot.steps.baseline import Measurement, measurements
+from bot.steps.validate import verdict_of
+from bot.validate.ablate import Ablation, AblationRow
+from bot.validate.verdict import Verdict
+
+
+@dataclass
+class StackCommit:
+    candidate_id: str
+    sha: str
+    subject: str
+
+
+@dataclass
+class Result:
+    status: str
+    branch: str
+    base_sha: str
+    head_sha: str
+    commits: list[StackCommit] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    stack_verdict: Verdict | None = None
+    stack_note: str = ""
+    ablation: Ablation | None = None  # the leave-one-out: measured in this run, or known (ablation_known_from)
+    ablation_note: str = ""
+    stack_sha256: str = ""  # sha256 of `git diff base head`: what the stack changes, whatever its commits
+    ablation_known_from: str = ""  # run id whose recorded leave-one-out of the same stack was reused
+
+    def summary(self) -> str:
+        return f"{self.branch}: {len(self.commits)} commit(s); {self.stack_note}; {self.ablation_note}"
+
+    def candidate_of(self, sha: str) -> str:
+        return next((c.candidate_id for c in self.commits if c.sha == sha), sha[:12])
+
+
+def branch_name(workload: str, base_sha: str) -> str:
+    return f"optbot/{workload}/{base_sha[:12]}"
+
+
+def run(ctx: RunContext) -> Result:
+    t = ctx.target
+    cands = ctx.results.generate.by_id() if ctx.results.generate else {}
+    verdicts = ctx.results.validate.verdicts if ctx.results.validate else {}
+    accepted = [cands[cid] for cid, v in verdicts.items() if v.accepted and cid in cands]
+    accepted, superseded = _prefer_tuned(accepted)
+    branch = branch_name(t.workload.name, t.checkout.base_sha)
+    commits, dropped, head = build_stack(ctx, branch, accepted, verdicts)
+    res = Result("done", branch, t.checkout.base_sha, head, commits, superseded + dropped)
+    if not commits:
+        res.stack_note = "no accepted optimization: the branch equals the base"
+        res.ablation_note = "nothing to ablate"
+        return res
+    # the stack joins the bundle: a resume on another machine finds the branch
+    bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
+    res.stack_verdict = load_checkpoint(ctx.run_dir, "stack", head)  # a resumed run: validated before the stop
+    if res.stack_verdict is None:
+        ctx.check_pause("validating the stack")
+        res.stack_verdict = verdict_of(ctx, head, "stack", t.device)
+        save_checkpoint(ctx.run_dir, "stack", head, res.stack_verdict)
+    sv = res.stack_verdict
+    res.stack_note = f"stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})"
+    res.stack_sha256 = stack_diff_sha256(t.checkout.repo, res.base_sha, head)
+    res.ablation, res.ablation_note, res.ablation_known_from = _ablate(ctx, res, cands)
+    return res
+
+
+def stack_diff_sha256(repo: git.Repo, base: str, head: str) -> str:
+    """The stack's identity for what is known about it: the bytes of its full diff against the base, so
+    the same changes reached through other commits (a tuned variant adopted by its entry) match."""
+    return hashlib.sha256(repo.git.diff(base, head, "--no-color", "--no-ext-diff", "--full-index").encode()).hexdigest()
+
+
+def _prefer_tuned(accepted: list[Candidate]) -> tuple[list[Candidate], list[str]]:
+    """A variant-search commit is its entry's patch with a tuned config: it and the plain replay add
+    the same kernel file, so they cannot both land. When both are accepted the tuned one stays (its
+    config won the microbenchmark) and the replay is dropped with that reason, instead of failing
+    to cherry-pick later."""
+    tuned = {c.trailers.get("Optbot-Entry"): c.id for c in accepted if c.generator == "variant-search"}
+    keep, dropped = [], []
+    for c in accepted:
+        other = tuned.get(c.trailers.get("Optbot-Entry")) if c.generator == "replay" else None
+        if other:
+            dropped.append(f"{c.id}: superseded by {other} (the same entry with its tuned config)")
+        else:
+            keep.append(c)
+    return keep, dropped
+
+
+def _f(x, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _ablate(ctx: RunContext, res: Result, cands: dict[str, Candidate]) -> tuple[Ablation | None, str, str]:
+    """(the stack's leave-one-out, a note on it, the run it is known from)."""
+    t = ctx.target
+    if not ctx.on_cuda:
+        # An ablation is a speed attribution. On CPU the Triton kernels run in the interpreter,
+        # whose time says nothing about the kernels (DESIGN decision 7: speed needs a GPU).
+        return None, ("ablation needs a GPU: on cpu the Triton kernels run in the interpreter, whose timings say "
+                      "nothing about them (DESIGN decision 7)"), ""
+    if ctx.options.ablation_rounds <= 0:
+        return None, "ablation not run (--ablation-rounds 0)", ""
+    if len(res.commits) < 2:
+        return None, "one commit: its contribution is the stack's verdict (nothing to leave out)", ""
+    known = recall.stack_ablation(ctx.run_key(), res.commits, cands, res.stack_sha256, ctx.options.ablation_rounds)
+    if known is not None:
+        rec, members = known
+        ab = Ablation(workload=t.workload.name, preset=t.preset, device=rec.get("device") or t.device,
+                      mode=rec.get("mode", "eager"), base_sha=res.base_sha, candidate_sha=res.head_sha,
+                      base_ms=rec.get("base_ms"), stack_ms=rec.get("stack_ms"), noise_pct=rec.get("noise_pct"),
+                      rounds=int(rec.get("rounds") or 0),
+                      rows=[AblationRow(members[r["entry"]].sha, members[r["entry"]].subject, r.get("without_ms"),
+                                        r.get("contribution_ms"), r.get("contribution_pct")) for r in rec["rows"]])
+        return ab, (f"leave-one-out known from run {rec.get('run_id')} ({ab.mode}, {ab.rounds} rounds on {ab.device}; "
+                    f"base {_f(ab.base_ms)} ms, stack {_f(ab.stack_ms)} ms): the same stack (diff sha256 "
+                    f"{res.stack_sha256[:12]}), base, preset, dtype, hardware, torch and triton, so not measured "
+                    f"again (--revalidate measures it)"), rec.get("run_id", "")
+    ctx.check_pause("ablating the stack")
+    ab = ctx.ablate(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
+                    rounds=ctx.options.ablation_rounds)
+    note = (f"leave-one-out, {ab.mode}, {ab.rounds} rounds on {ab.device}; base {_f(ab.base_ms)} ms, stack "
+            f"{_f(ab.stack_ms)} ms, round-to-round noise {_f(ab.noise_pct, 1)}%")
+    notes = [f"{r.sha[:12]}: {r.note}" for r in ab.rows if r.note]
+    return ab, note + ("; " + "; ".join(notes) if notes else ""), ""
+
+
+# ------------------------------------------------------------------------------------------------
+# the branch
+
+
+def _fmt_ms(m: Measurement | None) -> str:
+    if m is None:
+        return "n/a"
+    return f"{m.median_ms:.3f} ms (min {m.min_ms:.3f}, max {m.max_ms:.3f}, N={m.n}, {m.mode}, measured on {m.device}"\
+           f"{': ' + m.device_name if m.device_name else ''})"
+
+
+def commit_message(cand: Candidate, verdict: Verdict, run_id: str) -> str:
+    subject = cand.title.strip().splitlines()[0][:72] if cand.title else f"optbot: {cand.kind or 'optimization'}"
+    body = [subject, ""]
+    desc = (cand.description or "").strip()
+    # the candidate's own message may repeat its subject and trailers: keep only the prose
+    desc_lines = [ln for ln in desc.splitlines() if not re.match(r"^[A-Za-z-]+: ", ln) or not ln.startswith("Optbot-")]
+    if desc_lines and desc_lines[0].strip() == subject:
+        desc_lines = desc_lines[1:]
+    what = "\n".join(desc_lines).strip()
+    body += ["What: " + (what or subject), ""]
+    why = f"Why: opportunity {cand.opportunity_id or '(none named)'}"
+    if cand.kind:
+        why += f" of kind {cand.kind}"
+    if cand.estimated_gain_ms is not None:
+        why += f", estimated gain {cand.estimated_gain_ms:.3f} ms from the profile"
+    body += [why + ".", ""]
+    m = measurements(verdict)
+    body.append(f"Numbers (validator verdict: {verdict.status}: {verdict.reason or 'accepted'}: {verdict.summary}):")
+    body.append(f"  base      eager {_fmt_ms(m['base_eager'])}")
+    body.append(f"  candidate eager {_fmt_ms(m['cand_eager'])}")
+    if m["base_graph"] or m["cand_graph"]:
+        body.append(f"  base      graph {_fmt_ms(m['base_graph'])}")
+        body.append(f"  candidate graph {_fmt_ms(m['cand_graph'])}")
+    if m["base_eager"] and m["cand_eager"] and m["cand_eager"].median_ms:
+        body.append(f"  speedup (eager median) {m['base_eager'].median_ms / m['cand_eager'].median_ms:.3f}x")
+    for c in (verdict.correctness.checks if verdict.correctness else [])[:6]:
+        shape, _, seed = c.label.partition(" seed ")
+        body.append(f"  correctness {c.output} {shape} seed {seed or '?'}: max abs {c.max_abs if c.max_abs is not None else 'n/a'}, "
+                    f"rel err {c.rel_l2 if c.rel_l2 is not None else 'n/a'}")
+    body.append("")
+    trailers = dict(cand.trailers)
+    trailers.setdefault("Optbot-Opportunity", cand.opportunity_id or "none")
+    trailers.setdefault("Optbot-Kind", cand.kind or "unknown")
+    trailers["Optbot-Run"] = run_id
+    trailers["Optbot-Candidate"] = cand.id
+    trailers["Optbot-Verdict"] = verdict.status
+    body += [f"{k}: {v}" for k, v in trailers.items()]
+    return "\n".join(body) + "\n"
+
+
+def build_stack(ctx: RunContext, branch: str, accepted: list[Candidate],
+                verdicts: dict[str, Verdict]) -> tuple[list[StackCommit], list[str], str]:
+    """Cherry-pick the accepted candidates, in order, onto the base in a worktree of their own;
+    point ``branch`` at the result. Returns (commits, dropped, head_sha)."""
+    checkout = ctx.target.checkout
+    base = checkout.base_sha
+    wt_path = add_worktree(checkout, f"stack-{base[:12]}-{ctx.run_id[-6:]}")
+    wt = git.Repo(wt_path)
+    wt.git.checkout("--detach", "--force", base)
+    commits, dropped = [], []
+    for cand in accepted:
+        src = checkout.repo.commit(cand.commit_sha)
+        env = {"GIT_AUTHOR_NAME": src.author.name, "GIT_AUTHOR_EMAIL": src.author.email,
+               "GIT_AUTHOR_DATE": src.authored_datetime.isoformat(),
+               "GIT_COMMITTER_NAME": "optbot", "GIT_COMMITTER_EMAIL": "optbot@localhost",
+               "GIT_COMMITTER_DATE": src.committed_datetime.isoformat()}
+        try:
+            wt.git.cherry_pick("--no-commit", cand.commit_sha, env=env)
+        except git.GitCommandError as e:
+            wt.git.reset("--hard", "HEAD")
+            try:
+                wt.git.cherry_pick("--quit")
+            except git.GitCommandError:
+                pass
+            dropped.append(f"{cand.id}: does not apply on top of the earlier commits ({e.stderr.strip()[:200]})")
+            continue
+        if not wt.is_dirty(index=True, working_tree=False):
+            dropped.append(f"{cand.id}: empty on top of the earlier commits")
+            continue
+        msg = commit_message(cand, verdicts[cand.id], ctx.run_id)
+        msg_file = ctx.jobs_dir() / f"commit-{cand.id}.txt"
+        msg_file.write_text(msg)
+        wt.git.commit("-q", "--no-gpg-sign", "--no-verify", "--cleanup=verbatim", "-F", str(msg_file), env=env)
+        commits.append(StackCommit(cand.id, wt.head.commit.hexsha, msg.splitlines()[0]))
+    head = wt.head.commit.hexsha
+    checkout.repo.git.branch("-f", branch, head)
+    remove_worktree(checkout, wt_path)  # the branch holds the result; validators make their own worktrees
+    return commits, dropped, head

@@ -1,0 +1,216 @@
+"""Step 5, generate: candidates from the opportunities, one engine commit each in its own worktree.
+
+The generators (bot/generate/), in order: store replay (every matching kernel_store entry), variant
+search (a replayed entry's config space, on a GPU), compile region (the hot repeated blocks under
+torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY). What the knowledge holds
+for this run (bot/knowledge/recall.py) decides what is not generated again: a known-rejected entry
+is skipped, a searched config space is not searched again, a learned compile region is replayed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from bot.analyze.opportunity import Opportunity
+from bot.generate.candidate import Candidate
+from bot.knowledge import recall
+from bot.knowledge.known import KnownVerdict
+from bot.run.context import RunContext
+from bot.run.resume import bundle_candidates
+from bot.trailers import parse_trailers
+
+
+@dataclass
+class Search:
+    """A finished variant search that kept the entry's own config (no candidate): learn records it
+    so the space is not searched again on this hardware."""
+    entry_id: str
+    config: dict
+    status: str
+    reason: str
+
+
+@dataclass
+class Result:
+    status: str
+    reason: str
+    candidates: list[Candidate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    agent_cost_usd: float = 0.0
+    searches: list[Search] = field(default_factory=list)
+    # candidate id -> the store's recorded GPU verdict that applies unchanged (validate reuses it)
+    known: dict[str, KnownVerdict] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return self.reason
+
+    def by_id(self) -> dict[str, Candidate]:
+        return {c.id: c for c in self.candidates}
+
+
+def _complete(ctx: RunContext, c: Candidate, n: int, opps: list[Opportunity]) -> Candidate:
+    """A generator's candidate with what the run keeps of its commit: the message, its trailers, and
+    the estimated gain of the opportunity it names."""
+    commit = ctx.target.checkout.repo.commit(c.commit_sha)
+    trailers = parse_trailers(commit.message)
+    opp_id = c.opportunity_id or trailers.get("Optbot-Opportunity", "")
+    gain = next((o.gain_ms for o in opps if o.id == opp_id), None)
+    return dataclasses.replace(c, id=c.id or f"c{n + 1}", title=c.title or commit.summary, description=commit.message,
+                               trailers=trailers, kind=c.kind or trailers.get("Optbot-Kind", ""), opportunity_id=opp_id,
+                               estimated_gain_ms=gain)
+
+
+def run(ctx: RunContext) -> Result:
+    ana = ctx.results.analyze
+    opps = ana.opportunities if ana else []
+    if not opps:
+        return Result("skipped", f"nothing to generate from: {ana.reason if ana else 'no opportunities'}")
+    t, gens, res = ctx.target, set(ctx.options.generators), Result("done", "")
+    replayed = _replay(ctx, opps, res) if "replay" in gens else []
+    if "replay" not in gens:
+        res.notes.append("store replay: not selected (--generators)")
+    if "variants" in gens:
+        res.notes += _variants(ctx, replayed, opps, res)
+    else:
+        res.notes.append("variant search: not selected (--generators)")
+    res.notes.append(_compile_region(ctx, replayed, opps, res) if "compile-region" in gens
+                     else "compile region: not selected (--generators)")
+    res.notes.append(_agent(ctx, opps, res) if "agent" in gens else "agent: not selected (--generators)")
+    if ctx.budget.exhausted():
+        res.notes.append("wall-time budget spent during generation")
+    if res.candidates:
+        res.notes.append(bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id,
+                                           [c.commit_sha for c in res.candidates]))
+    res.reason = f"{len(res.candidates)} candidates"
+    return res
+
+
+def _add(ctx: RunContext, res: Result, c: Candidate, opps: list[Opportunity]) -> Candidate:
+    c = _complete(ctx, c, len(res.candidates), opps)
+    res.candidates.append(c)
+    return c
+
+
+def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
+    """Every matching kernel_store entry -> a commit in its own worktree; the replays kept."""
+    from bot.generate.replay import replay
+
+    t, hardware, replayed = ctx.target, ctx.hardware(), []
+    for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware, t.workload.name,
+                    store_root=ctx.knowledge().kernel_store):
+        if r.candidate is None:
+            res.notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
+            continue
+        known, why = recall.entry_verdict(ctx.run_key(), r.entry_id)
+        if known is not None and known.status != "accepted":
+            # the same patch, base, workload and machine were measured: measuring again would spend
+            # GPU time on a known answer (--revalidate to do it anyway)
+            res.notes.append(f"store replay {r.entry_id}: skipped, known on {hardware}: {known.line()}")
+            continue
+        c = _add(ctx, res, r.candidate, opps)
+        if known is not None:
+            res.known[c.id] = known
+        replayed.append(r)
+        res.notes.append(f"store replay {r.entry_id}: {r.reason}"
+                         + (f"; known on {hardware}: {known.line()}" if known else (f"; {why}" if why else "")))
+    return replayed
+
+
+def _variants(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Result) -> list[str]:
+    """Variant search for each replayed entry that declares a config_space: its configs checked and
+    timed on the run's GPUs, the fastest committed as the entry's patch with that config, a
+    candidate of its own beside the plain replay. All configs, times and the device are kept in
+    <run dir>/variants/<entry>/variants.json. On CPU nothing is timed, so nothing runs."""
+    from bot.generate.variants import search_entry
+    from bot.knowledge.store import get_entry
+
+    tunable = [(r, get_entry(r.entry_id, ctx.knowledge().kernel_store)) for r in replayed]
+    tunable = [(r, e) for r, e in tunable if e.config_space]
+    if not tunable:
+        return ["variant search: no replayed entry declares a config_space"]
+    t = ctx.target
+    if not ctx.on_cuda:
+        return ["variant search: needs a GPU to choose a config (config spaces of "
+                + ", ".join(e.id for _, e in tunable) + " not searched)"]
+    notes = []
+    for r, e in tunable:
+        if ctx.budget.exhausted():
+            notes.append(f"variant search {e.id}: not run, the wall-time budget is spent")
+            continue
+        done = recall.searched(ctx.run_key(), e)
+        if done:
+            notes.append(f"variant search {e.id}: not run, {done}")
+            continue
+        try:
+            sr = search_entry(e.path, device=t.device, run_dir=ctx.run_dir / "variants" / e.id,
+                              gpus=max(1, ctx.options.gpus), dtype=t.dtype, checkout=t.checkout,
+                              opportunity_id=r.opportunity_id)
+        except Exception as err:  # noqa: BLE001 - a broken config space, test module or worker is this
+            # entry's problem only: the plain replay stays a candidate, the run goes on
+            notes.append(f"variant search {e.id}: failed: {type(err).__name__}: {err}"[:400])
+            continue
+        ctx.log(sr.table())
+        if sr.candidate is not None:
+            _add(ctx, res, sr.candidate, opps)
+        elif sr.kept and not sr.failures:
+            res.searches.append(Search(e.id, sr.kept, "kept", sr.commit_note))
+        failed = f"; {len(sr.failures)} workers failed" if sr.failures else ""
+        notes.append(f"variant search {e.id}: {len(sr.rows)} configs on {sr.device_name or sr.device}{failed}; "
+                     f"{sr.commit_note}")
+    return notes
+
+
+def _compile_region(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Result) -> str:
+    """The hot repeated blocks under torch.compile, chosen from the profile."""
+    from bot.generate.compile_region import generate
+
+    learned = recall.learned_from(ctx.run_key(), [r.entry_id for r in replayed], "compile-region")
+    if learned:
+        return f"compile region: learned by an earlier run as store entry {learned}, replayed above"
+    if not ctx.on_cuda:
+        return ("compile region: not run on CPU (inductor compiles in every validation process, and its speed "
+                "needs a GPU)")
+    t = ctx.target
+    opp = next((o for o in opps if o.generator == "compile-region"), None)
+    c = generate(t.checkout, t.checkout.base_sha, ctx.results.profile.load(), t.model_class, t.checkout.import_root,
+                 ctx.run_id, opportunity=opp.to_json() if opp else None)
+    if c is None:
+        return "compile region: no repeated region holds enough of the step's time"
+    _add(ctx, res, c, opps)
+    return f"compile region: {c.title}"
+
+
+def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
+    """The Anthropic agent on the best-ranked opportunity no other candidate covers. Off without
+    ANTHROPIC_API_KEY; the USD budget (--budget $N) caps its spend."""
+    if not os.environ.get("ANTHROPIC_API_KEY"):
+        return "agent: off (no ANTHROPIC_API_KEY)"
+    from bot.generate.agent.config import AgentConfig
+    from bot.generate.agent.loop import AgentTask, opportunity_dict
+    from bot.generate.agent.parallel import generate
+    from bot.generate.agent.validation import ValidationContext
+
+    t = ctx.target
+    covered = {c.opportunity_id for c in res.candidates}
+    todo = [o for o in opps if o.id not in covered and o.generator in ("agent", "")] or \
+           [o for o in opps if o.id not in covered]
+    if not todo:
+        return "agent: every opportunity already has a candidate"
+    opp = opportunity_dict(todo[0].to_json())
+    work = ctx.run_dir / "agent"
+    knowledge = ctx.knowledge()
+    task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
+                     vctx=ValidationContext.from_target(t, ctx.results.checkout.base_worktree, work / "validation"),
+                     opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
+                     profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store)
+    cfg = AgentConfig.from_env()
+    if ctx.options.budget_cost_usd is not None:
+        cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
+    g = generate(task, cfg, log=ctx.log)
+    res.agent_cost_usd += g.spend.cost_usd
+    note = f"agent on {opp.get('kind')} {opp.get('id')}: {len(g.results)} agents, spend {g.spend.to_json()}"
+    if g.best is not None and g.best.candidate is not None:
+        c = _add(ctx, res, g.best.candidate, opps)
+        return note + f"; best {g.best.name} -> candidate {c.commit_sha[:12]}"
+    return note + "; no candidate"

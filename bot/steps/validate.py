@@ -1,0 +1,127 @@
+"""Step 6, validate: every candidate through THE validator (bot/validate/), in parallel over the
+run's GPUs, each side in its own runner process. Run state keeps each Verdict itself.
+
+A candidate whose entry has a recorded GPU verdict that applies unchanged (generate's `known`) gets
+that verdict back, labelled where it came from (Verdict.reused_from); a resumed run takes the
+verdicts it reached before the stop from their checkpoints (bot/run/resume.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from bot.generate.candidate import Candidate
+from bot.knowledge.known import KnownVerdict
+from bot.lanes import map_on_lanes
+from bot.run.context import RunContext
+from bot.run.resume import load_checkpoint, save_checkpoint
+from bot.trailers import parse_trailer_lists
+from bot.validate.verdict import Correctness, OutputCheck, Speed, Verdict
+
+
+@dataclass
+class Result:
+    status: str
+    reason: str
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate id -> its verdict
+
+    def summary(self) -> str:
+        return self.reason
+
+
+def run(ctx: RunContext) -> Result:
+    gen = ctx.results.generate
+    cands = gen.candidates if gen else []
+    if not cands:
+        return Result("skipped", "no candidates to validate")
+    t = ctx.target
+    gpus = max(1, ctx.options.gpus)
+    devices = [f"cuda:{i}" for i in range(gpus)] if ctx.on_cuda and gpus > 1 else [t.device]
+
+    def one(c: Candidate, device: str) -> Verdict:
+        known = gen.known.get(c.id)
+        if known is not None and known.status == "accepted":
+            return reused_verdict(ctx, c, known)
+        done = load_checkpoint(ctx.run_dir, c.id, c.commit_sha)
+        if done is not None:  # a resumed run: this candidate's verdict was reached before the stop
+            return done
+        if ctx.budget.exhausted():
+            return dataclasses.replace(_blank(ctx, c), summary="wall-time budget spent before this candidate was "
+                                                               "validated")
+        ctx.check_pause(f"validating {c.id}")  # the lanes' validations in flight finish and are kept
+        v = verdict_of(ctx, c.commit_sha, c.id, device)
+        save_checkpoint(ctx.run_dir, c.id, c.commit_sha, v)
+        return v
+
+    verdicts = dict(zip((c.id for c in cands), map_on_lanes(one, cands, devices)))
+    n_ok = sum(v.accepted for v in verdicts.values())
+    return Result("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+
+
+def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
+    """THE validator on `ref` against the run's base, on `device`."""
+    from bot.validate import Options
+
+    t = ctx.target
+    if device != t.device:
+        t = dataclasses.replace(t, device=device)
+    kw = {}
+    if not device.startswith("cuda"):
+        # DESIGN decision 7: on CPU a candidate gets a correctness (and engagement) verdict only,
+        # "speed needs a GPU". Without timing, the base side's outputs can be shared by every
+        # candidate of the run: one set of fresh seeds per run, one base process. The candidate's
+        # timeout is explicit: the adaptive one (5x the cached base job) is too short for a stack
+        # whose Triton kernels all run in the interpreter.
+        seeds, weight_seed = run_seeds(ctx)
+        kw = dict(speed=False, seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache",
+                  timeout_s=900)
+    # an Optbot-Entry's kernel tests come from the run's knowledge (bot/knowledge/location.py)
+    opts = Options(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, kernel_store=ctx.knowledge().kernel_store,
+                   **kw)
+    return ctx.validate(t, ref, t.checkout.base_sha, opts)
+
+
+def run_seeds(ctx: RunContext) -> tuple[list[int], int]:
+    """Fresh random seeds, drawn once per run and kept in the run directory (a resumed run reuses
+    them, so its cached base outputs stay valid)."""
+    from bot.validate import fresh_seeds
+
+    f = ctx.run_dir / "validate" / "seeds.json"
+    if f.is_file():
+        d = json.loads(f.read_text())
+        return d["seeds"], d["weight_seed"]
+    seeds, w = fresh_seeds(3), fresh_seeds(1)[0]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"seeds": seeds, "weight_seed": w}))
+    return seeds, w
+
+
+def _blank(ctx: RunContext, c: Candidate) -> Verdict:
+    t = ctx.target
+    return Verdict(status="held", reason=None, summary="", workload=t.workload.name, preset=t.preset, device=t.device,
+                   dtype=t.dtype, base_sha=t.checkout.base_sha, candidate_sha=c.commit_sha, candidate=c.id,
+                   trailers=parse_trailer_lists(c.description))
+
+
+def reused_verdict(ctx: RunContext, c: Candidate, known: KnownVerdict) -> Verdict:
+    """A candidate's verdict taken from the store (bot/knowledge/known.py): the recorded numbers,
+    labelled with where they came from. Nothing is re-measured or recomputed here."""
+    w = known.numbers
+    speed = [Speed(mode=mode, device=sp.get("device") or "cuda", base_ms=list(sp.get("base_process_ms") or []),
+                   candidate_ms=list(sp.get("patched_process_ms") or []), speedup=sp.get("speedup"),
+                   noise_pct=sp.get("noise_pct"), outcome=sp.get("outcome") or "n/a", note=sp.get("note") or "",
+                   n=int(sp.get("trials_per_process") or 0), passes=int(sp.get("passes") or 1))
+             for mode, sp in (w.get("speed") or {}).items()]
+    worst = w.get("worst_output") or {}
+    checks = [OutputCheck(label=worst.get("label") or "", output=worst.get("output") or "", ok=True,
+                          reason="the recorded verdict's worst output", max_abs=worst.get("max_abs"),
+                          rel_l2=worst.get("rel_l2"))] if worst else []
+    recorded = f"store verdict of {known.entry_id} recorded {known.recorded_at or '?'} by `{known.command or '?'}`"
+    return dataclasses.replace(
+        _blank(ctx, c), status=known.status, reason=known.reason, speed=speed, env=w.get("env") or {},
+        summary=f"reused: {known.summary or w.get('summary', '')} ({recorded}; same patch, base, workload, preset, "
+                f"dtype, hardware, torch and triton)",
+        correctness=Correctness(ok=True, seeds=list(w.get("seeds") or []), shapes=list(w.get("shapes") or []),
+                                rule=w.get("rule") or "", checks=checks),
+        reused_from=recorded)

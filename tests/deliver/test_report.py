@@ -1,0 +1,70 @@
+"""The run report and PR body (bot/deliver/report.py) from a run's typed Results: every number
+with the device that measured it."""
+from __future__ import annotations
+
+from bot.analyze.opportunity import Estimate, Location, Opportunity
+from bot.deliver import report as rpt
+from bot.generate.candidate import Candidate
+from bot.run.state import Results
+from bot.steps import analyze, checkout, combine, generate, validate
+from bot.validate.ablate import Ablation, AblationRow
+from bot.validate.verdict import Correctness, OutputCheck, Speed, Verdict
+
+SHA_C, SHA_S = "c" * 40, "b" * 40
+
+
+def _verdict(cand: str) -> Verdict:
+    micro = {"reference": {"median_ms": 0.5, "n": 50, "device": "cuda"},
+             "reference_aa": {"median_ms": 0.501, "n": 50, "device": "cuda"},
+             "kernel": {"median_ms": 0.2, "n": 50, "device": "cuda"}, "shape": [1, 4608, 48, 128]}
+    return Verdict(status="accepted", reason=None, summary="1.21x faster (cuda), correct", workload="flux2",
+                   preset="full", device="cuda", dtype="bfloat16", base_sha="a" * 40, candidate_sha=SHA_C, candidate=cand,
+                   correctness=Correctness(ok=True, seeds=[5, 9, 11], shapes=["1024x1024/txt512/b1"], rule="rel_l2 <= 0.01",
+                                           checks=[OutputCheck("1024x1024/txt512/b1 seed 5", "noise_pred", True, "",
+                                                               max_abs=0.0039, rel_l2=0.0021)],
+                                           kernels=[{"name": "qk_norm_rope", "ok": True, "cases": [], "micro": micro}]),
+                   speed=[Speed("eager", "cuda", [10.0, 10.2], [8.1, 8.3], 1.22, 0.4, "faster", n=20),
+                          Speed("graph", "cuda", [9.0, 9.1], [7.5, 7.6], 1.2, 0.3, "faster", n=20)],
+                   env={"device_kind": "cuda", "device_name": "NVIDIA H200"})
+
+
+def _results() -> Results:
+    opp = Opportunity("o1", "attention-waste", "all-ones-mask", "an all-ones mask", Location("blocks.*.attn", [], "f.py", 3, 57),
+                      [], [], 1.5, 0.3, 0.8, "", "store-replay", Estimate(1.5, 0.3, "profile", "cuda", 500.0))
+    cand = Candidate("c1", "o1", "attention-waste", "replay", "/wt", SHA_C, title="t")
+    return Results(
+        checkout=checkout.Result("flux2", "diffusers", "/engine", "a" * 40, "main", "src", "M", "/wt", "full", "cuda",
+                                 "bfloat16", "1024x1024/txt512/b1"),
+        analyze=analyze.Result("done", "1 opportunity", [opp]),
+        generate=generate.Result("done", "1 candidates", [cand]),
+        validate=validate.Result("done", "1 of 1 accepted", {"c1": _verdict("c1")}),
+        combine=combine.Result("done", "optbot/flux2/aaaa", "a" * 40, SHA_S, [combine.StackCommit("c1", SHA_S, "t")],
+                               stack_verdict=_verdict("stack"),
+                               ablation=Ablation("flux2", "full", "cuda", "eager", "a" * 40, SHA_S, 10.1, 8.2, 0.5, 2,
+                                                 [AblationRow(SHA_S, "t", 10.1, 1.9, 18.8)]),
+                               ablation_note="leave-one-out"))
+
+
+def test_report_shows_the_verdicts_numbers_with_their_device():
+    md = rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+    assert "| optimized | eager | 8.200 |" in md and "cuda (NVIDIA H200)" in md
+    assert "| optimized | CUDA graph | 7.550 |" in md
+    assert "| c1: t | 10.100 | 1.900 | 18.8 | cuda |" in md
+    assert "| c1 | noise_pred | 1024x1024/txt512/b1 | 5 | 0.0039 | 0.0021 | ok | cuda |" in md
+    assert "| [1, 4608, 48, 128] | 0.500 | 0.501 | 0.200 | 2.50x | 50 | cuda |" in md
+    assert "| attention-waste | blocks.*.attn | f.py:3 | 1.500 |" in md
+    assert "accepted | accepted: 1.21x faster (cuda), correct |" in md
+    html = rpt.to_html(rpt.build_blocks(_results(), "run-1", {}))
+    assert html.count("<details>") >= 2 and "<td>cuda (NVIDIA H200)</td>" in html
+
+
+def test_report_without_a_stack_says_what_was_not_measured():
+    r = _results()
+    r.combine = combine.Result("done", "optbot/flux2/aaaa", "a" * 40, "a" * 40, stack_note="no accepted optimization")
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "not measured: no accepted optimization" in md
+
+
+def test_html_escapes_text():
+    html = rpt.to_html([rpt.P("<script>alert(1)</script> `x<y`")])
+    assert "<script>" not in html and "<code>x&lt;y</code>" in html

@@ -1,0 +1,55 @@
+"""The generate step (bot/steps/generate.py): variant search inside a run."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bot.run.context import Budget, Options, RunContext
+from bot.run.state import Results
+from bot.steps import generate
+
+
+def _generate_ctx(tmp_path, device, checkout=None):
+    """A run context whose target is a stand-in: only the device matters to these branches."""
+    ctx = RunContext("r", tmp_path, Options(workload="flux2", gpus=2), Budget(), Results(), log=lambda m: None)
+    ctx._target = SimpleNamespace(device=device, dtype="float32", preset="full", workload=SimpleNamespace(name="flux2"),
+                                  checkout=checkout or SimpleNamespace(base_sha="0" * 40))
+    return ctx
+
+
+def test_variant_search_in_generate_needs_a_gpu(tmp_path):
+    replayed = [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1"),
+                SimpleNamespace(entry_id="flux2-merge-qkv", opportunity_id="o2")]  # no config_space
+    res = generate.Result("done", "")
+    notes = generate._variants(_generate_ctx(tmp_path, "cpu"), replayed, [], res)
+    assert res.candidates == [] and notes == ["variant search: needs a GPU to choose a config (config spaces of flux2-swiglu "
+                                    "not searched)"]
+    assert generate._variants(_generate_ctx(tmp_path, "cpu"), replayed[1:], [], res) == \
+        ["variant search: no replayed entry declares a config_space"]
+
+
+def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffusers_engine):
+    """The CUDA branch of generate, wired to the real search and commit; only the device and the
+    choice are replaced (TEST SEAM: this machine has no GPU, so the search runs on CPU with a
+    narrowed space and the test names the winner)."""
+    import bot.generate.variants as variants
+
+    real = variants.search_entry
+    seen = {}
+
+    def on_cpu_with_fake_choice(path, **kw):
+        seen.update(kw)
+        return real(path, **{**kw, "device": "cpu", "workers": 1, "space": {"block_n": [512], "num_warps": [2]},
+                             "choose": lambda res: {"label": "block_n=512,num_warps=2", "by": "the test",
+                                                    "config": {"block_n": 512, "num_warps": 2}, "total_ms": 0.0}})
+
+    monkeypatch.setattr(variants, "search_entry", on_cpu_with_fake_choice)
+    res = generate.Result("done", "")
+    notes = generate._variants(_generate_ctx(tmp_path, "cuda", diffusers_engine),
+                               [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1")], [], res)
+    recs = res.candidates
+    assert seen["gpus"] == 2 and seen["device"] == "cuda" and seen["opportunity_id"] == "o1"
+    assert [r.id for r in recs] == ["variant-flux2-swiglu"] and recs[0].generator == "variant-search"
+    assert recs[0].trailers["Optbot-Config"] == "block_n=512,num_warps=2" and recs[0].opportunity_id == "o1"
+    assert "committed" in notes[0], notes
+    assert res.searches == []  # a search that gave a candidate is recorded by learn from its verdict
+    assert (tmp_path / "variants" / "flux2-swiglu" / "variants.json").is_file()
