@@ -128,7 +128,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         saved = RunState.load(resume)
         if saved.workload != workload:
             raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
-        recorded = saved.options.get("knowledge_path")
+        recorded = saved.options.knowledge_path
         (Knowledge.at(recorded, f"recorded by run {resume}") if recorded else locate()).say()
         state = run_optimize(resume=resume, pause_after_s=pause_s)
     else:

@@ -100,6 +100,9 @@ def test_optimize_flux2_killed_after_validate_then_resumed(tmp_path, diffusers_e
                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p2.returncode == 0, p2.stderr[-3000:]
     assert f"resuming run {runs[0].name} at step combine" in p2.stderr.replace("\n", " ")
+    # the knowledge the first attempt chose ($OPTBOT_KNOWLEDGE_PATH), said first and kept by the run
+    know_root = Path(env["OPTBOT_KNOWLEDGE_PATH"]).resolve()
+    assert p2.stderr.splitlines()[0] == f"knowledge: {know_root} (recorded by run {runs[0].name})"
     out = json.loads((tmp_path / "run.json").read_text())
     assert out["finished"] is True
     assert out["deliver"]["forge"] == "local"
