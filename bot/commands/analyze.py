@@ -10,14 +10,10 @@ from bot.analyze.graph import Graph
 from bot.analyze.opportunity import KINDS
 from bot.analyze.render import markdown, print_terminal
 from bot.analyze.run import analyze
-from bot.commands.common import command_line, workload_options, write_json
-from bot.errors import OptbotError, RunnerError
-from bot.jobs import run_job
+from bot.commands.common import command_line, run_required, workload_options, write_json
+from bot.errors import OptbotError
 from bot.paths import new_run_dir
 from bot.target import base_worktree, resolve_target
-from runner.job import Job
-
-MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
 
 
 @click.command("analyze")
@@ -59,29 +55,26 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
     wt = base_worktree(t)
     run_dir = new_run_dir("analyze")
     shape = t.workload.preset(t.preset).shapes
-    base = dict(workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
-                engine_root=t.engine_root(wt), engine_sha=t.checkout.base_sha, model_class=t.model_class,
-                shapes=[{"resolution": list(shape.resolution), "text_tokens": shape.text_tokens, "batch": shape.batch}],
-                seeds=[0], weight_seed=0, out_dir=str(run_dir))
     if profile_path is not None:
         source = str(profile_path)
     else:
         click.echo(f"profiling {t.workload.name} ({t.preset} preset, {t.device}, {t.dtype}) in a runner process; "
                    f"run directory {run_dir}", err=True)
-        job = Job(kind="profile", warmup=2, iters=iters or (10 if t.device.startswith("cuda") else 3), **base)
-        profile = _run(job, run_dir, timeout, "profile", t).result
+        job = t.job("profile", wt, run_dir, engine_sha=t.checkout.base_sha,
+                    iters=iters or (10 if t.device.startswith("cuda") else 3))
+        profile = run_required(t, job, run_dir, timeout, "profile").result
         write_json(run_dir / "profile.json", profile)
         source = str(run_dir / "profile.json")
     click.echo(f"capturing the op graph of one step ({t.device})", err=True)
-    gjob = Job(kind="graph", warmup=0, iters=0, save_outputs=False, **base)
-    gres = _run(gjob, run_dir, timeout, "graph", t).result
+    gjob = t.job("graph", wt, run_dir, engine_sha=t.checkout.base_sha, warmup=0, iters=0, save_outputs=False)
+    gres = run_required(t, gjob, run_dir, timeout, "graph").result
     graph = Graph.load(gres["graph"])
     meta = dict(workload=t.workload.name, preset=t.preset, dtype=t.dtype, shape=shape.label(), engine=t.checkout.name,
                 engine_sha=t.checkout.base_sha, command=command_line(), capture_s=gres.get("capture_s"),
                 graph_file=gres["graph"])
     prof_shape = profile.get("shape")
-    if prof_shape and prof_shape != base["shapes"][0]:
-        click.echo(f"note: the profile was measured at {prof_shape}, the graph captured at {base['shapes'][0]}: "
+    if prof_shape and prof_shape != shape.to_json():
+        click.echo(f"note: the profile was measured at {prof_shape}, the graph captured at {shape.to_json()}: "
                    "time is split over ops by the graph's shapes", err=True)
     result = analyze(graph, profile, meta, source, list(kinds) or None)
     result["env"] = {"profile": profile.get("env"), "graph": gres.get("env")}
@@ -105,14 +98,3 @@ def _read_profile(path: Path) -> dict:
         if key not in profile:
             raise OptbotError(f"{path}: key {key!r} missing: expected the JSON of `optbot profile --json`")
     return profile
-
-
-def _run(job: Job, run_dir: Path, timeout: int, name: str, t):
-    out = run_job(job, run_dir, timeout_s=timeout, name=name)
-    if not out.ok:
-        err = out.result.get("error", {}) if out.result else {}
-        if err.get("kind") in MODEL_ERRORS:
-            raise OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
-                              f"{err.get('message')}")
-        raise RunnerError(f"{name} job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
-    return out

@@ -9,6 +9,12 @@ from pathlib import Path
 
 import click
 
+from bot.errors import OptbotError
+from bot.jobs import JobOutcome, run_job
+from runner.job import Job
+
+# harness error kinds that mean the workload file names a model the engine does not have
+MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
 
 def workload_options(f):
     @click.argument("workload")
@@ -47,3 +53,16 @@ def write_json(path: Path | None, data: dict, quiet: bool = False) -> None:
     tmp.replace(path)
     if not quiet:
         click.echo(f"wrote {path}", err=True)
+
+
+def run_required(t, job: Job, work_dir: Path, timeout_s: float, name: str) -> JobOutcome:
+    """Run a job of target `t` that the command cannot go on without: a model the engine does not
+    have is the workload file's error (named by key); any other failure is the job's error."""
+    out = run_job(job, work_dir, timeout_s=timeout_s, name=name)
+    if not out.ok:
+        err = out.result.get("error", {}) if out.result else {}
+        if err.get("kind") in MODEL_ERRORS:
+            raise OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
+                              f"{err.get('message')}")
+        raise out.error(f"{name} job")
+    return out

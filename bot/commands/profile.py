@@ -5,15 +5,10 @@ import shutil
 
 import click
 
-from bot.commands.common import command_line, workload_options, write_json
-from bot.errors import OptbotError, RunnerError
-from bot.jobs import run_job
+from bot.commands.common import command_line, run_required, workload_options, write_json
 from bot.paths import new_run_dir
 from bot.profile_report import markdown, plot_png, print_terminal
 from bot.target import base_worktree, resolve_target
-from runner.job import Job
-
-MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
 
 
 @click.command("profile")
@@ -39,20 +34,11 @@ def command(workload, engine, ref, preset, device, json_path, iters, timeout):
     wt = base_worktree(t)
     run_dir = new_run_dir("profile")
     shape = t.workload.preset(t.preset).shapes
-    job = Job(kind="profile", workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
-              engine_root=t.engine_root(wt), engine_sha=t.checkout.base_sha, model_class=t.model_class,
-              shapes=[_shape_json(shape)], seeds=[0], weight_seed=0, warmup=2,
-              iters=iters or (10 if t.device.startswith("cuda") else 3), out_dir=str(run_dir))
+    job = t.job("profile", wt, run_dir, engine_sha=t.checkout.base_sha,
+                iters=iters or (10 if t.device.startswith("cuda") else 3))
     click.echo(f"profiling {t.workload.name} ({t.preset} preset, {t.device}, {t.dtype}, {shape.label()}) "
                f"in a runner process; run directory {run_dir}", err=True)
-    out = run_job(job, run_dir, timeout_s=timeout, name="profile")
-    if not out.ok:
-        err = out.result.get("error", {}) if out.result else {}
-        if err.get("kind") in MODEL_ERRORS:
-            raise OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
-                              f"{err.get('message')}")
-        raise RunnerError(f"profile job {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
-    p = out.result
+    p = run_required(t, job, run_dir, timeout, "profile").result
     meta = dict(workload=t.workload.name, preset=t.preset, dtype=t.dtype, shape=shape.label(),
                 engine=t.checkout.name, command=command_line())
     p["meta"] = meta
@@ -65,7 +51,3 @@ def command(workload, engine, ref, preset, device, json_path, iters, timeout):
         for ext in (".md", ".png"):
             shutil.copy(run_dir / f"profile{ext}", json_path.with_suffix(ext))
     click.echo(f"report: {run_dir / 'profile.md'} · plot: {run_dir / 'profile.png'}", err=True)
-
-
-def _shape_json(s) -> dict:
-    return {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}
