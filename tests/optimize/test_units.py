@@ -13,6 +13,7 @@ from bot.deliver import report as rpt
 from bot.deliver.github import rate_limit_wait
 from bot.optimize.stages import Options, verdict_from_validator
 from bot.run.state import to_jsonable
+from bot.validate.verdict import Correctness, OutputCheck, Speed, Verdict
 
 
 @pytest.mark.parametrize("values, wall, cost", [
@@ -40,22 +41,23 @@ def test_rate_limit_waits():
     assert rate_limit_wait(GithubException(403, {"message": "API rate limit exceeded"}, {}), 2) == 4.0
 
 
-VERDICT = {  # the shape of bot.validate.verdict.Verdict.to_json() (validate helper)
-    "status": "accepted", "reason": None, "summary": "1.21x faster (cuda), correct",
-    "env": {"device_kind": "cuda", "device_name": "NVIDIA H200"},
-    "speed": [{"mode": "eager", "device": "cuda", "base_ms": [10.0, 10.2], "candidate_ms": [8.1, 8.3], "speedup": 1.22,
-               "noise_pct": 0.4, "outcome": "faster", "note": "", "n": 20, "passes": 1},
-              {"mode": "graph", "device": "cuda", "base_ms": [9.0, 9.1], "candidate_ms": [7.5, 7.6], "speedup": 1.2,
-               "noise_pct": 0.3, "outcome": "faster", "note": "", "n": 20, "passes": 1}],
-    "correctness": {"ok": True, "seeds": [5, 9, 11], "shapes": ["1024x1024/txt512/b1", "768x1360/txt300/b1"],
-                    "rule": "rel_l2 <= 0.01", "checks": [
-                        {"label": "1024x1024/txt512/b1 seed 5", "output": "noise_pred", "ok": True, "reason": "",
-                         "max_abs": 0.0039, "rel_l2": 0.0021}],
-                    "kernels": [{"name": "qk_norm_rope", "cases": [], "micro": {
-                        "reference": {"median_ms": 0.5, "n": 50, "device": "cuda"},
-                        "reference_aa": {"median_ms": 0.501, "n": 50, "device": "cuda"},
-                        "kernel": {"median_ms": 0.2, "n": 50, "device": "cuda"}, "shape": [1, 4608, 48, 128]}}]},
-}
+# what the validator hands optimize: a real Verdict, as JSON
+VERDICT = Verdict(
+    status="accepted", reason=None, summary="1.21x faster (cuda), correct", workload="flux2", preset="full",
+    device="cuda", dtype="bfloat16", base_sha="a" * 40, candidate_sha="b" * 40, candidate="b" * 40,
+    env={"device_kind": "cuda", "device_name": "NVIDIA H200"},
+    speed=[Speed("eager", "cuda", base_ms=[10.0, 10.2], candidate_ms=[8.1, 8.3], speedup=1.22, noise_pct=0.4,
+                 outcome="faster", n=20),
+           Speed("graph", "cuda", base_ms=[9.0, 9.1], candidate_ms=[7.5, 7.6], speedup=1.2, noise_pct=0.3,
+                 outcome="faster", n=20)],
+    correctness=Correctness(
+        ok=True, seeds=[5, 9, 11], shapes=["1024x1024/txt512/b1", "768x1360/txt300/b1"], rule="rel_l2 <= 0.01",
+        checks=[OutputCheck("1024x1024/txt512/b1 seed 5", "noise_pred", True, "", max_abs=0.0039, rel_l2=0.0021)],
+        kernels=[{"name": "qk_norm_rope", "ok": True, "cases": [], "micro": {  # a kernel_check job's result
+            "reference": {"median_ms": 0.5, "n": 50, "device": "cuda"},
+            "reference_aa": {"median_ms": 0.501, "n": 50, "device": "cuda"},
+            "kernel": {"median_ms": 0.2, "n": 50, "device": "cuda"}, "shape": [1, 4608, 48, 128]}}]),
+).to_json()
 
 
 def test_verdict_from_validator_keeps_devices_and_numbers():
