@@ -1,7 +1,8 @@
 """Resolve what a command works on: workload + engine + ref + preset + device.
 
 Every command that takes a workload goes through ``resolve_target`` (DESIGN decision 2), so the
-options mean the same everywhere and their errors read the same.
+options mean the same everywhere and their errors read the same; every runner job of a target is
+assembled by ``Target.job``.
 """
 from __future__ import annotations
 
