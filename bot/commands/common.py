@@ -11,10 +11,12 @@ import click
 
 from bot.errors import OptbotError
 from bot.jobs import JobOutcome, run_job
+from bot.target import Target
 from runner.job import Job
 
 # harness error kinds that mean the workload file names a model the engine does not have
 MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
+
 
 def workload_options(f):
     @click.argument("workload")
@@ -55,7 +57,7 @@ def write_json(path: Path | None, data: dict, quiet: bool = False) -> None:
         click.echo(f"wrote {path}", err=True)
 
 
-def run_required(t, job: Job, work_dir: Path, timeout_s: float, name: str) -> JobOutcome:
+def run_required(t: Target, job: Job, work_dir: Path, timeout_s: float, name: str) -> JobOutcome:
     """Run a job of target `t` that the command cannot go on without: a model the engine does not
     have is the workload file's error (named by key); any other failure is the job's error."""
     out = run_job(job, work_dir, timeout_s=timeout_s, name=name)
