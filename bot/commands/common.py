@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from bot.errors import OptbotError
+
 
 def workload_options(f):
     @click.argument("workload")
