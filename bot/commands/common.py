@@ -9,8 +9,6 @@ from pathlib import Path
 
 import click
 
-from bot.errors import OptbotError
-
 
 def workload_options(f):
     @click.argument("workload")
