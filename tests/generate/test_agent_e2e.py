@@ -10,7 +10,7 @@ import git
 import pytest
 import yaml
 
-from bot import learn
+from bot.knowledge import learn
 from bot.generate.agent.candidates import read_trailers
 from bot.generate.agent.config import AgentConfig
 from bot.generate.agent.loop import AgentTask

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from bot import learn
+from bot.knowledge import learn
 from bot.generate.agent.validation import VALIDATOR, check_from_verdict
 
 PATCH = """diff --git a/src/pkg/mod.py b/src/pkg/mod.py

@@ -23,7 +23,7 @@ from bot.generate.agent.config import AgentConfig
 from bot.generate.agent.tools import TOOL_SPECS, ToolHooks, Workspace
 from bot.generate.agent.transcript import Transcript
 from bot.generate.agent.validation import Check, ValidationContext, check_candidate
-from bot import learn
+from bot.knowledge import learn
 
 
 @dataclass

@@ -15,7 +15,7 @@ import anthropic
 
 from bot.generate.agent.budget import CostPool, Spend
 from bot.generate.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
-from bot import learn
+from bot.knowledge import learn
 from bot.generate.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
 
 
