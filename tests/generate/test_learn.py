@@ -1,12 +1,9 @@
-"""Learning without an engine run: outcomes -> entries and lessons, retrieval, verdict mapping."""
+"""Learning without an engine run: outcomes -> entries and lessons, retrieval."""
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import yaml
 
-from bot import learn
-from bot.generate.agent.validation import VALIDATOR, check_from_verdict
+from bot.knowledge import learn
 
 PATCH = """diff --git a/src/pkg/mod.py b/src/pkg/mod.py
 index 1..2 100644
@@ -32,7 +29,7 @@ def _outcome(status="accepted", reason="correct", device="cpu", sha="abcdef12345
                          title="f: add instead of multiply", patch=PATCH, changed_files=["src/pkg/mod.py", "src/pkg/k.py"],
                          added_files={"src/pkg/k.py": "K = 1\n"}, workload="flux2",
                          shapes=[{"resolution": [256, 256], "text_tokens": 32, "batch": 1}], dtype="float32",
-                         validated_by=VALIDATOR)
+                         validated_by="bot.validate")
 
 
 def test_root_causes_and_hardware():
@@ -69,19 +66,3 @@ def test_accepted_and_rejected_outcomes(tmp_path):
     assert learn.find_entries("merge-siblings", store_dir=store) == []
     assert "no store entry" in learn.store_entry_text("../ls", store)
 
-
-def test_verdict_mapping():
-    worst = SimpleNamespace(rel_l2=0.2, max_abs=3.0)
-    corr = SimpleNamespace(seeds=[5, 6, 7], shapes=["a", "b"], rule="rel_l2", inputs_modified=["x zeroed"],
-                           checks=[SimpleNamespace(ok=False, label="a seed 5", reason="max abs 3 at [0]")],
-                           worst=lambda: worst)
-    v = SimpleNamespace(status="rejected", reason="correctness", summary="noise_pred off", device="cpu", candidate_sha="c" * 40,
-                        run_dir="/r", correctness=corr, engagement=None, implausible="",
-                        speed=[SimpleNamespace(mode="eager", speedup=1.1, outcome="n/a", device="cpu", noise_pct=2.0)])
-    c = check_from_verdict(v)
-    assert c.status == "rejected" and c.reason == "correctness: noise_pred off" and c.by == VALIDATOR
-    assert c.numbers["failures"] == ["a seed 5: max abs 3 at [0]", "x zeroed"] and c.numbers["worst_rel_l2"] == 0.2
-    assert c.numbers["speedup"] == 1.1 and c.numbers["speed_outcome"] == "n/a (cpu)"
-    assert "different" in learn.root_cause(c.reason)
-    v.reason, v.summary = "not-engaged", "no op changed"
-    assert check_from_verdict(v).reason.startswith("not engaged: ")
