@@ -36,9 +36,6 @@ class Candidate:
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Candidate":
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list[str], entry_id: str = "", *,
