@@ -24,6 +24,7 @@ from pathlib import Path
 
 from runner.job import Job
 
+from bot.errors import RunnerError
 from bot.paths import REPO_ROOT
 
 SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
@@ -81,6 +82,10 @@ class JobOutcome:
         sig = -self.returncode if self.returncode and self.returncode < 0 else None
         how = f"signal {signal.Signals(sig).name}" if sig else f"exit code {self.returncode}"
         return f"crashed ({how}) with no result"
+
+    def error(self, what: str) -> RunnerError:
+        """The error for a job the caller cannot go on without: `what` names it ("profile job")."""
+        return RunnerError(f"{what} {self.reason()}; log: {self.log_path}\n{self.log_tail[-1500:]}".rstrip())
 
 
 class DeviceLedger:

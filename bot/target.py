@@ -1,7 +1,8 @@
 """Resolve what a command works on: workload + engine + ref + preset + device.
 
 Every command that takes a workload goes through ``resolve_target`` (DESIGN decision 2), so the
-options mean the same everywhere and their errors read the same.
+options mean the same everywhere and their errors read the same; every runner job of a target is
+assembled by ``Target.job``.
 """
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import functools
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import git
 
 from bot.engine import EngineCheckout, add_worktree, checkout_engine, resolve_source
 from bot.errors import OptbotError
-from bot.workload import Workload, load_workload
+from bot.paths import REPO_ROOT
+from bot.workload import Shape, Workload, load_workload
 from runner.job import Job
 
 
@@ -31,19 +35,29 @@ class Target:
     dtype: str
 
     def engine_root(self, worktree: Path) -> str:
-        return str((Path(worktree) / self.checkout.import_root).resolve())
+        return str((worktree / self.checkout.import_root).resolve())
 
-    def job(self, kind: str, worktree: Path | str, out_dir: Path | str, *, shapes: list | None = None,
-            engine_sha: str | None = None, **kw) -> Job:
-        """A runner job of `kind` on the engine in `worktree` (its HEAD unless `engine_sha`), at the
-        preset's shape unless `shapes` are given; `kw`: the other Job fields (seeds, iters, params...)."""
-        import git
+    def job(self, kind: str, worktree: Path | None, out_dir: Path, *, shapes: Iterable[Shape] | None = None,
+            seeds: Iterable[int] = (0,), weight_seed: int = 0, warmup: int = 2, iters: int = 5,
+            params: dict | None = None, engine_sha: str | None = None, save_outputs: bool = True,
+            device: str | None = None) -> Job:
+        """The runner job (runner/job.py) of `kind` on this target, for the engine checked out in `worktree`.
 
-        shape = self.workload.preset(self.preset).shapes
-        return Job(kind=kind, workload=self.workload.to_json(), preset=self.preset, device=self.device,
-                   dtype=self.dtype, engine_root=self.engine_root(worktree),
-                   engine_sha=engine_sha or git.Repo(worktree).head.commit.hexsha, model_class=self.model_class,
-                   shapes=shapes or [shape.to_json()], out_dir=str(out_dir), **kw)
+        worktree None: a job that imports no engine (compare); optbot's root stands in for the engine's.
+        shapes: default the preset's shape. engine_sha: default the worktree's HEAD.
+        device: another device for this one job (e.g. outputs compared on the CPU).
+        """
+        if shapes is None:
+            shapes = [self.workload.preset(self.preset).shapes]
+        if worktree is None:
+            root, sha, model_class = str(REPO_ROOT), engine_sha or "", ""
+        else:
+            root, model_class = self.engine_root(worktree), self.model_class
+            sha = engine_sha if engine_sha is not None else git.Repo(worktree).head.commit.hexsha
+        return Job(kind=kind, workload=self.workload.to_json(), preset=self.preset, device=device or self.device,
+                   dtype=self.dtype, engine_root=root, engine_sha=sha, model_class=model_class,
+                   shapes=[s.to_json() for s in shapes], seeds=list(seeds), weight_seed=weight_seed, warmup=warmup,
+                   iters=iters, out_dir=str(out_dir), save_outputs=save_outputs, params=dict(params or {}))
 
 
 @functools.lru_cache(maxsize=1)

@@ -38,8 +38,12 @@ class Shape:
         return f"{self.resolution[0]}x{self.resolution[1]}/txt{self.text_tokens}/b{self.batch}"
 
     def to_json(self) -> dict:
-        """The shape as runner jobs take it (runner/job.py `shapes`)."""
+        """A job's shape (runner/job.py), as the runner reads it and echoes it in its results."""
         return {"resolution": list(self.resolution), "text_tokens": self.text_tokens, "batch": self.batch}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Shape":
+        return cls(tuple(d["resolution"]), d["text_tokens"], d["batch"])
 
 
 @dataclass(frozen=True)

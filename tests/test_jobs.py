@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import time
 
-from bot.jobs import run_job
+import pytest
+
+from bot.errors import RunnerError
+from bot.jobs import JobOutcome, run_job
 from runner.job import Job
 
 
@@ -67,3 +70,19 @@ def test_cuda_lane_gets_only_its_gpu(monkeypatch):
     assert child_env("/engine", "cuda:1")["CUDA_VISIBLE_DEVICES"] == "1"
     assert "OPTBOT_JOB_DEVICE" not in child_env("/engine", "cuda")
     assert "OPTBOT_JOB_DEVICE" not in child_env("/engine", "cpu")
+
+
+@pytest.mark.parametrize("outcome, says", [
+    (JobOutcome("timeout", seconds=31.2), "timeout after 31 s"),
+    (JobOutcome("crashed", returncode=-11), "crashed (signal SIGSEGV) with no result"),
+    (JobOutcome("failed", result={"ok": False, "error": {"kind": "ValueError", "message": "no weights"}}),
+     "ValueError: no weights"),
+])
+def test_a_job_the_caller_needs_fails_as_one_error(outcome, says):
+    """JobOutcome.error: what the job was, why it failed, where its log is, and the log's tail."""
+    outcome.log_path, outcome.log_tail = "/runs/x/profile.log", "x" * 2000 + "Traceback: boom"
+    err = outcome.error("profile job")
+    assert isinstance(err, RunnerError)
+    first, tail = str(err).split("\n", 1)
+    assert first == f"profile job {says}; log: /runs/x/profile.log"
+    assert tail.endswith("Traceback: boom") and len(tail) == 1500

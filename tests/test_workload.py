@@ -1,6 +1,7 @@
 """Workload files: both shipped workloads parse, and every kind of mistake is named precisely."""
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -108,3 +109,14 @@ def test_unknown_workload_lists_known_ones():
     with pytest.raises(OptbotError) as ei:
         load_workload("sdxl")
     assert "flux2" in str(ei.value) and "qwen-image" in str(ei.value)
+
+
+def test_a_shape_is_the_json_a_job_carries_and_a_result_echoes():
+    from bot.workload import Shape
+
+    pr = load_workload("flux2").preset("tiny")
+    assert pr.shapes.to_json() == {"resolution": [256, 256], "text_tokens": 32, "batch": 1}
+    assert [s.to_json() for s in pr.extra_shapes][0] == {"resolution": [176, 240], "text_tokens": 19, "batch": 1}
+    for s in (pr.shapes, *pr.extra_shapes):
+        back = Shape.from_json(json.loads(json.dumps(s.to_json())))
+        assert back == s and back.label() == s.label()  # the resolution comes back a tuple

@@ -6,6 +6,7 @@ every row's outputs checked against upstream eager in a clean process.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from rich.table import Table
 
 from bot.commands.common import command_line, workload_options, write_json
 from bot.engine import add_worktree, checkout_engine
-from bot.errors import RunnerError
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
@@ -55,18 +55,10 @@ class BenchResult:
     command: str = ""
 
 
-def _shape_json(s) -> dict:
-    return {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}
-
-
-def _job(t: Target, wt: Path, sha: str, model_class: str, modes: list[str], out_dir: Path, iters: int,
-         flops: bool, engine: str) -> Job:
-    return Job(kind="bench", workload=t.workload.to_json(), preset=t.preset, device=t.device, dtype=t.dtype,
-               engine_root=str((wt / t.workload.engines[engine].import_root).resolve()) if engine in t.workload.engines
-               else t.engine_root(wt),
-               engine_sha=sha, model_class=model_class, shapes=[_shape_json(t.workload.preset(t.preset).shapes)],
-               seeds=[1234], weight_seed=0, warmup=3 if t.device.startswith("cuda") else 1, iters=iters,
-               out_dir=str(out_dir), params={"modes": modes, "flops": flops, "engine": engine})
+def _job(t: Target, wt: Path, sha: str, modes: list[str], out_dir: Path, iters: int, flops: bool) -> Job:
+    return t.job("bench", wt, out_dir, engine_sha=sha, seeds=[1234], warmup=3 if t.device.startswith("cuda") else 1,
+                 iters=iters, params={"modes": modes, "flops": flops,
+                                      "engine": t.engine_name or t.workload.default_engine})
 
 
 @click.command("bench")
@@ -110,32 +102,34 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     iters = iters or (10 if is_cuda else 3)
     run_dir = new_run_dir("bench")
     console = Console(width=None if Console().is_terminal else 150)
-    variants: list[tuple[str, Path, str, str, str]] = [
-        ("upstream", base_worktree(t), t.checkout.base_sha, t.model_class, t.engine_name or t.workload.default_engine)]
+    # (label, the target its engine is, worktree, sha); another engine of the workload is its own target
+    variants: list[tuple[str, Target, Path, str]] = [("upstream", t, base_worktree(t), t.checkout.base_sha)]
     if candidate:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
         from bot.validate.resolve import resolve_candidate
 
-        cand = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
-        variants.append(("candidate", cand.worktree, cand.sha, t.model_class, t.engine_name or t.workload.default_engine))
+        rev = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
+        variants.append(("candidate", t, rev.worktree, rev.sha))
     for name in extra_engines:
         spec = t.workload.engine(name)
         co = checkout_engine(spec.source, spec.ref, spec.import_root, name)
-        variants.append((name, add_worktree(co, f"base-{co.base_sha[:12]}"), co.base_sha, spec.model_class, name))
+        other = dataclasses.replace(t, engine_name=name, model_class=spec.model_class, checkout=co)
+        variants.append((name, other, add_worktree(co, f"base-{co.base_sha[:12]}"), co.base_sha))
 
     shape = t.workload.preset(t.preset).shapes
-    res = BenchResult(t.workload.name, t.preset, "cuda" if is_cuda else "cpu", t.dtype, _shape_json(shape),
+    res = BenchResult(t.workload.name, t.preset, "cuda" if is_cuda else "cpu", t.dtype, shape.to_json(),
                       t.workload.step.passes, command=command_line())
     outputs: dict[str, str] = {}
-    for label, wt, sha, cls, eng in variants:
+    for label, vt, wt, sha in variants:
         ml = mode_list if label == "upstream" else others
+        eng = vt.engine_name or vt.workload.default_engine
         console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(ml)} on {t.device} ...")
-        job = _job(t, wt, sha, cls, ml, run_dir / label, iters, flops=(label == "upstream"), engine=eng)
+        job = _job(vt, wt, sha, ml, run_dir / label, iters, flops=(label == "upstream"))
         out = run_job(job, run_dir, timeout_s=timeout, name=f"bench-{label}")
         if not out.ok:
             if label == "upstream":
-                raise RunnerError(f"bench of upstream {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+                raise out.error("bench of upstream")
             res.rows.append(BenchRow(label, "-", res.device, error=out.reason(), engine_sha=sha))
             continue
         r = out.result
@@ -164,13 +158,12 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     others = {k: v for k, v in outputs.items() if k != ref_key}
     comps: dict[str, dict[str, dict]] = {}
     if ref_key in outputs and others:
-        cj = Job(kind="compare", workload={}, preset=t.preset, device="cpu", dtype=t.dtype, engine_root=str(run_dir),
-                 engine_sha="", model_class="", shapes=[],
-                 params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in others.items()],
-                         "tolerance": tol, "bit_exact": t.workload.bit_exact})
+        cj = t.job("compare", None, run_dir, device="cpu", shapes=[],
+                   params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in others.items()],
+                           "tolerance": tol, "bit_exact": t.workload.bit_exact})
         cout = run_job(cj, run_dir, timeout_s=600, name="bench-compare")
         if not cout.ok:
-            raise RunnerError(f"output comparison {cout.reason()}; log: {cout.log_path}")
+            raise cout.error("output comparison")
         for c in cout.result["checks"]:
             comps.setdefault(c["label"], {})[c["output"]] = c
     base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)

@@ -5,6 +5,7 @@ reviewers see it and the engine tree stays clean.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 # one trailer parser for the bot (bot/trailers.py); split_kernels is its value reader under the old name
@@ -12,6 +13,7 @@ from bot.trailers import parse_trailers, trailer_values as split_kernels  # noqa
 
 # Trailer keys, in the order they are written (DESIGN decision 5).
 TRAILER_KEYS = ("Optbot-Opportunity", "Optbot-Kind", "Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Entry")
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9-]*")
 
 
 @dataclass
@@ -34,25 +36,34 @@ class Candidate:
     def to_json(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_json(cls, data: dict) -> "Candidate":
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list[str], entry_id: str = "") -> dict[str, str]:
-    return {
+def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list[str], entry_id: str = "", *,
+                  generator: str = "", run_id: str = "") -> dict[str, str]:
+    """The five DESIGN trailers, plus who generated the candidate (Optbot-Generator) in which run
+    (Optbot-Run) when given."""
+    trailers = {
         "Optbot-Opportunity": opportunity_id or "none",
         "Optbot-Kind": kind,
         "Optbot-Adds-Kernels": ", ".join(adds) or "none",
         "Optbot-Removes-Kernels": ", ".join(removes) or "none",
         "Optbot-Entry": entry_id or "none",
     }
+    if generator:
+        trailers["Optbot-Generator"] = generator
+    if run_id:
+        trailers["Optbot-Run"] = run_id
+    return trailers
 
 
 def commit_message(title: str, body: str, trailers: dict[str, str]) -> str:
-    """Title, blank line, body, blank line, trailers (git interpret-trailers format)."""
+    """Title, blank line, body, blank line, trailers (git interpret-trailers format): the one writer of
+    Optbot-* trailers. A value is folded onto one line, so it cannot end the trailer block early."""
     lines = [title.strip(), ""]
     if body.strip():
         lines += [body.strip(), ""]
-    lines += [f"{k}: {v}" for k, v in trailers.items()]
+    for k, v in trailers.items():
+        if not _KEY.fullmatch(k):
+            raise ValueError(f"bad trailer key {k!r}")
+        lines.append(f"{k}: {' '.join(str(v).split())}")
     return "\n".join(lines) + "\n"

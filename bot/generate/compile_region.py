@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.generate.agent.candidates import commit_candidate, make_trailers
-from bot.generate.candidate import Candidate
 from bot.errors import OptbotError
+from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.generate.commits import commit_candidate
 
 INDEXED = re.compile(r"^(?P<container>[A-Za-z_][\w.]*?)\.(?P<idx>\d+)(?:\.|$)")
 
@@ -108,11 +108,11 @@ def generate(checkout, base_sha: str, profile: dict, model_class: str, import_ro
     src.write_text(patch_source(src.read_text(), cls, containers, str(src)))
     opp = opportunity or {}
     kind = str(opp.get("kind") or "launch-bound")
-    trailers = make_trailers(str(opp.get("id") or "none"), kind, "compile-region", run_id)
+    trailers = make_trailers(str(opp.get("id") or "none"), kind, [], [], generator="compile-region", run_id=run_id)
     title = f"torch.compile the repeated blocks: {', '.join(containers)}"
     body = "Regions chosen from the profile (share of the step's kernel time):\n" + "\n".join(
         f"- {r.container}: {r.ms:.3f} ms ({100 * r.share:.1f}%, {r.blocks} blocks seen)" for r in regions)
     sha = commit_candidate(wt, base_sha, title, body, trailers)
     return Candidate(id=f"compile-region-{sha[:8]}", opportunity_id=str(opp.get("id") or "none"), kind=kind,
-                              generator="compile-region", worktree=str(wt), commit_sha=sha, base_sha=base_sha,
-                              trailers=trailers, title=title)
+                     generator="compile-region", worktree=str(wt), commit_sha=sha, base_sha=base_sha,
+                     trailers=trailers, title=title, description=commit_message(title, body, trailers))

@@ -9,14 +9,13 @@ conflicted files; it never stops the run.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from bot.engine import BOT_ACTOR, EngineCheckout, add_worktree
+from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.generate.commits import commit_all, run_git
 from bot.knowledge.store import Entry, load_store
 
 
@@ -58,38 +57,22 @@ def match(entries: Iterable[Entry], opportunities: list, engine: str, hardware: 
     return out
 
 
-def _git(wt: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=wt, capture_output=True, text=True)
-
-
-def commit_all(wt: Path, message: str, amend: bool = False) -> tuple[str, str]:
-    """Commit everything in the worktree as the bot (hooks off); (sha, "") or ("", why it failed)."""
-    _git(wt, "add", "-A")
-    env = {"GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
-           "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
-    proc = subprocess.run(["git", "commit", "-q", "--no-gpg-sign", "--no-verify", *(["--amend"] if amend else []),
-                           "-F", "-"], cwd=wt, input=message, capture_output=True, text=True, env={**os.environ, **env})
-    if proc.returncode != 0:
-        return "", f"git commit failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
-    return _git(wt, "rev-parse", "HEAD").stdout.strip(), ""
-
-
 def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = "", name: str | None = None,
                 onto: str | None = None) -> ReplayResult:
     """Apply entry's patch in a fresh worktree at `onto` (default: the base sha) and commit it."""
     wt = add_worktree(checkout, name or f"replay-{entry.id}", onto)
     res = ReplayResult(entry.id, opportunity_id, "error", worktree=str(wt))
-    proc = _git(wt, "apply", "--3way", "--whitespace=nowarn", str(entry.patch_path.resolve()))
+    proc = run_git(wt, "apply", "--3way", "--whitespace=nowarn", str(entry.patch_path.resolve()))
     if proc.returncode != 0:
-        unmerged = _git(wt, "diff", "--name-only", "--diff-filter=U").stdout.split()
+        unmerged = run_git(wt, "diff", "--name-only", "--diff-filter=U").stdout.split()
         res.status = "conflict"
         res.conflicts = unmerged
         msg = (proc.stderr or proc.stdout).strip().splitlines()
         res.reason = (f"patch {entry.patch_path} does not apply at {onto or checkout.base_sha[:12]}"
                       + (f"; conflicts in {', '.join(unmerged)}" if unmerged else "")
                       + (f": {msg[-1]}" if msg else ""))
-        _git(wt, "reset", "-q", "--hard")
-        _git(wt, "clean", "-qfd")
+        run_git(wt, "reset", "-q", "--hard")
+        run_git(wt, "clean", "-qfd")
         return res
     trailers = make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels), entry.id)
     body = (f"Replayed from kernel_store/{entry.id} ({entry.provenance.kind}"

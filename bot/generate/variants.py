@@ -30,7 +30,8 @@ import yaml
 from bot.engine import EngineCheckout
 from bot.errors import ConfigError, OptbotError
 from bot.generate.candidate import Candidate, commit_message, make_trailers
-from bot.generate.replay import ReplayResult, apply_entry, commit_all
+from bot.generate.commits import commit_all
+from bot.generate.replay import ReplayResult, apply_entry
 from bot.jobs import run_job
 from bot.knowledge.store import Entry, added_file_content, load_entry, patch_added_files
 from runner.job import Job
@@ -367,8 +368,8 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
                     + (f", torch reference {ref:.4f} ms" if ref is not None else ""))
     body += ["", f"Config: {_config_text(config)}", "", entry.description]
     trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels),
-                                entry.id),
-                "Optbot-Generator": "variant-search", "Optbot-Config": _label(config)}
+                                entry.id, generator="variant-search"),
+                "Optbot-Config": _label(config)}
     title = f"{entry.title} ({_label(config)})"
     sha, err = commit_all(wt, commit_message(f"optbot: {title}", "\n".join(body), trailers), amend=True)
     if not sha:

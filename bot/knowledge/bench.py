@@ -16,12 +16,8 @@ from bot.generate.replay import apply_entry
 from bot.jobs import run_job
 from bot.knowledge.check import import_root_for
 from bot.knowledge.store import Entry
+from bot.target import Target
 from bot.workload import load_workload
-from runner.job import Job
-
-
-def _shape_json(s) -> dict:
-    return {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}
 
 
 def bench_entries(entries: list[Entry], device: str, preset: str, rounds: int, iters: int, timeout: float,
@@ -44,14 +40,13 @@ def bench_entries(entries: list[Entry], device: str, preset: str, rounds: int, i
                 continue
             variants[e.id] = (Path(rr.worktree), rr.candidate.commit_sha)
         dtype = wl.dtype_for(device)
-        shape = _shape_json(wl.preset(preset).shapes)
+        target = Target(wl, checkout.name, spec.model_class, checkout, preset, device, dtype)
+        shape = wl.preset(preset).shapes.to_json()
         jobs: dict[str, list[dict]] = {k: [] for k in variants}
         for rnd in range(rounds):
             for name, (wt, sha) in variants.items():
-                job = Job(kind="step", workload=wl.to_json(), preset=preset, device=device, dtype=dtype,
-                          engine_root=str(wt / spec.import_root), engine_sha=sha, model_class=spec.model_class,
-                          shapes=[shape], seeds=[0], weight_seed=0, warmup=3, iters=iters,
-                          out_dir=str(run_dir / wl_name / name / f"r{rnd}"), save_outputs=False)
+                job = target.job("step", wt, run_dir / wl_name / name / f"r{rnd}", engine_sha=sha, warmup=3,
+                                 iters=iters, save_outputs=False)
                 res = run_job(job, run_dir / wl_name / name, timeout_s=timeout, name=f"step-r{rnd}")
                 if not res.ok:
                     echo(f"{wl_name} {name} round {rnd}: {res.reason()}")

@@ -282,11 +282,10 @@ def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> P
 
 
 # ------------------------------------------------------------------------------------------------
-# Transitional, for bot/generate/agent/ only, which still reaches these through this module: its
-# worker moves it to bot.hardware.hardware_name, bot.knowledge.prompt (prompt_context,
-# store_entry_text), lessons.search(..., caveats_first=True) and store.find_entries. Delete this
-# block with that change; nothing else may use it.
-from bot.hardware import hardware_name  # noqa: E402,F401
+# Transitional, for bot/generate/agent/loop.py only, which still reaches these through this module:
+# its worker moves it to bot.knowledge.prompt (prompt_context, store_entry_text),
+# lessons.search(..., caveats_first=True) and store.find_entries. Delete this block with that
+# change; nothing else may use it.
 from bot.knowledge.prompt import prompt_context, store_entry_text  # noqa: E402,F401
 
 

@@ -201,7 +201,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     work = ctx.run_dir / "agent"
     knowledge = ctx.knowledge()
     task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
-                     vctx=ValidationContext.from_target(t, ctx.results.checkout.base_worktree, work / "validation"),
+                     vctx=ValidationContext.from_target(t, work / "validation"),
                      opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
                      profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store)
     cfg = AgentConfig.from_env()

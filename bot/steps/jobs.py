@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bot.errors import OptbotError, RunnerError
+from bot.errors import OptbotError
 from bot.jobs import JobOutcome, run_job
 from bot.target import Target
 
@@ -19,7 +19,7 @@ def failed(t: Target, out: JobOutcome, what: str) -> OptbotError:
     if err.get("kind") in MODEL_ERRORS:
         return OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
                            f"{err.get('message')}")
-    return RunnerError(f"{what} {out.reason()}; log: {out.log_path}\n{out.log_tail[-1500:]}")
+    return out.error(what)
 
 
 def run_ok(t: Target, kind: str, worktree: Path, out_dir: Path, timeout_s: float, **job_kw) -> dict:

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import git
 
-from bot.validate.resolve import GIT_ENV, resolve_base, resolve_candidate
 from bot.engine import add_worktree
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target
-from bot.validate.validator import fresh_seeds, _shape_json
-from runner.job import Job
+from bot.validate.resolve import GIT_ENV, resolve_base, resolve_candidate
+from bot.validate.validator import fresh_seeds
 
 
 @dataclass
@@ -95,28 +94,27 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
            log=None, run_dir: Path | None = None) -> Ablation:
     say = log or (lambda m: None)
     base_sha = resolve_base(target.checkout, base)
-    cand = resolve_candidate(target.checkout, candidate, base_sha)
+    rev = resolve_candidate(target.checkout, candidate, base_sha)
     run_dir = run_dir or new_run_dir("ablate")
     is_cuda = target.device.startswith("cuda")
     mode = "eager"
     ab = Ablation(workload=target.workload.name, preset=target.preset, device=target.device, mode=mode,
-                  base_sha=base_sha, candidate_sha=cand.sha, rounds=rounds, run_dir=str(run_dir))
+                  base_sha=base_sha, candidate_sha=rev.sha, rounds=rounds, run_dir=str(run_dir))
     variants: dict[str, tuple[Path, str]] = {
         "base": (add_worktree(target.checkout, f"base-{base_sha[:12]}", base_sha), base_sha),
-        "stack": (cand.worktree, cand.sha),
+        "stack": (rev.worktree, rev.sha),
     }
-    for sha, subject in cand.commits:
+    for sha, subject in rev.commits:
         row = AblationRow(sha=sha, subject=subject)
         ab.rows.append(row)
-        if len(cand.commits) == 1:
+        if len(rev.commits) == 1:
             row.note = "the only commit: without it is the base"
             continue
-        wt, note = _revert_worktree(target, cand.sha, sha)
+        wt, note = _revert_worktree(target, rev.sha, sha)
         if wt is None:
             row.note = note
             continue
         variants[sha] = (wt, git.Repo(wt).head.commit.hexsha)
-    preset = target.workload.preset(target.preset)
     seed, wseed = fresh_seeds(1)[0], fresh_seeds(1)[0]
     medians: dict[str, list[float]] = {k: [] for k in variants}
     notes: dict[str, str] = {}
@@ -124,12 +122,9 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
         for name, (wt, sha) in variants.items():
             if name in notes:
                 continue
-            job = Job(kind="validate_step", workload=target.workload.to_json(), preset=target.preset,
-                      device=target.device, dtype=target.dtype, engine_root=target.engine_root(wt), engine_sha=sha,
-                      model_class=target.model_class, shapes=[_shape_json(preset.shapes)], seeds=[seed],
-                      weight_seed=wseed, warmup=3 if is_cuda else 1, iters=iters or (10 if is_cuda else 5),
-                      out_dir=str(run_dir / f"{name[:12]}-r{r}"),
-                      params={"correctness": False, "timing": {"eager": True}})
+            job = target.job("validate_step", wt, run_dir / f"{name[:12]}-r{r}", engine_sha=sha, seeds=[seed],
+                             weight_seed=wseed, warmup=3 if is_cuda else 1, iters=iters or (10 if is_cuda else 5),
+                             params={"correctness": False, "timing": {"eager": True}})
             say(f"ablation round {r + 1}/{rounds}: {name[:12]}")
             out = run_job(job, Path(job.out_dir), timeout_s=1800, name="timing")
             if not out.ok:
@@ -142,7 +137,7 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
     if len(medians["base"]) > 1 and ab.base_ms:
         ab.noise_pct = 100 * (max(medians["base"]) - min(medians["base"])) / ab.base_ms
     for row in ab.rows:
-        key = "base" if len(cand.commits) == 1 else row.sha
+        key = "base" if len(rev.commits) == 1 else row.sha
         if key in notes:
             row.note = f"variant failed: {notes[key]}"
         if key in mean and ab.stack_ms is not None:

@@ -1,10 +1,10 @@
-"""Candidates: engine commits on top of a base, or patch files turned into such a commit.
+"""The commit being validated (a Revision), resolved from a candidate REF or a patch file.
 
-A candidate REF is either a commit/branch of the engine repository, or a path to a patch file.
-A patch file is applied onto the base in a fresh worktree and committed there deterministically
-(fixed author and date), so the same patch on the same base always gives the same sha. Text before
-the first ``diff --git`` of a plain patch is its commit message (trailers included); an mbox patch
-(``git format-patch``) is applied with ``git am`` and keeps its own message.
+A candidate REF is either a commit/branch of the engine repository on top of the base, or a path to
+a patch file. A patch file is applied onto the base in a fresh worktree and committed there
+deterministically (fixed author and date), so the same patch on the same base always gives the same
+sha. Text before the first ``diff --git`` of a plain patch is its commit message (trailers
+included); an mbox patch (``git format-patch``) is applied with ``git am`` and keeps its own message.
 
 Metadata travels in git trailers of the commit messages (DESIGN decision 5):
   Optbot-Opportunity, Optbot-Kind, Optbot-Adds-Kernels, Optbot-Removes-Kernels, Optbot-Entry,
@@ -30,7 +30,9 @@ GIT_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE,
 
 
 @dataclass
-class Candidate:
+class Revision:
+    """The commit being validated, in its own worktree (not bot/generate's Candidate, which is what a
+    generator proposes)."""
     spec: str  # what the user passed
     sha: str
     base_sha: str
@@ -48,7 +50,7 @@ def resolve_base(checkout: EngineCheckout, base: str | None) -> str:
         raise OptbotError(f"--base {base!r}: no such commit or branch in engine repository {checkout.repo_path}") from None
 
 
-def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Candidate:
+def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Revision:
     repo = checkout.repo
     p = Path(spec)
     if p.is_file():
@@ -71,7 +73,7 @@ def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Can
         for k, vs in parse_trailers(c.message).items():
             trailers.setdefault(k, [])
             trailers[k] += [v for v in vs if v not in trailers[k]]
-    return Candidate(spec, sha, base_sha, wt, commits, trailers)
+    return Revision(spec, sha, base_sha, wt, commits, trailers)
 
 
 def _commit_patch(checkout: EngineCheckout, patch: Path, base_sha: str) -> tuple[str, Path]:

@@ -121,15 +121,9 @@ class Verdict:
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
-        d = dict(d)
-        if d.get("correctness"):
-            c = dict(d["correctness"])
-            c["checks"] = [OutputCheck(**x) for x in c.get("checks", [])]
-            d["correctness"] = Correctness(**c)
-        if d.get("engagement"):
-            d["engagement"] = Engagement(**d["engagement"])
-        d["speed"] = [Speed(**s) for s in d.get("speed", [])]
-        return cls(**d)
+        """The Verdict `to_json` wrote (bot/jsonable.py, the run directory's one codec)."""
+        from bot.jsonable import from_json
+        return from_json(cls, d)
 
     # ----------------------------------------------------------------------------------------
     def render(self) -> str:

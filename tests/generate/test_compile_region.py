@@ -9,8 +9,9 @@ from pathlib import Path
 import git
 import pytest
 
-from bot.generate.agent.candidates import read_trailers
 from bot.generate import compile_region
+from bot.generate.candidate import Candidate
+from bot.trailers import parse_trailers
 from bot.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,10 +49,13 @@ def test_generate_commit_on_flux2(diffusers_engine):
     wl = load_workload("flux2")
     cand = compile_region.generate(diffusers_engine, diffusers_engine.base_sha, _profile(), wl.engine(None).model_class,
                                    "src", "test-cr", opportunity={"id": "opp-lb", "kind": "launch-bound"})
-    assert cand is not None and cand.generator == "compile-region"
-    tr = read_trailers(diffusers_engine.repo_path, cand.commit_sha)
-    assert tr["Optbot-Kind"] == "launch-bound" and tr["Optbot-Generator"] == "compile-region"
+    assert isinstance(cand, Candidate) and cand.generator == "compile-region"
     repo = git.Repo(cand.worktree)
+    message = repo.commit(cand.commit_sha).message
+    assert cand.description == message and cand.trailers == parse_trailers(message)
+    tr = parse_trailers(message)
+    assert tr["Optbot-Kind"] == "launch-bound" and tr["Optbot-Generator"] == "compile-region"
+    assert tr["Optbot-Run"] == "test-cr" and tr["Optbot-Opportunity"] == "opp-lb"
     diff = repo.git.diff(diffusers_engine.base_sha, cand.commit_sha)
     assert "_optbot_block.compile()" in diff and diff.count("\n+") >= 5
     src = (Path(cand.worktree) / "src/diffusers/models/transformers/transformer_flux2.py").read_text()

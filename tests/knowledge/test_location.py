@@ -5,7 +5,6 @@ elsewhere. Every reader goes through it, and the commands say where."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,16 +123,3 @@ def test_a_command_run_elsewhere_never_reads_optbots_own_checkout(tmp_path):
     home = (tmp_path / "home" / "knowledge").resolve()
     assert p.stderr.splitlines()[0].startswith(f"knowledge: {home} (default: {work.resolve()} is in no git repository")
     assert "store-patches-need-distinct-anchors" in p.stdout  # the seed lessons, from the new repository
-
-
-def test_the_validator_reads_an_entrys_kernel_tests_from_the_knowledge_it_is_given(tmp_path):
-    """bot/validate/validator.kernel_tests_for: with a separate knowledge repository a replayed
-    entry's kernel tests are those of that repository's entry (they were silently skipped)."""
-    from bot.validate.resolve import Candidate
-    from bot.validate.validator import kernel_tests_for
-
-    store = tmp_path / "knowledge" / "kernel_store"
-    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", store / "flux2-swiglu")
-    cand = Candidate("c", "c" * 40, "b" * 40, tmp_path, trailers={"Optbot-Entry": ["flux2-swiglu"]})
-    assert kernel_tests_for(cand, store) == [str(store / "flux2-swiglu" / "test_swiglu.py")]
-    assert kernel_tests_for(cand, tmp_path / "empty") == []

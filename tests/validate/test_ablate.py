@@ -9,7 +9,7 @@ from tests.validate.conftest import ADV
 
 @pytest.mark.slow
 def test_ablation_of_two_commit_stack(flux2_cpu, tmp_path):
-    from bot.validate.ablate import ablate
+    from bot.validate.ablate import _revert_worktree, ablate
     from bot.validate.resolve import GIT_ENV, _commit_patch
 
     sha1, wt = _commit_patch(flux2_cpu.checkout, ADV / "honest_merge_qkv.patch", flux2_cpu.checkout.base_sha)
@@ -25,6 +25,12 @@ def test_ablation_of_two_commit_stack(flux2_cpu, tmp_path):
     assert ab.base_ms and ab.stack_ms, text
     assert all(r.without_ms is not None and r.contribution_ms is not None for r in ab.rows), text
     assert "leave-one-out" in text and "measured on cpu" in text and "Comment-only commit" in text
-    # the revert really removed commit 1 in its variant: that worktree has no merged projection
-    minus1 = [p for p in (tmp_path).iterdir() if p.name.startswith(sha1[:12])]
-    assert minus1, list(tmp_path.iterdir())
+    # the variant without commit 1 was timed, and it really is the stack with commit 1 reverted:
+    # the comment of commit 2 is there, the merged projection of commit 1 is not
+    assert any(p.name.startswith(sha1[:12]) for p in tmp_path.iterdir()), list(tmp_path.iterdir())
+    minus1, _ = _revert_worktree(flux2_cpu, sha2, sha1)  # the same worktree, reused
+    repo1 = git.Repo(minus1)
+    assert repo1.head.commit.parents[0].hexsha == sha2
+    text1 = (minus1 / f.relative_to(wt)).read_text()
+    assert "comment-only commit" in text1 and "def optbot_after_load" not in text1
+    assert "def optbot_after_load" in f.read_text()

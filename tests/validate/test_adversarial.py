@@ -83,26 +83,3 @@ def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
     assert (back.status, back.summary, back.correctness.seeds, back.speed[0].base_ms) == \
         (v.status, v.summary, v.correctness.seeds, v.speed[0].base_ms)
 
-
-def test_a_noisy_rejection_times_another_pair(flux2_cpu, tmp_path, monkeypatch):
-    """A speed verdict that would reject inside a wide noise band is measured again: one more
-    candidate and base process each (Options.retimes), then decided over all of them. The outcome
-    is forced wide-noise no-change here so that the loop runs on CPU; the processes are real."""
-    import bot.validate.validator as bv
-
-    calls = []
-
-    def noisy(base_ms, cand_ms, bw, cw, device):
-        calls.append((len(base_ms), len(cand_ms)))
-        return 1.0, 50.0, "no-change", []
-
-    monkeypatch.setattr(bv, "speed_outcome", noisy)
-    lines = []
-    v = bv.validate(flux2_cpu, str(ADV / "honest_merge_qkv.patch"),
-                    opts=bv.Options(iters=2, speed_gates=True, retimes=1, graph=False, run_dir=tmp_path / "run",
-                                    log=lines.append))
-    assert v.status == "rejected" and v.reason == "no-change", v.render()
-    eager = next(s for s in v.speed if s.mode == "eager")
-    assert len(eager.base_ms) == 3 and len(eager.candidate_ms) == 3
-    assert calls == [(2, 2), (3, 3)]  # decided again over all processes, then no more rounds (retimes=1)
-    assert any("timing another candidate/base pair (1 of 1)" in ln for ln in lines), lines

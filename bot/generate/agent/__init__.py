@@ -4,10 +4,12 @@ worktree, several strategies in parallel, budgets, prompt caching and transcript
   config.py      model, budgets, strategies (env: OPTBOT_AGENT_*); off without ANTHROPIC_API_KEY
   prices.py      the price table and the cost of a response from its usage
   budget.py      turns / tokens / USD budgets (USD shared by all agents)
+  prompts.py     the cached system prompt (rules + knowledge) and the first user message
   tools.py       worktree-confined file tools + validator/profile/lessons/store tools
-  validation.py  the one adapter into the validator (fallback: runner step job, labelled)
-  loop.py        one agent: request -> tools -> results, until done or out of budget
+  validation.py  the agent's calls of THE validator (bot.validate): verdicts reused per tree, ranking
+  loop.py        one agent: request -> tools -> results, until done or out of budget; its candidate
   parallel.py    strategies in parallel; the strongest is refined
-  candidates.py  snapshot and candidate commits with Optbot-* trailers
   transcript.py  JSON-lines transcripts in the run directory
+
+Candidate commits go through bot/generate/commits.py and are the one bot/generate/candidate.Candidate.
 """

@@ -16,14 +16,17 @@ from pathlib import Path
 
 import anthropic
 
+from bot.errors import OptbotError
 from bot.generate.agent import prompts
 from bot.generate.agent.budget import Budget, CostPool, Spend
-from bot.generate.agent.candidates import GeneratedCandidate, changed_files, commit_candidate, diff_against, make_trailers, snapshot
 from bot.generate.agent.config import AgentConfig
-from bot.generate.agent.tools import TOOL_SPECS, ToolHooks, Workspace
+from bot.generate.agent.tools import TOOL_SPECS, ToolError, ToolHooks, Workspace
 from bot.generate.agent.transcript import Transcript
-from bot.generate.agent.validation import Check, ValidationContext, check_candidate
+from bot.generate.agent.validation import ValidationContext, validate_commit, verdict_line
+from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.generate.commits import changed_since, commit_candidate, snapshot
 from bot.knowledge import learn
+from bot.validate.verdict import Verdict
 
 
 @dataclass
@@ -40,25 +43,11 @@ class AgentTask:
     lessons_dir: Path | None = None
     store_dir: Path | None = None
 
-    @classmethod
-    def from_target(cls, target, opportunity, run_dir: Path, run_id: str, profile: dict | None = None,
-                    lessons_dir: Path | None = None, store_dir: Path | None = None) -> "AgentTask":
-        """The task for one opportunity of a run (what `optimize` calls): base worktree, validation
-        context with the Target (so the real validator judges), hardware named from the profile."""
-        from bot.target import base_worktree
-
-        wt = base_worktree(target)
-        dev_name = ((profile or {}).get("env") or {}).get("device_name", "")
-        return cls(run_id=run_id, run_dir=Path(run_dir), checkout=target.checkout,
-                   vctx=ValidationContext.from_target(target, wt, Path(run_dir)), opportunity=opportunity_dict(opportunity),
-                   engine=target.engine_name or target.workload.default_engine,
-                   hardware=learn.hardware_name(target.device, dev_name), profile=profile,
-                   lessons_dir=lessons_dir, store_dir=store_dir)
-
     def target_info(self) -> dict:
-        return {"workload": self.vctx.workload.get("name"), "preset": self.vctx.preset, "device": self.vctx.device,
-                "dtype": self.vctx.dtype, "model_class": self.vctx.model_class, "engine": self.engine,
-                "import_root": self.vctx.import_root, "hardware": self.hardware}
+        t = self.vctx.target
+        return {"workload": t.workload.name, "preset": t.preset, "device": t.device, "dtype": t.dtype,
+                "model_class": t.model_class, "engine": self.engine, "import_root": t.checkout.import_root,
+                "hardware": self.hardware}
 
 
 @dataclass
@@ -69,26 +58,25 @@ class AgentResult:
     spend: Spend
     transcript: str
     worktree: str
-    candidate: GeneratedCandidate | None = None
-    check: Check | None = None
+    candidate: Candidate | None = None
+    verdict: Verdict | None = None  # the validator's verdict on the candidate
+    error: str = ""  # why the candidate has no verdict (the validator could not judge it)
     summary: str = ""
     tool_calls: int = 0
-    checks: list[dict] = field(default_factory=list)  # every run_correctness/run_microbenchmark result
-
-    def score(self) -> tuple:
-        return self.check.score() if self.check else (-1, 0.0)
+    validations: list[dict] = field(default_factory=list)  # every run_correctness / run_microbenchmark call
 
     def to_json(self) -> dict:
         return {"name": self.name, "strategy": self.strategy, "stop": self.stop, "spend": self.spend.to_json(),
                 "transcript": self.transcript, "worktree": self.worktree, "summary": self.summary,
                 "tool_calls": self.tool_calls,
                 "candidate": self.candidate.to_json() if self.candidate else None,
-                "check": self.check.to_json() if self.check else None, "checks": self.checks}
+                "verdict": self.verdict.to_json() if self.verdict else None, "error": self.error,
+                "validations": self.validations}
 
 
 def opportunity_dict(opp) -> dict:
-    """Adapter from the analyze helper's Opportunity (branch `analyze`) to the plain dict the agent
-    reads. Accepts a dataclass, an object with to_json(), or a dict."""
+    """An Opportunity (bot/analyze) as the plain dict the agent reads. Accepts a dataclass, an object
+    with to_json(), or a dict."""
     if isinstance(opp, dict):
         d = dict(opp)
     elif hasattr(opp, "to_json"):
@@ -102,12 +90,18 @@ def opportunity_dict(opp) -> dict:
 
 
 def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str) -> ToolHooks:
-    def run(mode: str) -> dict:
+    def run(mode: str) -> str:
         sha = snapshot(ws_root, f"optbot agent snapshot ({strategy})")
-        chk = check_candidate(task.vctx, ws_root, sha, mode)
-        rec = {"mode": mode, "commit": sha, **chk.to_json()}
-        result.checks.append(rec)
-        return rec
+        rec: dict = {"mode": mode, "commit": sha}
+        result.validations.append(rec)
+        try:
+            v = validate_commit(task.vctx, sha, speed=mode == "speed")
+        except OptbotError as e:
+            rec["error"] = str(e)
+            raise ToolError(f"the validator could not judge commit {sha[:12]}: {e}") from None
+        rec.update(status=v.status, reason=v.reason, summary=v.summary, run_dir=v.run_dir)
+        same = "" if v.candidate_sha == sha else f" (the same files as {v.candidate_sha[:12]}, validated before)"
+        return f"commit {sha[:12]}{same}: {v.status}\n{v.render()}"
 
     def read_profile(top: int) -> str:
         p = task.profile
@@ -218,53 +212,35 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     finally:
         transcript.write("end", stop=result.stop, spend=result.spend.to_json(),
                          candidate=result.candidate.to_json() if result.candidate else None,
-                         check=result.check.to_json() if result.check else None)
+                         verdict=result.verdict.to_json() if result.verdict else None, error=result.error)
         transcript.close()
+    judged = verdict_line(result.verdict) if result.verdict else result.error
     log(f"agent {name}: {result.stop}; {result.spend.line()}"
-        + (f"; candidate {result.candidate.commit_sha[:12]}: {result.check.status}: {result.check.reason}"
-           if result.candidate and result.check else "; no candidate"))
+        + (f"; candidate {result.candidate.commit_sha[:12]}: {judged}" if result.candidate else "; no candidate"))
     return result
 
 
 def _finish(task: AgentTask, result: AgentResult, wt: Path, strategy: str, name: str) -> None:
     """The worktree (its edits and snapshots since the base) becomes one candidate commit, validated."""
+    base = task.vctx.base_sha
     snapshot(wt, f"optbot agent final state ({name})")
-    if not diff_against(wt, task.vctx.base_sha).strip():
+    if not changed_since(wt, base):
         return  # the agent changed nothing: no candidate
     title = (result.summary.splitlines()[0].strip("# ").strip() if result.summary else "") or \
         f"{task.opportunity.get('kind')}: agent candidate ({strategy})"
     title = title[:100]
     opp = task.opportunity
-    trailers = make_trailers(str(opp.get("id", "none")), str(opp.get("kind")), f"agent/{strategy}", task.run_id)
+    trailers = make_trailers(str(opp.get("id", "none")), str(opp.get("kind")), [], [], generator=f"agent/{strategy}",
+                             run_id=task.run_id)
     body = (f"Generated by optbot's Anthropic agent (strategy {strategy}, run {task.run_id}).\n\n"
             + (result.summary[:2000] if result.summary else ""))
-    sha = commit_candidate(wt, task.vctx.base_sha, title, body, trailers)
-    mode = "full" if task.vctx.device.startswith("cuda") else "correctness"
-    result.check = check_candidate(task.vctx, wt, sha, mode)
-    result.candidate = GeneratedCandidate(
+    sha = commit_candidate(wt, base, title, body, trailers)
+    result.candidate = Candidate(
         id=f"agent-{name}-{sha[:8]}", opportunity_id=str(opp.get("id", "none")), kind=str(opp.get("kind")),
-        generator=f"agent/{strategy}", worktree=str(wt), commit_sha=sha, base_sha=task.vctx.base_sha,
-        trailers=trailers, title=title)
-
-
-def outcome_of(task: AgentTask, r: AgentResult, engine_source: str = "") -> learn.Outcome | None:
-    """A finished agent's candidate and verdict as a learning Outcome (None without a candidate)."""
-    if not r.candidate or not r.check:
-        return None
-    wt = Path(r.worktree)
-    patch = diff_against(wt, task.vctx.base_sha, r.candidate.commit_sha)
-    files = changed_files(wt, task.vctx.base_sha, r.candidate.commit_sha)
-    import git
-    repo = git.Repo(wt)
-    added = {}
-    for f in repo.git.diff(task.vctx.base_sha, r.candidate.commit_sha, "--name-only", "--diff-filter=A").splitlines():
-        if f:
-            added[f] = repo.git.show(f"{r.candidate.commit_sha}:{f}", strip_newline_in_stdout=False)
-    pr = task.vctx.workload["presets"][task.vctx.preset]
-    return learn.Outcome(
-        candidate_id=r.candidate.id, kind=r.candidate.kind, generator=r.candidate.generator, run_id=task.run_id,
-        status=r.check.status, reason=r.check.reason, numbers=r.check.numbers, device=task.vctx.device,
-        hardware=task.hardware, engine=task.engine, engine_source=engine_source, base_sha=task.vctx.base_sha,
-        commit_sha=r.candidate.commit_sha, title=r.candidate.title, patch=patch, changed_files=files,
-        added_files=added, workload=str(task.vctx.workload.get("name", "")), shapes=[pr["shapes"]],
-        dtype=task.vctx.dtype, validated_by=r.check.by)
+        generator=f"agent/{strategy}", worktree=str(wt), commit_sha=sha, base_sha=base, trailers=trailers,
+        title=title, description=commit_message(title, body, trailers),
+        estimated_gain_ms=opp.get("gain_ms"))
+    try:
+        result.verdict = validate_commit(task.vctx, sha, speed=task.vctx.target.device.startswith("cuda"))
+    except OptbotError as e:
+        result.error = f"the validator could not judge it: {e}"

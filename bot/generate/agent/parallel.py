@@ -15,8 +15,8 @@ import anthropic
 
 from bot.generate.agent.budget import CostPool, Spend
 from bot.generate.agent.config import OFF_MESSAGE, AgentConfig, api_key_present
-from bot.knowledge import learn
-from bot.generate.agent.loop import AgentResult, AgentTask, outcome_of, run_agent
+from bot.generate.agent.loop import AgentResult, AgentTask, run_agent
+from bot.generate.agent.validation import strength, verdict_line
 
 
 @dataclass
@@ -55,18 +55,18 @@ def generate(task: AgentTask, cfg: AgentConfig | None = None, client: anthropic.
     for rnd in range(2, 2 + max(0, cfg.rounds)):
         if best is None or best.candidate is None or pool.left() <= 0:
             break
-        fb = f"{best.check.status}: {best.check.reason}\nnumbers: {best.check.numbers}" if best.check else ""
+        fb = best.verdict.render() if best.verdict else best.error
         try:
             r = run_agent(task, "refine", cfg, client, pool, name=f"r{rnd}-refine", start_ref=best.candidate.commit_sha,
                           feedback=fb, log=log)
         except Exception as e:  # noqa: BLE001 - one failed agent must not lose the others' candidates
             r = _failed("refine", f"r{rnd}-refine", e, log)
         gen.results.append(r)
-        if r.candidate and r.score() > best.score():
+        if r.candidate and strength(r.verdict) > strength(best.verdict):
             best = r
     gen.best = best
     log(f"agent cost: {pool.spent.line()} (model {cfg.model}); best: "
-        + (f"{best.name} ({best.check.status}: {best.check.reason})" if best and best.check else "none"))
+        + (f"{best.name} ({verdict_line(best.verdict) if best.verdict else best.error})" if best else "none"))
     return gen
 
 
@@ -84,23 +84,5 @@ def _result_or_failure(strategy: str, name: str, fut, log) -> AgentResult:
 
 def _strongest(results: list[AgentResult]) -> AgentResult | None:
     with_cand = [r for r in results if r.candidate is not None]
-    return max(with_cand, key=lambda r: r.score()) if with_cand else None
+    return max(with_cand, key=lambda r: strength(r.verdict)) if with_cand else None
 
-
-def learn_all(task: AgentTask, gen: AgentGeneration, engine_source: str = "") -> list[learn.Learned]:
-    """Every attempt that produced a candidate becomes knowledge: accepted -> store entry + pattern
-    lesson, anything else -> caveat lesson (bot/knowledge/learn.py)."""
-    import git
-
-    out, seen = [], set()
-    for r in gen.results:
-        if r.candidate is None:
-            continue
-        tree = git.Repo(r.worktree).commit(r.candidate.commit_sha).tree.hexsha
-        if tree in seen:
-            continue  # a refinement that changed nothing more: the same files are learned once
-        seen.add(tree)
-        o = outcome_of(task, r, engine_source or getattr(task.checkout, "name", ""))
-        if o is not None:
-            out.append(learn.learn(o, store_dir=task.store_dir, lessons_dir=task.lessons_dir))
-    return out

@@ -6,13 +6,13 @@ followed out of the worktree, and never written through). Nothing under ``.git``
 written: a hook or config written there would run in the bot's own process at commit time.
 Search is a Python regex scan, never a shell.
 
-run_correctness and run_microbenchmark snapshot the worktree as a commit and hand that commit to the
-validator (bot/generate/agent/validation.py, one adapter); the candidate's code runs only in runner child
-processes whose environment carries no keys. read_profile, read_lessons and read_store return text.
+run_correctness and run_microbenchmark snapshot the worktree as a commit and hand that commit to THE
+validator (bot.validate, through bot/generate/agent/validation.py); the model reads the verdict as the
+validator renders it. The candidate's code runs only in runner child processes whose environment
+carries no keys. read_profile, read_lessons and read_store return text.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -114,9 +114,9 @@ TOOL_SPECS: list[dict] = [
 
 @dataclass
 class ToolHooks:
-    """What the non-file tools call; each returns text (or a JSON-able dict) for the model."""
-    run_correctness: Callable[[], dict]
-    run_microbenchmark: Callable[[], dict]
+    """What the non-file tools call; each returns text for the model (or raises ToolError)."""
+    run_correctness: Callable[[], str]
+    run_microbenchmark: Callable[[], str]
     read_profile: Callable[[int], str]
     read_lessons: Callable[[str | None, str | None], str]
     read_store: Callable[[str | None, str | None], str]
@@ -143,8 +143,6 @@ class Workspace:
             return f"error: {e}", True
         except TypeError as e:
             return f"error: bad arguments for {name}: {e}", True
-        if isinstance(out, dict):
-            out = json.dumps(out, indent=1, default=str)
         return out, False
 
     # ---- files
@@ -223,10 +221,10 @@ class Workspace:
 
     # ---- validator, profile, knowledge
 
-    def tool_run_correctness(self) -> dict:
+    def tool_run_correctness(self) -> str:
         return self.hooks.run_correctness()
 
-    def tool_run_microbenchmark(self) -> dict:
+    def tool_run_microbenchmark(self) -> str:
         return self.hooks.run_microbenchmark()
 
     def tool_read_profile(self, top: int = 30) -> str:

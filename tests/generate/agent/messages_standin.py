@@ -260,3 +260,14 @@ class MessagesStandin:
                 self._send(status, obj)
 
         return Handler
+
+
+def reader_script(n_reads: int, match: str = "Strategy: fuse", usage: dict | None = None,
+                  path: str = "src/pkg/mod.py") -> dict:
+    """A conversation that reads `path` n_reads times, one read_file per turn, then ends its turn
+    without changing anything."""
+    read = {"type": "tool_use", "name": "read_file", "input": {"path": path}}
+    turns = [{"content": [{"type": "text", "text": f"look {i}"}, read], **({"usage": usage} if usage else {})}
+             for i in range(n_reads)]
+    turns.append({"content": [{"type": "text", "text": "nothing to change"}], "stop_reason": "end_turn"})
+    return {"conversations": [{"match": match, "turns": turns}]}

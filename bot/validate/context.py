@@ -1,0 +1,53 @@
+"""What one validation's checks share: the target, the options, the fresh seeds and weights, the
+shapes, the run directory. The validator (validator.py) makes it; correctness, engagement and speed
+read it. It lives apart so that those modules need not import the validator (no cycle).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bot.target import Target
+from bot.workload import Shape
+from runner.job import Job
+
+if TYPE_CHECKING:
+    from bot.validate.validator import Options
+
+
+@dataclass
+class Context:
+    target: Target
+    opts: Options
+    run_dir: Path
+    seeds: list[int]
+    weight_seed: int
+    shapes: list[Shape]  # the preset's shape, then its extra shapes
+    is_cuda: bool
+    warmup: int
+    iters: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gates(self) -> bool:
+        """Does speed decide the verdict (slower / no-change reject)? Default: on CUDA only (DESIGN decision 7)."""
+        return self.opts.speed_gates if self.opts.speed_gates is not None else self.is_cuda
+
+    def say(self, msg: str) -> None:
+        if self.opts.log:
+            self.opts.log(msg)
+
+    def job(self, kind: str, worktree: Path | None, sha: str, name: str, params: dict, *, seeds=None,
+            shapes=None) -> Job:
+        """A job with this validation's seeds, weights and shapes (unless given), output under run_dir/name."""
+        return self.target.job(kind, worktree, self.run_dir / name, engine_sha=sha, shapes=shapes or self.shapes,
+                               seeds=seeds or self.seeds, weight_seed=self.weight_seed, warmup=self.warmup,
+                               iters=self.iters, params=params)
+
+    def side_params(self, side: str = "candidate") -> dict:
+        """validate_step parameters of one side's correctness process (runner/kinds/validate_step.py)."""
+        o = self.opts
+        return {"correctness": True, "profile": o.engagement,
+                "timing": {"eager": o.speed, "graph": bool(o.speed and (o.graph if o.graph is not None else self.is_cuda))},
+                "flops": bool(o.speed and self.is_cuda and side == "candidate")}  # the roofline floor

@@ -1,0 +1,111 @@
+"""Correctness, checks 3 and 4 of docs/validate.md.
+
+  check_outputs     both sides' saved outputs compared in a clean process that imports no engine
+                    (runner/kinds/compare.py): NaN/Inf, rel L2, atol+rtol per element (or bit-exact);
+                    and the candidate's inputs unmodified
+  check_kernels     every kernel test the candidate names (kernel_tests_for) against its reference
+                    (runner/kinds/kernel_check.py), with M=1 and odd-M shapes added
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bot.errors import OptbotError, RunnerError
+from bot.jobs import JobOutcome, run_job
+from bot.validate.context import Context
+from bot.validate.resolve import Revision
+from bot.validate.verdict import Correctness, OutputCheck
+from bot.workload import Shape
+
+
+def _label(shape: dict) -> str:
+    return Shape.from_json(shape).label()
+
+
+def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
+    """Both sides' validate_step results -> Correctness (ok only when every output check passes and
+    no input was modified)."""
+    wl = ctx.target.workload
+    tol = wl.tolerance.get(ctx.target.dtype)
+    rule = "bit-exact" if wl.bit_exact else (f"rel_l2 <= {tol.rel_l2:g} and |d| <= {tol.atol:g} + {tol.rtol:g}*|ref| "
+                                            f"({ctx.target.dtype})")
+    corr = Correctness(ok=True, seeds=ctx.seeds, shapes=[s.label() for s in ctx.shapes], rule=rule)
+    poison = (cand.get("runs") or [{}])[0].get("poison", {})
+    corr.poison = poison.get("how", "") + (f"; {poison.get('empty_tensors_nan_filled')} empty tensors NaN-filled"
+                                           if poison else "")
+    pairs = []
+    brun = {(json.dumps(r["shape"], sort_keys=True), r["seed"]): r for r in base["runs"]}
+    for r in cand["runs"]:
+        label = f"{_label(r['shape'])} seed {r['seed']}"
+        for ch in r.get("inputs_modified", []):
+            corr.inputs_modified.append(f"{label}: {ch['input']} " + (
+                ch.get("what") or f"changed in place: {ch['changed']} of {ch['numel']} elements, max abs "
+                                  f"{ch['max_abs']:.3g} at {ch['at']} ({ch['was']:.4g} -> {ch['now']:.4g})"))
+        b = brun.get((json.dumps(r["shape"], sort_keys=True), r["seed"]))
+        if b is None:
+            raise RunnerError(f"internal: no base run for {label}")
+        pairs.append({"label": label, "base": b["file"], "candidate": r["file"]})
+    job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
+        "pairs": pairs, "bit_exact": wl.bit_exact,
+        "tolerance": None if wl.bit_exact else {"rel_l2": tol.rel_l2, "atol": tol.atol, "rtol": tol.rtol}})
+    ctx.say("compare: outputs in a clean process")
+    out = run_job(job, ctx.run_dir / "compare", timeout_s=600, name="compare")
+    if not out.ok:
+        raise out.error("the compare job")
+    for c in out.result["checks"]:
+        corr.checks.append(OutputCheck(label=c["label"], output=c["output"], ok=c["ok"], reason=c["reason"],
+                                       max_abs=c.get("max_abs"), at=c.get("at"), rel_l2=c.get("rel_l2"),
+                                       violations=c.get("violations"), nonfinite=c.get("nonfinite")))
+    corr.ok = not corr.inputs_modified and all(c.ok for c in corr.checks) and bool(corr.checks)
+    return corr
+
+
+def correctness_summary(corr: Correctness) -> str:
+    """The one line a correctness rejection says: the first modified input, else the first failing check."""
+    if corr.inputs_modified:
+        return f"modified its inputs in place: {corr.inputs_modified[0]}"
+    bad = [c for c in corr.checks if not c.ok]
+    if bad:
+        shapes = sorted({c.label.split(' seed')[0] for c in bad})
+        return (f"{len(bad)} of {len(corr.checks)} output checks fail (shapes {', '.join(shapes)}); "
+                f"first: {bad[0].label}: {bad[0].reason}")
+    bad_k = [k for k in corr.kernels if not k.get("ok")]
+    if bad_k:
+        case = next(c for c in bad_k[0]["cases"] if not c["ok"])
+        return f"kernel {bad_k[0]['name']} differs from its reference at shape {case['shape']} seed {case['seed']}: {case['reason']}"
+    return "no outputs to compare"
+
+
+def kernel_tests_for(rev: Revision, kernel_store: Path) -> list[str]:
+    """Kernel test modules a revision names: Optbot-Kernel-Tests paths (in the engine repo) and the
+    test_*.py files of its Optbot-Entry entries in `kernel_store`."""
+    tests = []
+    for rel in rev.trailers.get("Optbot-Kernel-Tests", []):
+        p = (rev.worktree / rel).resolve()
+        if not str(p).startswith(str(rev.worktree.resolve())) or not p.is_file():
+            raise OptbotError(f"trailer Optbot-Kernel-Tests: {rel!r} is not a file inside the candidate's worktree")
+        tests.append(str(p))
+    for entry in rev.trailers.get("Optbot-Entry", []):
+        tests += [str(p) for p in sorted((Path(kernel_store) / entry).glob("test_*.py"))]
+    return sorted(set(tests))
+
+
+def check_kernels(ctx: Context, rev: Revision, corr: Correctness) -> JobOutcome | None:
+    """Fills corr.kernels and clears corr.ok on a failure. A kernel check job that did not finish
+    comes back (the validator makes it a crashed verdict); else None."""
+    from bot.knowledge.location import locate
+    tests = kernel_tests_for(rev, ctx.opts.kernel_store or locate().kernel_store)
+    if not tests:
+        return None
+    tolmap = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in ctx.target.workload.tolerance.items()}
+    job = ctx.job("kernel_check", rev.worktree, rev.sha, "kernels", {"tests": tests, "tolerance": tolmap})
+    ctx.say(f"kernels: {len(tests)} test module(s) vs their references")
+    out = run_job(job, ctx.run_dir / "kernels", timeout_s=ctx.opts.timeout_s or 900, name="kernels")
+    if not out.ok:
+        corr.ok = False
+        return out
+    corr.kernels = out.result["tests"]
+    if not all(k["ok"] for k in corr.kernels):
+        corr.ok = False
+    return None

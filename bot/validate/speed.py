@@ -1,0 +1,165 @@
+"""Speed, check 6 of docs/validate.md (the noise rules are docs/timing.md).
+
+Candidate and base in alternating processes (candidate, base, candidate, base): the two
+correctness processes, then one more of each that only times; eager, and CUDA graph on GPU. Per
+side the estimate is the median of the process medians; the A/A spread of a side's processes and
+the spread inside each process set the noise band (speed_outcome). A rejection inside a wide band
+is measured again (Options.retimes). Over 10x, or under the roofline floor: implausible (held).
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from bot.jobs import JobOutcome, run_job
+from bot.validate.context import Context
+from bot.validate.resolve import Revision
+from bot.validate.verdict import Speed
+
+IMPLAUSIBLE_SPEEDUP = 10.0
+NOISE_FLOOR_PCT = {"cuda": 0.5, "cpu": 2.0}  # never call a difference smaller than this a change
+# A speed verdict that would reject (no-change, slower) inside a noise band wider than this is not
+# trusted: another candidate/base pair of timing processes runs (Options.retimes, docs/timing.md).
+RETIME_NOISE_PCT = {"cuda": 2.0, "cpu": 10.0}
+
+
+def _median(t) -> float | None:
+    return t["median_ms"] if isinstance(t, dict) else None
+
+
+def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, base1: dict,
+                  cand1: dict) -> tuple[list[Speed], JobOutcome | None]:
+    """(speed per mode, None), or ([], the candidate timing job that did not finish: a crashed verdict).
+
+    base1 and cand1 are the correctness processes' results, the first process of each side. When
+    the speed would reject the candidate (no-change, slower) but the noise band is wide
+    (RETIME_NOISE_PCT), the measurement is not trusted: up to `retimes` more (candidate, base)
+    pairs run, and the outcome is taken over all processes, a disturbed one set aside
+    (speed_outcome). A base timing job that fails is an error."""
+    params = {"correctness": False, "timing": ctx.side_params()["timing"]}
+    runs = {"base": [base1], "candidate": [cand1]}
+    retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if ctx.gates else 0))
+    dev = "cuda" if ctx.is_cuda else "cpu"
+    for round_ in range(retimes + 1):
+        suffix = "" if round_ == 0 else f"-{round_ + 1}"
+        for side, wt, sha in (("candidate", rev.worktree, rev.sha), ("base", base_wt, base_sha)):
+            name = f"{side}-timing{suffix}"
+            job = ctx.job("validate_step", wt, sha, name, params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
+            ctx.say(f"{side}: timed process {len(runs[side]) + 1}")
+            out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.timeout_s or 1800, name=name)
+            if not out.ok:
+                if side == "candidate":
+                    return [], out
+                raise out.error("the base timing job")
+            runs[side].append(out.result)
+        speeds = _speeds(ctx, runs, base1.get("passes", 1), dev)
+        eager = next((s for s in speeds if s.mode == "eager"), None)
+        if (eager is None or eager.outcome not in ("no-change", "slower") or eager.noise_pct is None
+                or eager.noise_pct <= RETIME_NOISE_PCT[dev] or round_ == retimes):
+            return speeds, None
+        ctx.say(f"speed: eager {eager.outcome} inside a {eager.noise_pct:.1f}% noise band: timing another "
+                f"candidate/base pair ({round_ + 1} of {retimes})")
+    raise AssertionError("unreachable: the last round returns")
+
+
+def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
+    speeds = []
+    for mode in ("eager", "graph"):
+        bs = [r["timing"].get(mode) for r in runs["base"]]
+        cs = [r["timing"].get(mode) for r in runs["candidate"]]
+        if all(x is None for x in bs + cs):
+            continue
+        s = Speed(mode=mode, device=dev, passes=passes, n=ctx.iters)
+        fails = [x for x in bs + cs if isinstance(x, str)]
+        if fails:
+            who = [("base" if i < len(bs) else "candidate", x) for i, x in enumerate(bs + cs) if isinstance(x, str)]
+            s.note = "; ".join(sorted({f"{w}: {x[:200]}" for w, x in who}))  # e.g. a capture failure, reported
+            s.base_ms = [_median(x) for x in bs if _median(x) is not None]
+            s.candidate_ms = [_median(x) for x in cs if _median(x) is not None]
+            s.outcome = "n/a"
+            speeds.append(s)
+            continue
+        s.base_ms = [round(_median(x), 4) for x in bs]
+        s.candidate_ms = [round(_median(x), 4) for x in cs]
+        s.speedup, s.noise_pct, s.outcome, aside = speed_outcome(
+            s.base_ms, s.candidate_ms, [_rel_iqr(x) for x in bs], [_rel_iqr(x) for x in cs], dev)
+        notes = ([f"farthest from the others, set aside: {', '.join(aside)}"] if aside else []) + (
+            ["cpu clock, informational"] if dev == "cpu" else [])
+        s.note = "; ".join(notes)
+        speeds.append(s)
+    return speeds
+
+
+def _typical(xs: list[float], within: list[float]) -> tuple[float, float, float, str]:
+    """(estimate, A/A spread relative to it, largest half relative IQR, the process set aside) of one
+    side's per-process medians. With three or more processes the one farthest from their median is
+    set aside (a process that a co-tenant or a clock change slowed): interference makes a process
+    slower, so a lone outlier is not the code's speed."""
+    idx = list(range(len(xs)))
+    aside = ""
+    if len(xs) >= 3:
+        mid = statistics.median(xs)
+        far = max(idx, key=lambda i: abs(xs[i] - mid))
+        aside = f"process {far + 1} ({xs[far]:.4g} ms)"
+        idx.remove(far)
+    kept = [xs[i] for i in idx]
+    est = statistics.median(kept)
+    spread = (max(kept) - min(kept)) / est if len(kept) > 1 and est > 0 else 0.0
+    half_iqr = max([within[i] / 2 for i in idx if i < len(within)] + [0.0])
+    return est, spread, half_iqr, aside
+
+
+def speed_outcome(base_ms: list[float], cand_ms: list[float], base_within: list[float], cand_within: list[float],
+                  device: str):
+    """(speedup, noise %, outcome, processes set aside) from the per-process medians of base and
+    candidate (and each process's relative interquartile range, in the same order).
+
+    Per side the estimate is the median of the process medians (two processes: their mean), with
+    a lone outlier set aside once there are three or more (_typical). noise = the larger of: the
+    A/A spread of the kept processes (base vs base, candidate vs candidate) relative to their
+    estimate, half the relative interquartile range inside any kept process, and a floor
+    (NOISE_FLOOR_PCT). A speedup whose gain is inside the noise is "no-change"."""
+    bm, b_aa, b_in, b_aside = _typical(base_ms, base_within)
+    cm, c_aa, c_in, c_aside = _typical(cand_ms, cand_within)
+    aside = [f"base {b_aside}"] * bool(b_aside) + [f"candidate {c_aside}"] * bool(c_aside)
+    speedup = round(bm / cm, 4) if cm > 0 else None
+    noise = max(round(100 * max(b_aa, c_aa, b_in, c_in), 3), NOISE_FLOOR_PCT[device])
+    if speedup is None:
+        return None, noise, "n/a", aside
+    if 100 * (bm / cm - 1) > noise:
+        return speedup, noise, "faster", aside
+    if 100 * (cm / bm - 1) > noise:
+        return speedup, noise, "slower", aside
+    return speedup, noise, "no-change", aside
+
+
+def _rel_iqr(t: dict) -> float:
+    xs = sorted(t.get("samples_ms") or [t["median_ms"]])
+    if len(xs) < 4:
+        return (xs[-1] - xs[0]) / t["median_ms"] if t["median_ms"] else 0.0
+    q1, q3 = xs[len(xs) // 4], xs[(3 * len(xs)) // 4]
+    return (q3 - q1) / t["median_ms"] if t["median_ms"] else 0.0
+
+
+def speed_line(speed: list[Speed]) -> str:
+    """One line per verdict summary: each mode's speedup, device, outcome and noise."""
+    parts = []
+    for s in speed:
+        if s.speedup is None:
+            parts.append(f"{s.mode}: {s.note or 'n/a'}")
+        else:
+            parts.append(f"{s.mode} {s.speedup:.3f}x on {s.device} ({s.outcome}, noise {s.noise_pct:.2f}%)")
+    return "; ".join(parts)
+
+
+def implausible(speed: list[Speed], flops: dict | None) -> str:
+    """Why these numbers cannot be believed (a person decides), or "" when they can."""
+    for s in speed:
+        if s.speedup is not None and s.speedup > IMPLAUSIBLE_SPEEDUP:
+            return f"{s.mode} speedup {s.speedup:.1f}x is over {IMPLAUSIBLE_SPEEDUP:.0f}x"
+        floor = (flops or {}).get("compute_floor_ms")
+        if floor and s.candidate_ms and min(s.candidate_ms) < floor:
+            return (f"{s.mode} step {min(s.candidate_ms):.3f} ms is under the roofline floor {floor:.3f} ms "
+                    f"({(flops['linear'] + flops['attention']) / 1e12:.2f} TFLOP at the measured "
+                    f"{flops['peaks']['matmul_tflops']} TFLOP/s)")
+    return ""

@@ -1,0 +1,45 @@
+"""bot/validate/engagement.py: does the change run in the step?"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bot.validate.engagement import check_engagement, declared_matches
+from bot.validate.resolve import Revision
+
+
+def test_declared_kernel_matching():
+    e = ("aten::linear", "aten::linear", "transformer_blocks.*.attn.to_qkv")
+    assert declared_matches("attn.to_qkv", e)
+    assert not declared_matches("attn.to_qkv", ("aten::linear", "aten::linear", "single.*.attn.to_qkv_mlp_proj"))
+    assert not declared_matches("attn.to_q", e)
+    assert declared_matches("fused_rms", ("triton_red_fused_rms_norm_0", "", ""))
+    # scoped: the SiLU inside SwiGLU, not the one in the modulation MLP
+    assert declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "transformer_blocks.0.ff.act_fn.gate_fn"))
+    assert not declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "double_stream_modulation_img.act_fn"))
+    assert not declared_matches("aten::gelu@*gate_fn", ("aten::silu", "aten::silu", "blocks.0.gate_fn"))
+
+
+def _rev(trailers) -> Revision:
+    return Revision("x", "c" * 40, "b" * 40, Path("."), [], trailers)
+
+
+def test_engagement_rules():
+    base = {"histogram": [["aten::linear", "aten::linear", "blocks.*.attn.to_q", 2],
+                          ["aten::linear", "aten::linear", "blocks.*.attn.to_k", 2]]}
+    same = check_engagement(_rev({}), base, base)
+    assert not same.ok and "identical" in same.reason
+    cand = {"histogram": [["aten::linear", "aten::linear", "blocks.*.attn.to_qkv", 2]]}
+    changed = check_engagement(_rev({}), base, cand)
+    assert changed.ok and len(changed.changed_ops) == 3, changed
+    ok = check_engagement(_rev({"Optbot-Adds-Kernels": ["attn.to_qkv"], "Optbot-Removes-Kernels": ["attn.to_k"]}), base, cand)
+    assert ok.ok, ok.reason
+    # a declared kernel that does not run is not excused by other counts that changed
+    missing = check_engagement(_rev({"Optbot-Adds-Kernels": ["my_triton_kernel"]}), base, cand)
+    assert not missing.ok and missing.missing == ["my_triton_kernel"]
+    kept = check_engagement(_rev({"Optbot-Removes-Kernels": ["attn.to_k"]}), base, base)
+    assert not kept.ok and kept.still_present == ["attn.to_k"]
+
+
+def test_no_profile_is_not_engaged():
+    e = check_engagement(_rev({"Optbot-Adds-Kernels": ["k"]}), None, {"histogram": []})
+    assert not e.ok and "no profile" in e.reason and e.declared_adds == ["k"]
