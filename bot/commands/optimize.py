@@ -112,7 +112,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
     """
     from bot.knowledge.location import Knowledge, locate
     from bot.run.orchestrator import run_optimize
-    from bot.run.context import GENERATORS, Options
+    from bot.run.context import GENERATORS, RunOptions
     from bot.run.state import RunState
 
     wall, cost = parse_budget(budget)
@@ -135,7 +135,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         # decided once, and recorded as the run's knowledge path: a resumed run reads and writes the
         # same knowledge wherever it is resumed from
         knowledge_path = str(locate(knowledge_path).say().root)
-        opts = Options(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
+        opts = RunOptions(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
                        budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
                        trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,

@@ -35,7 +35,7 @@ class Budget:
 
 
 @dataclass
-class Options:
+class RunOptions:
     """The options of `optbot optimize`, kept in state.json so a resumed run has the same ones."""
     workload: str
     engine: str | None = None
@@ -86,7 +86,7 @@ def _ablate(target, head, base, **kw):
 class RunContext:
     run_id: str
     run_dir: Path
-    options: Options
+    options: RunOptions
     budget: Budget
     results: "Results"  # the typed results of the steps done so far (bot/run/state.py)
     log: Callable[[str], None] = print

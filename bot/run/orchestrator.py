@@ -21,7 +21,7 @@ from bot.deliver.forge import make_forge
 from bot.errors import OptbotError
 from bot.jobs import LEDGER
 from bot.paths import new_run_dir
-from bot.run.context import Budget, Options, Paused, RunContext
+from bot.run.context import Budget, RunOptions, Paused, RunContext
 from bot.run.faults import InjectedAbort, maybe_abort
 from bot.run.state import STEPS, RunState, result_type
 
@@ -33,7 +33,7 @@ def default_steps() -> dict[str, Callable[[RunContext], Any]]:
     return {s: getattr(importlib.import_module(f"bot.steps.{s}"), "run") for s in STEPS}
 
 
-def run_optimize(options: Options | None = None, resume: str | None = None, steps: StepFns | None = None,
+def run_optimize(options: RunOptions | None = None, resume: str | None = None, steps: StepFns | None = None,
                  console: Console | None = None, pause_after_s: float | None = None,
                  validate: Callable | None = None, ablate: Callable | None = None) -> RunState:
     """One attempt of a run (a new one, or `resume` = RUN_ID continued). With `pause_after_s` the

@@ -20,7 +20,7 @@ from pathlib import Path
 from bot.errors import OptbotError
 from bot.jsonable import from_json, write_json_atomic
 from bot.paths import runs_dir
-from bot.run.context import Options
+from bot.run.context import RunOptions
 from bot.steps import analyze, baseline, checkout, combine, deliver, generate, learn, profile, validate
 
 STEPS = ("checkout", "baseline", "profile", "analyze", "generate", "validate", "combine", "learn", "deliver")
@@ -63,7 +63,7 @@ class StepRecord:
 class RunState:
     run_id: str
     workload: str
-    options: Options
+    options: RunOptions
     created_at: str
     steps: dict[str, StepRecord] = field(default_factory=dict)
     finished: bool = False

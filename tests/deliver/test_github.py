@@ -7,7 +7,7 @@ from github import GithubException
 
 from bot.deliver.forge import make_forge
 from bot.deliver.github import GitHubForge, rate_limit_wait
-from bot.run.context import Options
+from bot.run.context import RunOptions
 
 
 def test_rate_limit_waits():
@@ -30,7 +30,7 @@ def test_github_enterprise_base_url(forge_env):
     ghe = GitHubStandIn(prefix="/api/v3").start()
     try:
         ghe.add_repo("team/engine", forge_env["engine_bare"])
-        o = Options(workload="flux2", repo="team/engine", github_api_url=ghe.base)
+        o = RunOptions(workload="flux2", repo="team/engine", github_api_url=ghe.base)
         f = GitHubForge("t", o, "run-x", log=lambda m: None)
         assert f.repo("team/engine").full_name == "team/engine"
         assert all(p.startswith("/api/v3/") for _, p in ghe.requests)
@@ -39,7 +39,7 @@ def test_github_enterprise_base_url(forge_env):
 
 
 def test_dry_run_with_token_stays_local(forge_env):
-    o = Options(workload="flux2", repo="team/engine", dry_run=True)
+    o = RunOptions(workload="flux2", repo="team/engine", dry_run=True)
     assert make_forge(o, "r", forge_env["tmp"]).name == "local"
     o.dry_run = False
     assert make_forge(o, "r", forge_env["tmp"]).name == "github"

@@ -13,7 +13,7 @@ import git
 import pytest
 
 from bot.errors import OptbotError
-from bot.run.context import Options
+from bot.run.context import RunOptions
 from bot.run.faults import InjectedAbort
 from bot.run.orchestrator import run_optimize
 from bot.run.state import RunState
@@ -21,8 +21,8 @@ from bot.steps import validate
 from tests.fakes import fake_steps, fake_verdict, stack_validator
 
 
-def _opts(env) -> Options:
-    return Options(workload="flux2", engine=str(env["engine"].working_tree_dir), preset="tiny", device="cpu",
+def _opts(env) -> RunOptions:
+    return RunOptions(workload="flux2", engine=str(env["engine"].working_tree_dir), preset="tiny", device="cpu",
                    repo="team/engine", knowledge_repo="team/optbot",
                    knowledge_path=str(env["knowledge"].working_tree_dir),
                    trigger_pr=env["trigger_pr"], trigger_comment=env["trigger_comment"], command="optbot optimize flux2")

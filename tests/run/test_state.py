@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bot.errors import OptbotError
-from bot.run.context import Options
+from bot.run.context import RunOptions
 from bot.run.state import STEPS, RunState, result_type
 from tests.deliver.test_report import _results
 
@@ -14,7 +14,7 @@ from tests.deliver.test_report import _results
 def test_results_come_back_as_their_dataclasses(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path))
     r = _results()
-    st = RunState("run-1", "flux2", Options(workload="flux2", generators=("replay",)), "2026-12-01T00:00:00Z")
+    st = RunState("run-1", "flux2", RunOptions(workload="flux2", generators=("replay",)), "2026-12-01T00:00:00Z")
     (tmp_path / "run-1").mkdir()
     for step in STEPS:
         res = getattr(r, step)
@@ -34,7 +34,7 @@ def test_results_come_back_as_their_dataclasses(tmp_path, monkeypatch):
 
 def test_a_result_file_of_another_shape_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path))
-    st = RunState("run-2", "flux2", Options(workload="flux2"), "2026-12-01T00:00:00Z")
+    st = RunState("run-2", "flux2", RunOptions(workload="flux2"), "2026-12-01T00:00:00Z")
     (tmp_path / "run-2").mkdir()
     st.record("checkout", "done", _results().checkout, 1.0, "s")
     f = tmp_path / "run-2" / "checkout.json"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from bot.generate.candidate import Candidate
 from bot.knowledge import recall
 from bot.knowledge.location import SHIPPED_STORE
-from bot.run.context import Budget, Options, RunContext
+from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps import baseline, combine
 from bot.steps.combine import StackCommit, _prefer_tuned
@@ -62,7 +62,7 @@ def test_a_recorded_leave_one_out_is_reused_for_the_same_stack(tmp_path):
 
     # the next run: the same stack, other commit shas and candidate ids, through the step's ablation
     cands2 = _replayed(members, "-2")
-    ctx = RunContext("run-2", tmp_path / "run2", Options("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
+    ctx = RunContext("run-2", tmp_path / "run2", RunOptions("flux2", knowledge_path=str(root), ablation_rounds=1), Budget(),
                      Results(baseline=baseline.Result("done", None, None, "", env=dict(ENV))), log=lambda m: None)
     ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16", preset="full", workload=SimpleNamespace(name="flux2"),
                                   checkout=SimpleNamespace(base_sha="b" * 40))

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bot.run.context import Budget, Options, RunContext
+from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps import generate
 
 
 def _generate_ctx(tmp_path, device, checkout=None):
     """A run context whose target is a stand-in: only the device matters to these branches."""
-    ctx = RunContext("r", tmp_path, Options(workload="flux2", gpus=2), Budget(), Results(), log=lambda m: None)
+    ctx = RunContext("r", tmp_path, RunOptions(workload="flux2", gpus=2), Budget(), Results(), log=lambda m: None)
     ctx._target = SimpleNamespace(device=device, dtype="float32", preset="full", workload=SimpleNamespace(name="flux2"),
                                   checkout=checkout or SimpleNamespace(base_sha="0" * 40))
     return ctx

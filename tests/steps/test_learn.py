@@ -12,7 +12,7 @@ from bot.generate.candidate import Candidate
 from bot.knowledge import recall
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
-from bot.run.context import Budget, Options, RunContext
+from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps import baseline, generate, learn, validate
 from tests.knowledge.verdicts import ENV, gpu_verdict
@@ -23,7 +23,7 @@ def _baseline() -> baseline.Result:
 
 
 def _ctx(tmp_path, root, target, results: Results) -> RunContext:
-    ctx = RunContext("run-1", tmp_path / "run1", Options("flux2", knowledge_path=str(root)), Budget(), results,
+    ctx = RunContext("run-1", tmp_path / "run1", RunOptions("flux2", knowledge_path=str(root)), Budget(), results,
                      log=lambda m: None)
     ctx._target = target
     return ctx

@@ -9,7 +9,7 @@ from bot.generate.candidate import Candidate
 from bot.knowledge.known import known_verdict
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
-from bot.run.context import Budget, Options, RunContext
+from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps.validate import reused_verdict
 from tests.knowledge.verdicts import ENV, record_verdict
@@ -21,7 +21,7 @@ def test_reused_verdict_carries_the_recorded_numbers(tmp_path):
     record_verdict(entry)
     known, why = known_verdict(entry, "flux2", "h200", "b" * 40, "full", "bfloat16", ENV)
     assert known is not None, why
-    ctx = RunContext("r", tmp_path, Options("flux2"), Budget(), Results(), log=lambda m: None)
+    ctx = RunContext("r", tmp_path, RunOptions("flux2"), Budget(), Results(), log=lambda m: None)
     ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16", preset="full", workload=SimpleNamespace(name="flux2"),
                                   checkout=SimpleNamespace(base_sha="b" * 40))
     c = Candidate("replay-flux2-swiglu", "o1", "fuse-elementwise-chain", "replay", "", "c" * 40,

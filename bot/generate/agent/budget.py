@@ -57,7 +57,7 @@ class CostPool:
             return self.max_cost_usd - self.spent.cost_usd
 
 
-class Budget:
+class AgentBudget:
     """Per-agent limits (turns, tokens) plus the shared USD pool."""
 
     def __init__(self, price: Price, max_turns: int, max_tokens: int, pool: CostPool, max_output_tokens: int):

@@ -18,7 +18,7 @@ import anthropic
 
 from bot.errors import OptbotError
 from bot.generate.agent import prompts
-from bot.generate.agent.budget import Budget, CostPool, Spend
+from bot.generate.agent.budget import AgentBudget, CostPool, Spend
 from bot.generate.agent.config import AgentConfig
 from bot.generate.agent.tools import TOOL_SPECS, ToolError, ToolHooks, Workspace
 from bot.generate.agent.transcript import Transcript
@@ -152,7 +152,7 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     transcript = Transcript(task.run_dir / "agent" / f"{name}.jsonl")
     result = AgentResult(name, strategy, "", Spend(), str(transcript.path), str(wt))
     ws = Workspace(wt, _hooks(task, wt, result, strategy))
-    budget = Budget(cfg.price, cfg.max_turns, cfg.max_tokens, pool, cfg.max_output_tokens)
+    budget = AgentBudget(cfg.price, cfg.max_turns, cfg.max_tokens, pool, cfg.max_output_tokens)
     result.spend = budget.spent
 
     knowledge = learn.prompt_context(task.opportunity.get("kind"), task.engine, task.hardware,
