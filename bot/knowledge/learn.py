@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from bot.knowledge.lessons import search, write_lesson
+from bot.knowledge.lessons import write_lesson
 from bot.knowledge.location import locate
 from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, load_bench,
                                    now, patch_file_sha256, record_search, save_bench)
@@ -279,21 +279,3 @@ def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> P
     evidence = [f"run:{o.run_id}", f"commit:{o.commit_sha[:12]}"] + ([f"entry:{entry_id}"] if entry_id else [])
     applies = {"pattern": o.kind, "engine": o.engine, "hardware": o.hardware}
     return write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body)
-
-
-# ------------------------------------------------------------------------------------------------
-# Transitional, for bot/generate/agent/loop.py only, which still reaches these through this module:
-# its worker moves it to bot.knowledge.prompt (prompt_context, store_entry_text),
-# lessons.search(..., caveats_first=True) and store.find_entries. Delete this block with that
-# change; nothing else may use it.
-from bot.knowledge.prompt import prompt_context, store_entry_text  # noqa: E402,F401
-
-
-def find_lessons(pattern=None, engine=None, hardware=None, query: str = "", lessons_dir: Path | None = None):
-    return search(query, pattern, engine, hardware, root=lessons_dir, caveats_first=True)
-
-
-def find_entries(pattern=None, engine=None, hardware=None, store_dir: Path | None = None):
-    from bot.knowledge.store import find_entries as entries
-
-    return entries(pattern, engine, hardware, store_dir)

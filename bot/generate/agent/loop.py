@@ -25,7 +25,8 @@ from bot.generate.agent.transcript import Transcript
 from bot.generate.agent.validation import ValidationContext, validate_commit, verdict_line
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import changed_since, commit_candidate, snapshot
-from bot.knowledge import learn
+from bot.knowledge import lessons, store
+from bot.knowledge.prompt import prompt_context, store_entry_text
 from bot.validate.verdict import Verdict
 
 
@@ -112,13 +113,14 @@ def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str) -
         return json.dumps(keep, indent=1, default=str)
 
     def read_lessons(pattern, query) -> str:
-        ls = learn.find_lessons(pattern or None, task.engine, task.hardware, query or "", task.lessons_dir)
+        ls = lessons.search(query or "", pattern or None, task.engine, task.hardware, root=task.lessons_dir,
+                            caveats_first=True)
         return "\n\n".join(f"## {lv.slug} [{lv.kind}]\n{lv.body}" for lv in ls[:20]) or "no matching lessons"
 
     def read_store(pattern, entry_id) -> str:
         if entry_id:
-            return learn.store_entry_text(entry_id, task.store_dir)
-        es = learn.find_entries(pattern or None, task.engine, None, task.store_dir)
+            return store_entry_text(entry_id, task.store_dir)
+        es = store.find_entries(pattern or None, task.engine, None, task.store_dir)
         return "\n".join(f"{e.id}: {e.title} [{e.pattern}; {e.status}; hardware {', '.join(e.hardware)}]" for e in es) \
             or "no matching store entries"
 
@@ -155,8 +157,8 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     budget = AgentBudget(cfg.price, cfg.max_turns, cfg.max_tokens, pool, cfg.max_output_tokens)
     result.spend = budget.spent
 
-    knowledge = learn.prompt_context(task.opportunity.get("kind"), task.engine, task.hardware,
-                                     lessons_dir=task.lessons_dir, store_dir=task.store_dir)
+    knowledge = prompt_context(task.opportunity.get("kind"), task.engine, task.hardware,
+                               lessons_dir=task.lessons_dir, store_dir=task.store_dir)
     tools = copy.deepcopy(TOOL_SPECS)
     tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
     system = prompts.system_blocks(knowledge)
