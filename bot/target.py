@@ -35,7 +35,7 @@ class Target:
     dtype: str
 
     def engine_root(self, worktree: Path) -> str:
-        return str((worktree / self.checkout.import_root).resolve())
+        return str((Path(worktree) / self.checkout.import_root).resolve())
 
     def job(self, kind: str, worktree: Path | None, out_dir: Path, *, shapes: Iterable[Shape] | None = None,
             seeds: Iterable[int] = (0,), weight_seed: int = 0, warmup: int = 2, iters: int = 5,

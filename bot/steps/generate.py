@@ -26,7 +26,7 @@ class Search:
     """A finished variant search that kept the entry's own config (no candidate): learn records it
     so the space is not searched again on this hardware."""
     entry_id: str
-    config: dict
+    config: str  # the kept config's label, e.g. "block_m=16,num_warps=4"
     status: str
     reason: str
 
@@ -201,7 +201,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     work = ctx.run_dir / "agent"
     knowledge = ctx.knowledge()
     task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
-                     vctx=ValidationContext.from_target(t, work / "validation"),
+                     vctx=ValidationContext.from_target(t, work / "validation", kernel_store=knowledge.kernel_store),
                      opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
                      profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store)
     cfg = AgentConfig.from_env()

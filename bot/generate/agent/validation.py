@@ -23,12 +23,15 @@ class ValidationContext:
     target: Target
     base_sha: str
     work_dir: Path  # validation run directories and the base side's cache go under <work_dir>/validation
+    kernel_store: Path | None = None  # the run's store: where a replayed entry's kernel tests are (None: locate()'s)
     _verdicts: dict[tuple[str, bool], Verdict] = field(default_factory=dict, repr=False)  # (tree, speed) -> verdict
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def from_target(cls, target: Target, work_dir: Path, *, base_sha: str | None = None) -> "ValidationContext":
-        return cls(target=target, base_sha=base_sha or target.checkout.base_sha, work_dir=Path(work_dir))
+    def from_target(cls, target: Target, work_dir: Path, *, base_sha: str | None = None,
+                    kernel_store: Path | None = None) -> "ValidationContext":
+        return cls(target=target, base_sha=base_sha or target.checkout.base_sha, work_dir=Path(work_dir),
+                   kernel_store=kernel_store)
 
 
 def validate_commit(ctx: ValidationContext, sha: str, *, speed: bool) -> Verdict:
@@ -42,7 +45,7 @@ def validate_commit(ctx: ValidationContext, sha: str, *, speed: bool) -> Verdict
             return hit
         what = "speed" if speed else "correctness"
         opts = Options(speed=speed, run_dir=ctx.work_dir / "validation" / f"{what}-{sha[:12]}",
-                       cache_dir=ctx.work_dir / "validation" / "base-cache")
+                       cache_dir=ctx.work_dir / "validation" / "base-cache", kernel_store=ctx.kernel_store)
         verdict = validate(ctx.target, sha, base=ctx.base_sha, opts=opts)
         ctx._verdicts[key] = verdict
         return verdict
