@@ -48,8 +48,9 @@ def stack_validator(t, ref, base, opts):
     return fake_verdict(t, ref, opts.run_dir.name, 10.0, 8.2, "stack test double")
 
 
-def _opportunity(kind: str, module: str, gain: float) -> Opportunity:
-    return Opportunity(id=f"{kind}@blocks", kind=kind, detail="", summary=f"{kind} in {module}",
+def opportunity(kind: str, module: str = "blocks.*", gain: float = 1.0, id: str = "") -> Opportunity:
+    """An Opportunity as analyze makes it, with fixed numbers."""
+    return Opportunity(id=id or f"{kind}@blocks", kind=kind, detail="", summary=f"{kind} in {module}",
                        location=Location(module, [module.replace("*", "0")], "src/engine_mod.py", 1, 2),
                        ops=[], op_ids=[], gain_ms=gain, gain_pct=10 * gain, confidence=0.5, confidence_reason="test",
                        generator="agent", estimate=Estimate(gain, 10 * gain, "test double", "cpu", 10.0))
@@ -76,8 +77,8 @@ def fake_steps(knowledge: Path) -> dict:
         return profile.Result("done", "cpu", 10.0, {"gemm": 6.0, "elementwise": 4.0}, [], 12, "", {})
 
     def fake_analyze(ctx):
-        return analyze.Result("done", "2 opportunities", [_opportunity("merge-siblings", "blocks.*.attn", 1.0),
-                                                          _opportunity("fuse-elementwise-chain", "blocks.*.ff", 0.5)])
+        return analyze.Result("done", "2 opportunities", [opportunity("merge-siblings", "blocks.*.attn", 1.0),
+                                                          opportunity("fuse-elementwise-chain", "blocks.*.ff", 0.5)])
 
     def fake_generate(ctx):
         t = ctx.target

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
+from bot.analyze.opportunity import Opportunity
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
@@ -35,13 +36,7 @@ class ReplayResult:
         return d
 
 
-def _opp_field(opp: Any, name: str) -> str:
-    """Opportunities come from bot/analyze (dataclasses) or from JSON (dicts)."""
-    v = opp.get(name) if isinstance(opp, dict) else getattr(opp, name, None)
-    return "" if v is None else str(v)
-
-
-def match(entries: Iterable[Entry], opportunities: list, engine: str, hardware: str | None,
+def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: str, hardware: str | None,
           workload: str | None = None) -> list[tuple[Entry, str]]:
     """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits."""
     out = []
@@ -51,8 +46,8 @@ def match(entries: Iterable[Entry], opportunities: list, engine: str, hardware: 
         if workload and e.workloads and workload not in e.workloads:
             continue
         for opp in opportunities:
-            if e.matches(_opp_field(opp, "kind"), engine, hardware):
-                out.append((e, _opp_field(opp, "id")))
+            if e.matches(opp.kind, engine, hardware):
+                out.append((e, opp.id))
                 break
     return out
 
@@ -92,7 +87,7 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
     return res
 
 
-def replay(checkout: EngineCheckout, opportunities: list, engine: str, hardware: str | None,
+def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: str, hardware: str | None,
            workload: str | None = None, store_root: Path | None = None) -> list[ReplayResult]:
     """The generator: every matching entry becomes a candidate commit, or a recorded conflict."""
     pairs = match(load_store(store_root), opportunities, engine, hardware, workload)

@@ -389,14 +389,10 @@ def patch_file_sha256(path: Path) -> str:
 # writers of one part (the learn step's and the optimize steps')
 
 
-def record_search(entry_dir: Path, hardware: str, search: VariantSearch | dict, bench: Bench | None = None) -> Path:
+def record_search(entry_dir: Path, hardware: str, search: VariantSearch, bench: Bench | None = None) -> Path:
     """A finished variant search of the entry on `hardware` into `gpu.variant_search`, tied to the
     entry's patch as it is now (after any adoption): a later run with the same patch, torch and
-    triton does not search again (bot/knowledge/recall.searched). `search` carries run_id, config,
-    status (accepted | rejected | kept), reason, adopted, torch, triton; a mapping of those is
-    read as one (the optimize learn step passes one)."""
-    if isinstance(search, dict):
-        search = VariantSearch.from_json(search, "(variant search record)")
+    triton does not search again (bot/knowledge/recall.searched)."""
     search.patch_sha256 = patch_file_sha256(Path(entry_dir) / "patch.diff")
     search.date = now()
     bench = load_bench(entry_dir) if bench is None else bench

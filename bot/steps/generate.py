@@ -187,7 +187,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return "agent: off (no ANTHROPIC_API_KEY)"
     from bot.generate.agent.config import AgentConfig
-    from bot.generate.agent.loop import AgentTask, opportunity_dict
+    from bot.generate.agent.loop import AgentTask
     from bot.generate.agent.parallel import generate
     from bot.generate.agent.validation import ValidationContext
 
@@ -197,7 +197,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
            [o for o in opps if o.id not in covered]
     if not todo:
         return "agent: every opportunity already has a candidate"
-    opp = opportunity_dict(todo[0].to_json())
+    opp = todo[0].to_json()
     work = ctx.run_dir / "agent"
     knowledge = ctx.knowledge()
     task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bot.knowledge import recall
 from bot.knowledge.learn import Outcome, learn
-from bot.knowledge.records import record_search
+from bot.knowledge.records import VariantSearch, record_search
 from bot.run.context import RunContext
 from bot.run.resume import staged_changes, staging_copy
 from bot.trailers import trailer_values
@@ -77,9 +77,9 @@ def run(ctx: RunContext) -> Result:
     for sr in searches:  # a search that kept the entry's config is finished: not searched again
         d = root / "kernel_store" / sr.entry_id
         if (d / "entry.yaml").is_file():
-            record_search(d, ctx.hardware(), {"run_id": ctx.run_id, "config": sr.config, "status": sr.status,
-                                              "reason": sr.reason, "adopted": False, "torch": env.get("torch"),
-                                              "triton": env.get("triton")})
+            record_search(d, ctx.hardware(), VariantSearch(run_id=ctx.run_id, config=sr.config, status=sr.status,
+                                                           reason=sr.reason, adopted=False, torch=env.get("torch"),
+                                                           triton=env.get("triton")))
     # what to commit is what was written, found by comparison with the knowledge the run read
     # (an adopted variant rewrites its entry's patch.diff and kernel sources; no learner reports it)
     files = staged_changes(known_root, root)

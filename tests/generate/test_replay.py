@@ -12,14 +12,11 @@ from bot.generate.candidate import TRAILER_KEYS, parse_trailers, split_kernels
 from bot.generate.replay import apply_entry, match, replay
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
+from tests.fakes import opportunity
 
-OPPS = [
-    {"id": "opp-3", "kind": "fuse-elementwise-chain"},
-    {"id": "opp-1", "kind": "attention-waste"},
-    {"id": "opp-2", "kind": "attention-waste"},
-    {"id": "opp-9", "kind": "launch-bound"},
-    {"id": "opp-4", "kind": "absorb-bias"},
-]
+OPPS = [opportunity(kind, id=oid) for oid, kind in (("opp-3", "fuse-elementwise-chain"), ("opp-1", "attention-waste"),
+                                                    ("opp-2", "attention-waste"), ("opp-9", "launch-bound"),
+                                                    ("opp-4", "absorb-bias"))]
 QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
               "qwen-image-qkv-norm-rope-epilogue")
 

@@ -37,7 +37,7 @@ class AgentTask:
     run_dir: Path
     checkout: object  # bot.engine.EngineCheckout
     vctx: ValidationContext
-    opportunity: dict  # see opportunity_dict()
+    opportunity: dict  # the Opportunity (bot/analyze/opportunity.py) as JSON: what the prompt shows
     engine: str  # engine name (diffusers, sglang)
     hardware: str  # cpu | h200 | ...
     profile: dict | None = None
@@ -73,21 +73,6 @@ class AgentResult:
                 "candidate": self.candidate.to_json() if self.candidate else None,
                 "verdict": self.verdict.to_json() if self.verdict else None, "error": self.error,
                 "validations": self.validations}
-
-
-def opportunity_dict(opp) -> dict:
-    """An Opportunity (bot/analyze) as the plain dict the agent reads. Accepts a dataclass, an object
-    with to_json(), or a dict."""
-    if isinstance(opp, dict):
-        d = dict(opp)
-    elif hasattr(opp, "to_json"):
-        d = opp.to_json()
-    else:
-        import dataclasses
-        d = dataclasses.asdict(opp) if dataclasses.is_dataclass(opp) else dict(vars(opp))
-    d.setdefault("id", d.get("opportunity_id", "none"))
-    d.setdefault("kind", "launch-bound")
-    return d
 
 
 def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str) -> ToolHooks:
