@@ -1,6 +1,6 @@
-"""Generators: each turns Opportunities into Candidates (one engine commit each, in its own worktree).
+"""Generators: each turns Opportunities into Candidates (one engine commit each, in its own worktree),
+plus notes on what it did not make; the generate step (bot/steps/generate.py) calls them in turn.
 
-  base.py            what a generator is: the run's inputs -> candidates plus notes
   candidate.py       the one Candidate; the Optbot-* trailer writer (make_trailers, commit_message)
   commits.py         the git side every generator shares: commits as the bot with hooks off, snapshots
   replay.py          kernel_store entries replayed onto the base
