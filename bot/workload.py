@@ -7,7 +7,7 @@ prints it and exits 2 without a traceback.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

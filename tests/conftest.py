@@ -12,7 +12,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import git
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,21 +90,6 @@ def qkv(x, wq, wk, wv):
 '''
 
 
-def _init_repo(path: Path, files: dict[str, str]) -> git.Repo:
-    path.mkdir(parents=True)
-    repo = git.Repo.init(path, initial_branch="main")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", "test")
-        cw.set_value("user", "email", "test@localhost")
-    for rel, text in files.items():
-        (path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (path / rel).write_text(text)
-    repo.git.add("-A")
-    repo.git.commit("-qm", "base", env={"GIT_AUTHOR_DATE": "2001-01-01T00:00:00Z",
-                                        "GIT_COMMITTER_DATE": "2001-01-01T00:00:00Z"})
-    return repo
-
-
 @pytest.fixture
 def standin():
     from tests.deliver.github_standin import GitHubStandIn
@@ -118,12 +102,16 @@ def standin():
 @pytest.fixture
 def forge_env(tmp_path, standin, monkeypatch):
     """Engine + knowledge repositories, their bare remotes registered in the stand-in, env set."""
-    engine = _init_repo(tmp_path / "engine", {"src/engine_mod.py": ENGINE_SRC})
+    import git
+
+    from tests.repos import init_repo
+
+    engine = init_repo(tmp_path / "engine", {"src/engine_mod.py": ENGINE_SRC})
     engine_bare = tmp_path / "engine.git"
     git.Repo.init(engine_bare, bare=True, initial_branch="main")
     engine.create_remote("origin", str(engine_bare))
     engine.git.push("origin", "main")
-    know = _init_repo(tmp_path / "knowledge", {"lessons/README.md": "lessons\n", "kernel_store/README.md": "store\n"})
+    know = init_repo(tmp_path / "knowledge", {"lessons/README.md": "lessons\n", "kernel_store/README.md": "store\n"})
     know_bare = tmp_path / "knowledge.git"
     git.Repo.init(know_bare, bare=True, initial_branch="main")
     know.create_remote("origin", str(know_bare))

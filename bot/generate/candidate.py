@@ -8,9 +8,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-# one trailer parser for the bot (bot/trailers.py); split_kernels is its value reader under the old name
-from bot.trailers import parse_trailers, trailer_values as split_kernels  # noqa: F401
-
 # Trailer keys, in the order they are written (DESIGN decision 5).
 TRAILER_KEYS = ("Optbot-Opportunity", "Optbot-Kind", "Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Entry")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9-]*")

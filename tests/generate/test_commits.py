@@ -3,9 +3,9 @@ snapshots, everything since the base squashed into one candidate commit whose me
 made and the one parser reads back."""
 from __future__ import annotations
 
-import git
 import pytest
 
+from tests.repos import init_repo
 from bot.generate.candidate import commit_message, make_trailers
 from bot.generate.commits import CommitError, changed_since, commit_all, commit_candidate, snapshot
 from bot.trailers import parse_trailers
@@ -14,14 +14,7 @@ from bot.trailers import parse_trailers
 @pytest.fixture
 def repo(tmp_path):
     wt = tmp_path / "engine"
-    (wt / "src").mkdir(parents=True)
-    (wt / "src" / "mod.py").write_text("def f(x):\n    return x * 2\n")
-    r = git.Repo.init(wt, initial_branch="main")
-    with r.config_writer() as cw:
-        cw.set_value("user", "name", "t")
-        cw.set_value("user", "email", "t@t")
-    r.git.add("-A")
-    r.git.commit("-qm", "base")
+    r = init_repo(wt, {"src/mod.py": "def f(x):\n    return x * 2\n"})
     # a hook that would run in the bot's process if hooks were on (--no-verify does not skip post-commit)
     hook = wt / ".git" / "hooks" / "post-commit"
     hook.write_text(f"#!/bin/sh\ntouch {tmp_path / 'hook-ran'}\n")

@@ -8,10 +8,11 @@ import git
 import pytest
 
 from bot.engine import add_worktree
-from bot.generate.candidate import TRAILER_KEYS, parse_trailers, split_kernels
+from bot.generate.candidate import TRAILER_KEYS
 from bot.generate.replay import apply_entry, match, replay
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
+from bot.trailers import parse_trailers, trailer_values
 from tests.fakes import opportunity
 
 OPPS = [opportunity(kind, id=oid) for oid, kind in (("opp-3", "fuse-elementwise-chain"), ("opp-1", "attention-waste"),
@@ -43,7 +44,7 @@ def test_replay_commits_candidates_with_trailers(diffusers_engine):
         assert list(trailers) == list(TRAILER_KEYS)
         assert trailers["Optbot-Entry"] == r.entry_id == c.entry_id
         assert trailers["Optbot-Opportunity"] == c.opportunity_id
-        assert split_kernels(trailers["Optbot-Adds-Kernels"]) == list(get_entry(r.entry_id, SHIPPED_STORE).adds_kernels)
+        assert trailer_values(trailers["Optbot-Adds-Kernels"]) == list(get_entry(r.entry_id, SHIPPED_STORE).adds_kernels)
         assert not repo.is_dirty(untracked_files=True)
         assert any(p.startswith("src/diffusers/models/optbot_kernels/") for p in head.stats.files)
 

@@ -105,7 +105,7 @@ def test_best_config_becomes_a_commit(tmp_path, diffusers_engine, entry_id, spac
 
     import git
 
-    from bot.generate.candidate import parse_trailers
+    from bot.trailers import parse_trailers
     from bot.generate.replay import apply_entry
     from bot.generate.variants import config_site, search_entry
     from bot.knowledge.store import get_entry

@@ -4,6 +4,7 @@ from __future__ import annotations
 import git
 import pytest
 
+from tests.repos import init_repo
 from bot.errors import OptbotError
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -15,11 +16,7 @@ def engine(tmp_path):
     from bot.engine import EngineCheckout
 
     d = tmp_path / "engine"
-    (d / "src").mkdir(parents=True)
-    (d / "src" / "m.py").write_text("def f(x):\n    return x * 2\n")
-    repo = git.Repo.init(d, initial_branch="main")
-    repo.git.add("-A")
-    repo.git.commit("-qm", "base", env=ENV)
+    repo = init_repo(d, {"src/m.py": "def f(x):\n    return x * 2\n"})
     base = repo.head.commit.hexsha
     repo.git.checkout("-qb", "stack")
     for i, trailers in enumerate(["Optbot-Kind: merge-siblings\nOptbot-Adds-Kernels: a, b",
@@ -104,7 +101,8 @@ def test_trailers_parsed_and_merged():
 def test_one_trailer_parser_for_validator_and_generators():
     """The validator (lists, bot/validate/resolve.py) and bot/generate/candidate (text) read the same
     trailers: the last paragraph only, "none" = no values, folded lines joined."""
-    from bot.generate.candidate import commit_message, make_trailers, parse_trailers as text, split_kernels
+    from bot.generate.candidate import commit_message, make_trailers
+    from bot.trailers import parse_trailers as text, trailer_values
     from bot.validate.resolve import parse_trailers as lists
 
     msg = commit_message("t", "prose\nOptbot-Kind: not-a-trailer", make_trailers("", "absorb-bias", ["k1", "k2"], []))
@@ -112,4 +110,4 @@ def test_one_trailer_parser_for_validator_and_generators():
     assert text(msg)["Optbot-Kind"] == "absorb-bias" and text(msg)["Optbot-Removes-Kernels"] == "none"
     assert lists(msg)["Optbot-Kind"] == ["absorb-bias"] and lists(msg)["Optbot-Removes-Kernels"] == []
     assert lists(msg)["Optbot-Generator"] == ["variant-search", "extra"]
-    assert {k: split_kernels(v) for k, v in text(msg).items()} == lists(msg)
+    assert {k: trailer_values(v) for k, v in text(msg).items()} == lists(msg)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import git
 import pytest
+
+from tests.repos import init_repo
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -19,15 +20,7 @@ def scratch_engine(tmp_path):
     from bot.engine import EngineCheckout
 
     repo_dir = tmp_path / "engine"
-    (repo_dir / "src" / "pkg").mkdir(parents=True)
-    (repo_dir / "src" / "pkg" / "__init__.py").write_text("")
-    (repo_dir / "src" / "pkg" / "mod.py").write_text("def f(x):\n    return x * 2\n")
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", "t")
-        cw.set_value("user", "email", "t@t")
-    repo.git.add("-A")
-    repo.git.commit("-qm", "base")
+    repo = init_repo(repo_dir, {"src/pkg/__init__.py": "", "src/pkg/mod.py": "def f(x):\n    return x * 2\n"})
     return EngineCheckout("scratch", repo_dir, repo.head.commit.hexsha, "HEAD", "src")
 
 
