@@ -11,13 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bot", "runner")
 MAX_LINES = 450
 
-# Known cycles, as the one import (importer, imported) that closes each: the change that removes
-# the cycle deletes its line here (test_known_cycles_still_exist says when). None at the moment.
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
-# Modules allowed over MAX_LINES until they are split (test_known_long_modules_are_still_long
-# says when to delete a line). None at the moment.
-KNOWN_LONG: set[str] = set()
-
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -123,36 +116,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    g = {m: set(ts) for m, ts in graph.items()}
-    for a, b in KNOWN_CYCLE_EDGES:
-        g[a].discard(b)
-    return g
-
-
-def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
-    seen, todo = set(), [start]
-    while todo:
-        v = todo.pop()
-        if v == goal:
-            return True
-        if v not in seen:
-            seen.add(v)
-            todo += graph.get(v, ())
-    return False
-
-
 def test_no_import_cycles():
-    found = cycles(_without_known(import_graph()))
+    found = cycles(import_graph())
     assert not found, "import cycles (module -> module, function-level imports included):\n" + "\n".join(
         " <-> ".join(c) for c in found)
-
-
-def test_known_cycles_still_exist():
-    """A known exception that is fixed must leave KNOWN_CYCLE_EDGES, so it cannot come back unnoticed."""
-    g = import_graph()
-    gone = [(a, b) for a, b in sorted(KNOWN_CYCLE_EDGES) if b not in g.get(a, ()) or not _reaches(g, b, a)]
-    assert not gone, f"these imports no longer close a cycle, remove them from KNOWN_CYCLE_EDGES: {gone}"
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -169,13 +136,6 @@ def test_the_graph_has_lazy_imports_and_not_annotation_only_ones(tmp_path):
 
 
 def test_no_bot_module_over_450_lines():
-    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "bot").rglob("*.py"))
+    over = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "bot").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    over = {p: n for p, n in long.items() if p not in KNOWN_LONG}
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
-
-
-def test_known_long_modules_are_still_long():
-    short = sorted(p for p in KNOWN_LONG if not (ROOT / p).is_file()
-                   or len((ROOT / p).read_text().splitlines()) <= MAX_LINES)
-    assert not short, f"split or gone, remove them from KNOWN_LONG: {short}"
