@@ -4,7 +4,10 @@ File tools (read_file, search, edit_file, write_file) resolve every path inside 
 refuse anything that escapes it: absolute paths elsewhere, ``..``, and symlinks (a symlink is never
 followed out of the worktree, and never written through). Nothing under ``.git`` can be read or
 written: a hook or config written there would run in the bot's own process at commit time.
-Search is a Python regex scan, never a shell.
+Search is a Python regex scan, never a shell: its glob is a file-name pattern (no folders, no
+``..``), the walk never follows a symlink, and the scan runs in a child process with a time limit, so
+a catastrophic pattern cannot hang the bot. Every argument is checked against the tool's schema, and
+every mistake comes back to the agent as an error result, never as an exception in the bot.
 
 run_correctness and run_microbenchmark snapshot the worktree as a commit and hand that commit to THE
 validator (bot.validate, through bot/generate/agent/validation.py); the model reads the verdict as the
@@ -13,15 +16,38 @@ carries no keys. read_profile, read_lessons and read_store return text.
 """
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 MAX_READ_CHARS = 60_000
 MAX_SEARCH_HITS = 200
+MAX_SEARCH_BYTES = 20_000_000  # text handed to one search's scanner
 MAX_WRITE_BYTES = 2_000_000
+SEARCH_TIMEOUT_S = 10.0
+_JSON_TYPES = {"string": (str,), "integer": (int,)}
+# The search's scanner: reads {"pattern", "files": [[path, text], ...], "max"} on stdin, prints the
+# hits as JSON. It runs in its own process so that its time can be limited (re has no timeout).
+_SCANNER = """
+import json, re, sys
+job = json.load(sys.stdin)
+rx, hits = re.compile(job["pattern"]), []
+for path, text in job["files"]:
+    for i, line in enumerate(text.splitlines(), 1):
+        if rx.search(line):
+            hits.append(f"{path}:{i}: {line.strip()[:200]}")
+            if len(hits) >= job["max"]:
+                break
+    if len(hits) >= job["max"]:
+        break
+print(json.dumps(hits))
+"""
 
 
 class ToolError(Exception):
@@ -112,6 +138,24 @@ TOOL_SPECS: list[dict] = [
 ]
 
 
+def _check_args(name: str, args: dict) -> None:
+    """The agent's arguments against the tool's JSON schema: known names, required ones present, each
+    of its declared type (an integer is not a bool)."""
+    schema = next(t["input_schema"] for t in TOOL_SPECS if t["name"] == name)
+    props = schema.get("properties", {})
+    unknown = sorted(set(args) - set(props))
+    if unknown:
+        raise ToolError(f"{name}: unknown arguments {unknown}; it takes {sorted(props) or 'none'}")
+    missing = [k for k in schema.get("required", []) if k not in args]
+    if missing:
+        raise ToolError(f"{name}: missing required arguments {missing}")
+    for k, v in args.items():
+        want = props[k].get("type")
+        if v is not None and want in _JSON_TYPES and (not isinstance(v, _JSON_TYPES[want]) or isinstance(v, bool)):
+            raise ToolError(f"{name}: argument {k} must be a{'n' if want == 'integer' else ''} {want}, "
+                            f"got {type(v).__name__} {json.dumps(v)[:40]}")
+
+
 @dataclass
 class ToolHooks:
     """What the non-file tools call; each returns text for the model (or raises ToolError)."""
@@ -138,11 +182,12 @@ class Workspace:
         if not isinstance(args, dict):
             return "tool input must be a JSON object", True
         try:
+            _check_args(name, args)
             out = fn(**args)
         except ToolError as e:
             return f"error: {e}", True
-        except TypeError as e:
-            return f"error: bad arguments for {name}: {e}", True
+        except (TypeError, ValueError, OSError) as e:  # anything else the agent's input can cause
+            return f"error: {name}: {type(e).__name__}: {e}", True
         return out, False
 
     # ---- files
@@ -166,31 +211,57 @@ class Workspace:
 
     def tool_search(self, pattern: str, path: str = ".", glob: str = "*.py") -> str:
         try:
-            rx = re.compile(pattern)
+            re.compile(pattern)
         except re.error as e:
             raise ToolError(f"bad regular expression {pattern!r}: {e}") from None
+        if not glob or "/" in glob or "\\" in glob or ".." in glob or "\x00" in glob:
+            raise ToolError(f"glob {glob!r}: a file-name pattern such as *.py (no folders, no '..'); "
+                            f"use path for a folder")
         base = confine(self.root, path) if path not in ("", ".") else self.root
-        files = [base] if base.is_file() else sorted(base.rglob(glob))
-        hits: list[str] = []
-        for f in files:
-            if ".git" in f.relative_to(self.root).parts or f.is_symlink() or not f.is_file():
+        files, size = [], 0
+        for f in ([base] if base.is_file() else self._walk(base)):
+            if not fnmatch.fnmatch(f.name, glob):
                 continue
             try:
                 text = f.read_text(errors="replace")
             except OSError:
                 continue
-            for i, line in enumerate(text.splitlines(), 1):
-                if rx.search(line):
-                    hits.append(f"{f.relative_to(self.root)}:{i}: {line.strip()[:200]}")
-                    if len(hits) >= MAX_SEARCH_HITS:
-                        return "\n".join(hits) + f"\n... stopped at {MAX_SEARCH_HITS} hits; narrow the search"
-        return "\n".join(hits) if hits else "no matches"
+            size += len(text)
+            if size > MAX_SEARCH_BYTES:
+                break
+            files.append([str(f.relative_to(self.root)), text])
+        try:
+            p = subprocess.run([sys.executable, "-I", "-c", _SCANNER], input=json.dumps(
+                {"pattern": pattern, "files": files, "max": MAX_SEARCH_HITS}), capture_output=True, text=True,
+                timeout=SEARCH_TIMEOUT_S, env={})
+        except subprocess.TimeoutExpired:
+            raise ToolError(f"search {pattern!r} ran past its time limit of {SEARCH_TIMEOUT_S:.0f} s (a pattern "
+                            f"that backtracks without end?); simplify it") from None
+        if p.returncode != 0:
+            raise ToolError(f"search {pattern!r} failed: {p.stderr.strip()[-300:]}")
+        hits = json.loads(p.stdout)
+        if not hits:
+            return "no matches"
+        more = f"\n... stopped at {MAX_SEARCH_HITS} hits; narrow the search" if len(hits) >= MAX_SEARCH_HITS else ""
+        return "\n".join(hits) + more
+
+    def _walk(self, base: Path):
+        """The regular files under `base`, never through a symlink and never into .git."""
+        for d, dirs, names in os.walk(base, followlinks=False):
+            dirs[:] = sorted(x for x in dirs if x != ".git" and not os.path.islink(os.path.join(d, x)))
+            for n in sorted(names):
+                f = Path(d) / n
+                if not f.is_symlink() and f.is_file():
+                    yield f
 
     def tool_edit_file(self, path: str, old_text: str, new_text: str) -> str:
         p = confine(self.root, path, for_write=True)
         if not p.is_file():
             raise ToolError(f"{path}: no such file (use write_file to create one)")
-        text = p.read_text()
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            raise ToolError(f"{path}: not a text file (not UTF-8); edit_file changes text files only") from None
         n = text.count(old_text) if old_text else 0
         if n != 1:
             raise ToolError(f"{path}: old_text occurs {n} times; it must occur exactly once")
@@ -199,6 +270,8 @@ class Workspace:
 
     def tool_write_file(self, path: str, content: str) -> str:
         p = confine(self.root, path, for_write=True)
+        if p.is_dir():
+            raise ToolError(f"{path}: is a folder, not a file")
         if len(content.encode()) > MAX_WRITE_BYTES:
             raise ToolError(f"{path}: content over {MAX_WRITE_BYTES} bytes")
         # Create parents one by one, re-checking confinement (no symlinked parent can be created

@@ -84,4 +84,58 @@ def test_unknown_tool_and_bad_args(tree):
     ws = _ws(root)
     assert ws.call("rm_rf", {})[1]
     out, err = ws.call("read_file", {"nope": 1})
-    assert err and "bad arguments" in out
+    assert err and "unknown arguments ['nope']" in out
+    out, err = ws.call("write_file", {"path": "src/c.py"})
+    assert err and "missing required arguments ['content']" in out
+
+
+# ------------------------------------------------------------------------------------------------
+# the search tool as an attacker calls it (issue 14): every answer stays inside the worktree
+
+
+@pytest.mark.parametrize("glob", ["../../../../../../../../outside/secret.txt", "../" * 12 + "proc/self/environ",
+                                  "/etc/passwd", "link_out/*", "*/../../outside/*"])
+def test_search_glob_cannot_leave_the_worktree(tree, glob):
+    root, outside = tree
+    out, err = _ws(root).call("search", {"pattern": ".", "glob": glob})
+    assert err and "glob" in out, out
+    assert "top secret" not in out and "PATH=" not in out  # the file's content, the environment
+
+
+def test_search_does_not_read_through_symlinked_folders(tree):
+    root, outside = tree
+    (outside / "leak.py").write_text("token = 'sekrit'\n")
+    out, err = _ws(root).call("search", {"pattern": "sekrit|top secret"})
+    assert not err and out == "no matches", out  # link_out/leak.py and src/secret_link.py are symlinks
+    out, err = _ws(root).call("search", {"pattern": "x = 1", "glob": "*.py"})
+    assert out == "src/a.py:1: x = 1", out  # link_in/ points inside, but is a symlink: not followed
+
+
+def test_search_with_a_catastrophic_regex_stops_at_its_time_limit(tree, monkeypatch):
+    import time
+
+    import bot.generate.agent.tools as tools
+
+    root, _ = tree
+    (root / "src" / "b.py").write_text("a" * 40 + "!\n")
+    monkeypatch.setattr(tools, "SEARCH_TIMEOUT_S", 2.0)
+    t0 = time.monotonic()
+    out, err = _ws(root).call("search", {"pattern": "(a+)+$"})
+    assert err and "time limit" in out, out
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("name, args, says", [
+    ("read_file", {"path": "src/a.py", "start_line": "abc"}, "start_line"),
+    ("read_file", {"path": "src"}, "no such file"),
+    ("write_file", {"path": "src/c.py", "content": ["x = 1"]}, "content"),
+    ("write_file", {"path": "src", "content": "x"}, "folder"),
+    ("edit_file", {"path": "src/bin.py", "old_text": "a", "new_text": "b"}, "not a text file"),
+    ("search", {"pattern": 7}, "pattern"),
+    ("read_profile", {"top": True}, "top"),
+])
+def test_every_tool_error_comes_back_as_a_tool_result(tree, name, args, says):
+    root, _ = tree
+    (root / "src" / "bin.py").write_bytes(b"\xff\xfe\x00a\x80")
+    out, err = _ws(root).call(name, args)  # never raises
+    assert err and says in out, out
