@@ -50,14 +50,22 @@ def from_json(tp: Any, data: Any) -> Any:
         if unknown:
             raise TypeError(f"{tp.__name__}: unknown keys {unknown}")
         hints = _hints(tp)
-        return tp(**{k: from_json(hints[k], v) for k, v in data.items()})
-    if origin is list:
-        (arg,) = typing.get_args(tp) or (Any,)
-        return [from_json(arg, v) for v in data]
-    if origin is tuple:
+        out = {}
+        for k, v in data.items():
+            try:
+                out[k] = from_json(hints[k], v)
+            except TypeError as e:  # say where: "steps: expected an object, got list"
+                raise TypeError(f"{k}: {e}") from None
+        return tp(**out)
+    if origin in (list, tuple):
+        if not isinstance(data, list):
+            raise TypeError(f"expected a list, got {type(data).__name__}")
         args = typing.get_args(tp)
-        return tuple(from_json(args[0] if args else Any, v) for v in data)
+        items = [from_json(args[0] if args else Any, v) for v in data]
+        return items if origin is list else tuple(items)
     if origin is dict:
+        if not isinstance(data, dict):
+            raise TypeError(f"expected an object, got {type(data).__name__}")
         _, val = typing.get_args(tp) or (str, Any)
         return {k: from_json(val, v) for k, v in data.items()}
     if tp is Path:

@@ -135,6 +135,9 @@ class RunState:
         if rec is None or not rec.result_file or not self.is_done(step):
             return None
         path = Path(rec.result_file)
+        if not path.is_file():
+            raise OptbotError(f"{path}: the {step} step's result is missing (state.json records the step as "
+                              f"{rec.status}); the run directory is incomplete")
         try:
             return from_json(result_type(step), json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError, KeyError) as e:

@@ -24,6 +24,9 @@ from bot.errors import OptbotError
 # the validator reads trailer values as lists ("none" = no values); bot/trailers.py is the one parser
 from bot.trailers import parse_trailer_lists as parse_trailers
 
+# what gitpython raises for a ref that names no commit: "nope", "HEAD~999", "HEAD@{1000}" (IndexError)
+BAD_REF = (git.BadName, ValueError, IndexError, git.GitCommandError)
+
 GIT_ENV = {"GIT_AUTHOR_DATE": FIXED_DATE, "GIT_COMMITTER_DATE": FIXED_DATE,
            "GIT_AUTHOR_NAME": BOT_ACTOR.name, "GIT_AUTHOR_EMAIL": BOT_ACTOR.email,
            "GIT_COMMITTER_NAME": BOT_ACTOR.name, "GIT_COMMITTER_EMAIL": BOT_ACTOR.email}
@@ -46,7 +49,7 @@ def resolve_base(checkout: EngineCheckout, base: str | None) -> str:
         return checkout.base_sha
     try:
         return checkout.repo.commit(base).hexsha
-    except (git.BadName, ValueError, git.GitCommandError):
+    except BAD_REF:
         raise OptbotError(f"--base {base!r}: no such commit or branch in engine repository {checkout.repo_path}") from None
 
 
@@ -58,7 +61,7 @@ def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Rev
     else:
         try:
             sha = repo.commit(spec).hexsha
-        except (git.BadName, ValueError, git.GitCommandError):
+        except BAD_REF:
             raise OptbotError(f"--candidate {spec!r}: neither a patch file nor a commit/branch of the engine "
                               f"repository {checkout.repo_path}") from None
         wt = add_worktree(checkout, f"cand-{sha[:12]}", sha)
@@ -77,7 +80,11 @@ def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Rev
 
 
 def _commit_patch(checkout: EngineCheckout, patch: Path, base_sha: str) -> tuple[str, Path]:
-    text = patch.read_text()
+    try:
+        text = patch.read_text()
+    except UnicodeDecodeError as e:
+        raise OptbotError(f"{patch}: not a text patch (byte {e.start} is not UTF-8); expected a git patch "
+                          f"(`git diff` or `git format-patch` output)") from None
     digest = hashlib.sha256((base_sha + text).encode()).hexdigest()[:12]
     wt = add_worktree(checkout, f"patch-{patch.stem}-{digest}", base_sha)
     repo = git.Repo(wt)

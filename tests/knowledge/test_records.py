@@ -118,3 +118,9 @@ def test_record_search_ties_the_search_to_the_patch(tmp_path):
 def test_an_entry_without_bench_json_reads_as_a_new_one(tmp_path):
     assert read_bench(tmp_path / "bench.json") is None
     assert load_bench(tmp_path / "e1") == Bench(entry="e1")
+
+
+def test_a_bench_json_that_is_a_list_is_a_clear_error(tmp_path):
+    (tmp_path / "bench.json").write_text("[1, 2]\n")
+    with pytest.raises(ConfigError, match=r"bench\.json: key '\(top level\)': got \[1, 2\]; expected a mapping"):
+        load_bench(tmp_path)

@@ -41,3 +41,46 @@ def test_a_result_file_of_another_shape_is_a_clear_error(tmp_path, monkeypatch):
     f.write_text(json.dumps({**json.loads(f.read_text()), "base_worktre": "/typo"}))
     with pytest.raises(OptbotError, match=r"checkout\.json: not a checkout result written by this optbot .*base_worktre"):
         RunState.load("run-2").result("checkout")
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda d: {**d, "steps": []}, r"state\.json: not a run state written by this optbot .*steps.*expected an object"),
+    (lambda d: {**d, "options": {**d["options"], "turbo": True}}, r"not a run state .*unknown keys \['turbo'\]"),
+    (lambda d: {**d, "options": "flux2"}, r"not a run state .*RunOptions: expected an object"),
+])
+def test_a_damaged_state_is_a_clear_error_and_stays_as_it_was(tmp_path, monkeypatch, damage, says):
+    monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path))
+    st = RunState("run-3", "flux2", RunOptions(workload="flux2"), "2026-12-01T00:00:00Z")
+    (tmp_path / "run-3").mkdir()
+    st.record("checkout", "done", _results().checkout, 1.0, "s")
+    f = tmp_path / "run-3" / "state.json"
+    f.write_text(json.dumps(damage(json.loads(f.read_text()))))
+    before = f.read_bytes()
+    with pytest.raises(OptbotError, match=says):
+        RunState.load("run-3")
+    assert f.read_bytes() == before  # nothing rewrote it on the way to the error
+
+
+def test_a_missing_step_file_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPTBOT_RUNS_DIR", str(tmp_path))
+    st = RunState("run-4", "flux2", RunOptions(workload="flux2"), "2026-12-01T00:00:00Z")
+    (tmp_path / "run-4").mkdir()
+    st.record("checkout", "done", _results().checkout, 1.0, "s")
+    (tmp_path / "run-4" / "checkout.json").unlink()
+    with pytest.raises(OptbotError, match=r"checkout\.json: the checkout step's result is missing"):
+        RunState.load("run-4").result("checkout")
+
+
+def test_resume_of_a_damaged_state_exits_2_without_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "20261201-000000-optimize-abcdef"
+    run.mkdir()
+    (run / "state.json").write_text(json.dumps({"run_id": run.name, "workload": "flux2", "options": {"workload": "flux2"},
+                                                "created_at": "x", "steps": []}))
+    p = subprocess.run([sys.executable, "-m", "bot", "optimize", "flux2", "--resume", run.name], capture_output=True,
+                       text=True, env={**os.environ, "OPTBOT_RUNS_DIR": str(tmp_path)}, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "state.json: not a run state written by this optbot" in p.stderr

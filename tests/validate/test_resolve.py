@@ -1,6 +1,8 @@
 """bot/validate/resolve.py: a candidate REF or patch file -> the Revision to validate; its trailers."""
 from __future__ import annotations
 
+import re
+
 import git
 import pytest
 
@@ -66,6 +68,13 @@ def test_what_cannot_be_validated_is_a_one_line_error(engine, tmp_path):
     bad.write_text("msg\n\ndiff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n")
     with pytest.raises(OptbotError, match="does not apply onto base"):
         resolve_candidate(engine, str(bad), engine.base_sha)
+    for ref in ("HEAD@{1000}", "HEAD~999", "main^{tree}x"):  # gitpython: IndexError, BadName, ...
+        with pytest.raises(OptbotError, match=f"--candidate '{re.escape(ref)}': neither a patch file nor a commit"):
+            resolve_candidate(engine, ref, engine.base_sha)
+    binary = tmp_path / "binary.patch"
+    binary.write_bytes(b"\xff\xfe\x00diff --git a/x b/x\n")
+    with pytest.raises(OptbotError, match=r"binary\.patch: not a text patch \(byte 0 is not UTF-8\)"):
+        resolve_candidate(engine, str(binary), engine.base_sha)
 
 
 def test_cli_errors_are_one_line_exit_2(capsys, diffusers_engine, tmp_path):
