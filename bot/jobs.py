@@ -3,7 +3,8 @@
 The child:
 - runs ``python -m runner JOB RESULT`` with PYTHONPATH = optbot's root, then the engine import root,
   so the engine worktree wins over any installed copy of the engine but cannot shadow the runner;
-- gets an environment with no tokens, keys or secrets (generated code runs there);
+- gets an allow-listed environment: what Python, torch, triton and CUDA need, no token, key or
+  other secret of the bot's (generated code runs there);
 - has a wall-clock timeout; it is killed with its whole process group when it runs over;
 - reports through RESULT (a file the bot chose), never through stdout, which is only a log.
 
@@ -27,13 +28,24 @@ from runner.job import Job
 from bot.errors import RunnerError
 from bot.paths import REPO_ROOT
 
-SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH)", re.I)
-SECRET_PREFIXES = ("ANTHROPIC", "GITHUB_", "GH_", "OPENAI", "AWS_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# A runner child gets an ALLOW-list of the bot's environment: what Python, torch, triton, CUDA and the
+# math libraries read (issue 14). Everything else (tokens, keys, DATABASE_URL, webhooks, CI job
+# tokens, whatever a runner holds) stays behind, whatever its name; within the allowed names, one
+# that looks like a secret is still dropped.
+ENV_ALLOW = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+    "LD_LIBRARY_PATH", "VIRTUAL_ENV", "XDG_CACHE_HOME", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+    "PYTHONNOUSERSITE", "CC", "CXX", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "NUMEXPR_MAX_THREADS"})
+ENV_ALLOW_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "CUBLAS", "CUDNN_", "TRITON_", "TORCH_",
+                      "TORCHINDUCTOR_", "PYTORCH_", "KMP_", "GOMP_", "SGLANG_")
+SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|PWD$|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY|AUTH|JWT|DSN$|"
+                       r"WEBHOOK|_KEY$|_URL$)", re.I)
 
 
 def child_env(engine_root: str, device: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not SECRET_RE.search(k) and not k.upper().startswith(SECRET_PREFIXES)}
+           if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not SECRET_RE.search(k)}
     # optbot's runner first (an engine tree must not be able to shadow the runner package), then
     # the engine (it must win over an installed copy), then whatever the caller had (e.g. carried
     # wheels on an offline GPU box).

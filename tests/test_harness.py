@@ -74,6 +74,24 @@ def test_child_environment_has_no_secrets(monkeypatch):
     assert parts[:2] == [str(REPO_ROOT), "/engine/src"] and parts[-1] == "/carried/site"
 
 
+SECRETS_A_DENY_LIST_MISSED = {  # names a runner may hold that no pattern of "secret-looking" names catches
+    "STRIPE_KEY": "sk_live_x", "SSH_KEY": "-----BEGIN", "DEPLOY_KEY": "x", "MYSQL_PWD": "hunter2",
+    "DATABASE_URL": "postgres://u:pw@db/x", "CI_JOB_JWT": "eyJ", "SLACK_WEBHOOK_URL": "https://hooks/x",
+    "SENTRY_DSN": "https://k@sentry/1", "MY_APP_CONFIG": "anything", "TORCH_HUB_TOKEN": "t"}
+
+
+def test_child_environment_is_an_allow_list(monkeypatch):
+    for k, v in SECRETS_A_DENY_LIST_MISSED.items():
+        monkeypatch.setenv(k, v)
+    for k, v in {"CUDA_VISIBLE_DEVICES": "0", "TRITON_CACHE_DIR": "/tmp/t", "LC_ALL": "C.UTF-8",
+                 "NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "4"}.items():
+        monkeypatch.setenv(k, v)
+    env = child_env("/engine/src", "cuda")
+    assert not set(SECRETS_A_DENY_LIST_MISSED) & set(env), sorted(set(SECRETS_A_DENY_LIST_MISSED) & set(env))
+    assert {"CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR", "LC_ALL", "NCCL_NVLS_ENABLE", "OMP_NUM_THREADS", "PATH",
+            "PYTHONPATH"} <= set(env)
+
+
 def test_child_sees_no_secret_at_runtime(tmp_path, monkeypatch):
     """End to end: the runner process itself cannot read a key the bot holds."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-should-not-leak")
