@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.job import Job
+from runner.job import RESULT_KEYS, Job
 
 from bot.errors import RunnerError
 from bot.paths import REPO_ROOT
@@ -78,6 +78,7 @@ class JobOutcome:
     seconds: float = 0.0
     log_path: str = ""
     log_tail: str = ""
+    problem: str = ""  # crashed with a result file that is no valid result: what is wrong with it
 
     @property
     def ok(self) -> bool:
@@ -93,6 +94,8 @@ class JobOutcome:
             return f"timeout after {self.seconds:.0f} s"
         sig = -self.returncode if self.returncode and self.returncode < 0 else None
         how = f"signal {signal.Signals(sig).name}" if sig else f"exit code {self.returncode}"
+        if self.problem:
+            return f"crashed ({how}): no valid result ({self.problem})"
         return f"crashed ({how}) with no result"
 
     def error(self, what: str) -> RunnerError:
@@ -145,19 +148,36 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     LEDGER.add(job.device, seconds)
     tail = _tail(log_path)
     result: dict = {}
+    problem = ""
     if status is None:
-        if result_path.is_file():
-            try:
-                result = json.loads(result_path.read_text())
-            except json.JSONDecodeError:
-                result = {}
-        if rc == 0 and result.get("ok") is True:
+        result, problem = _read_result(result_path, job.kind)
+        if rc == 0 and result.get("ok") is True and not problem:
             status = "ok"
-        elif result and result.get("ok") is False:
+        elif result.get("ok") is False and not problem:
             status = "failed"
         else:
             status = "crashed"
-    return JobOutcome(status=status, result=result, returncode=rc, seconds=seconds, log_path=str(log_path), log_tail=tail)
+    return JobOutcome(status=status, result=result, returncode=rc, seconds=seconds, log_path=str(log_path),
+                      log_tail=tail, problem=problem)
+
+
+def _read_result(path: Path, kind: str) -> tuple[dict, str]:
+    """(the result, "") or ({}, what is wrong): a file that is not JSON, not an object, or lacks the
+    keys its kind must have (runner/job.py RESULT_KEYS) is no result to read numbers from."""
+    if not path.is_file():
+        return {}, ""
+    try:
+        result = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return {}, f"the result file is not JSON: {e}"
+    if not isinstance(result, dict):
+        return {}, f"the result file holds a {type(result).__name__}, not an object"
+    missing = [k for k in RESULT_KEYS.get(kind, ()) if k not in result] if result.get("ok") is True else []
+    if result.get("ok") is False and not isinstance(result.get("error"), dict):
+        missing = ["error"]
+    if missing:
+        return {}, f"a {kind} result without {missing}"
+    return result, ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -35,6 +35,15 @@ def job_kinds() -> list[str]:
     return sorted(p.stem for p in kinds_dir.glob("*.py") if not p.stem.startswith("_"))
 
 
+# What a successful result of a kind must hold, where the bot reads it. A result without these keys
+# is no valid result (the job's code, or code it ran, wrote something else to the result path): the
+# bot treats it as a crash, never as data (bot/jobs.run_job).
+RESULT_KEYS: dict[str, tuple[str, ...]] = {
+    "validate_step": ("runs", "timing", "profile", "flops", "passes", "env"),
+    "compare": ("checks",),
+}
+
+
 @dataclass
 class Job:
     kind: str

@@ -86,3 +86,19 @@ def test_a_job_the_caller_needs_fails_as_one_error(outcome, says):
     first, tail = str(err).split("\n", 1)
     assert first == f"profile job {says}; log: /runs/x/profile.log"
     assert tail.endswith("Traceback: boom") and len(tail) == 1500
+
+
+@pytest.mark.parametrize("forged, says", [
+    ('{"ok": true}', "no valid result (a validate_step result without ['runs', 'timing', 'profile', 'flops', "
+                     "'passes', 'env'])"),
+    ("[1, 2]", "no valid result (the result file holds a list, not an object)"),
+    ('{"ok": false}', "no valid result (a validate_step result without ['error'])"),
+])
+def test_a_result_rewritten_at_exit_is_no_result(tmp_path, forged, says):
+    """Engine code that rewrites the result file when the runner exits (an atexit hook: the model
+    module is imported in the child) gets a crashed outcome saying so, never a bot KeyError."""
+    job = _bad_engine_job(tmp_path, f"import atexit, sys\natexit.register(lambda: open(sys.argv[2], 'w').write({forged!r}))\n")
+    job.kind = "validate_step"
+    out = run_job(job, tmp_path, timeout_s=300)
+    assert out.status == "crashed" and says in out.reason(), out.reason()
+    assert out.result == {}
