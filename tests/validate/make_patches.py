@@ -97,6 +97,17 @@ CASES = [
         os.kill(os.getpid(), signal.SIGSEGV)  # what a wild pointer does to the process
         return x
 """)]),
+    ("forged_result.patch",
+     "SwiGLU that reports its own result\n\nAt exit it rewrites the runner's result file (argv[2]) with a "
+     "bare success.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        import atexit
+        import sys
+
+        atexit.register(lambda: open(sys.argv[2], "w").write('{"ok": true}'))
+        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        return x
+""")]),
     ("not_engaged.patch",
      "Add a fused SwiGLU that is never called\n\nOptbot-Kind: fuse-elementwise-chain\n",
      [(FF, FF + """

@@ -20,6 +20,7 @@ CASES = [
     ("precision_drop.patch", "correctness", "rel L2"),
     ("hangs.patch", "timeout", "timeout"),
     ("segfault.patch", "crashed", "SIGSEGV"),
+    ("forged_result.patch", "crashed", "no valid result"),  # rewrites the result file at exit
     ("not_engaged.patch", "not-engaged", "identical"),
 ]
 
