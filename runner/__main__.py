@@ -13,11 +13,29 @@ from pathlib import Path
 
 from runner.job import Job, write_result
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """The kernel kills this process when the bot that started it dies (even by SIGKILL): the child
+    runs in a session of its own (bot/jobs.run_job), so a killed bot's process group does not reach
+    it, and an orphaned job would keep its GPU. Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the bot died before the line above: nobody is waiting for this job
+        os._exit(1)
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m runner JOB.json RESULT.json", file=sys.stderr)
         return 2
+    die_with_parent()
     job_path, result_path = Path(argv[0]), Path(argv[1])
     try:
         job = Job.from_file(job_path)

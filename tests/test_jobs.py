@@ -102,3 +102,46 @@ def test_a_result_rewritten_at_exit_is_no_result(tmp_path, forged, says):
     out = run_job(job, tmp_path, timeout_s=300)
     assert out.status == "crashed" and says in out.reason(), out.reason()
     assert out.result == {}
+
+
+def test_a_killed_bot_leaves_no_runner_behind(tmp_path):
+    """SIGKILL of the bot (its whole process group) while a job hangs: the runner child, which runs
+    in a session of its own, dies with it instead of keeping its device."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    job = _bad_engine_job(tmp_path, "import time\ntime.sleep(120)\n")
+    job_file = tmp_path / "bot-job.pkl"
+    import pickle
+    job_file.write_bytes(pickle.dumps(job))
+    bot = subprocess.Popen([sys.executable, "-c", "import pickle, sys; from pathlib import Path; from bot.jobs import run_job; "
+                            f"run_job(pickle.loads(Path({str(job_file)!r}).read_bytes()), Path({str(tmp_path / 'w')!r}), "
+                            "timeout_s=300, name='hang')"], start_new_session=True)
+
+    def runner_pids() -> list[int]:
+        out = []
+        for d in os.listdir("/proc"):
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"runner" in cmd and str(tmp_path / "w" / "hang.job.json").encode() in cmd:
+                out.append(int(d))
+        return out
+
+    deadline = time.monotonic() + 60
+    while not runner_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert runner_pids(), "the runner child never started"
+    time.sleep(1.0)  # the child is inside the engine's import now
+    os.killpg(bot.pid, signal.SIGKILL)
+    bot.wait()
+    deadline = time.monotonic() + 10
+    while runner_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = runner_pids()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"runner {left} outlived the bot"
