@@ -109,7 +109,7 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dic
     (bot/knowledge/records.record_ablation), when every member is a store entry there (`entry_of`:
     candidate id -> an entry this run's learn step wrote; `candidates`: the run's Candidates by id).
     The files written, relative to `knowledge`."""
-    from bot.knowledge.records import Ablation, AblationRow, record_ablation
+    from bot.knowledge.records import AblationRecord, AblationRecordRow, record_ablation
 
     ab = combine.ablation if combine else None
     if ab is None or combine.ablation_known_from or not ab.rows or not combine.stack_sha256:
@@ -122,11 +122,11 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dic
         if d is None or not (d / "entry.yaml").is_file():
             return []  # a member with no entry: the record could never be matched
         dirs[sc.candidate_id] = d
-    rows = [AblationRow(dirs[cid].name, r.without_ms, r.contribution_ms, r.contribution_pct)
+    rows = [AblationRecordRow(dirs[cid].name, r.without_ms, r.contribution_ms, r.contribution_pct)
             for r in ab.rows if (cid := combine.candidate_of(r.sha)) in dirs]
     written = []
     for d in dirs.values():  # one record per member: each file gets its own recorded_at
-        rec = Ablation(stack_sha256=combine.stack_sha256, base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
+        rec = AblationRecord(stack_sha256=combine.stack_sha256, base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
                        hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"), run_id=run_id,
                        command=command, mode=ab.mode, rounds=ab.rounds, device=ab.device, base_ms=ab.base_ms,
                        stack_ms=ab.stack_ms, noise_pct=ab.noise_pct, rows=rows)

@@ -3,7 +3,7 @@
     {"entry": ID,
      "correctness": {"cpu" | "cuda": KernelTests, "cpu_validation": ValidationRecord},
      "gpu": {"validation": ValidationRecord, "micro": MicroRecord, "end_to_end": {...},
-             "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: Ablation}},
+             "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: AblationRecord}},
      "history": [HistoryRow, ...]}
 
 plus, in an entry the learn step generated, the verdict that made it (Bench.validated_by ...
@@ -231,7 +231,7 @@ class MicroRecord(_Record):
 
 
 @dataclass
-class Correctness(_Record):
+class CorrectnessRecord(_Record):
     cpu: KernelTests | None = _opt()
     cuda: KernelTests | None = _opt()
     cpu_validation: ValidationRecord | None = _opt()
@@ -256,7 +256,7 @@ class VariantSearch(_Record):
 
 
 @dataclass
-class AblationRow(_Record):
+class AblationRecordRow(_Record):
     entry: str | None = None
     without_ms: float | None = None
     contribution_ms: float | None = None
@@ -264,7 +264,7 @@ class AblationRow(_Record):
 
 
 @dataclass
-class Ablation(_Record):
+class AblationRecord(_Record):
     """A stack's leave-one-out on one workload, kept in each member entry (bot/knowledge/known.known_ablation)."""
     stack_sha256: str | None = None
     base_sha: str | None = None
@@ -281,7 +281,7 @@ class Ablation(_Record):
     base_ms: float | None = None
     stack_ms: float | None = None
     noise_pct: float | None = None
-    rows: list[AblationRow] = field(default_factory=list)
+    rows: list[AblationRecordRow] = field(default_factory=list)
     recorded_at: str | None = None
 
 
@@ -309,7 +309,7 @@ class Gpu(_Record):
     micro: MicroRecord | None = _opt()
     end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
     variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
-    ablation: dict[str, Ablation] = _opt(factory=dict)  # workload -> leave-one-out
+    ablation: dict[str, AblationRecord] = _opt(factory=dict)  # workload -> leave-one-out
 
 
 @dataclass
@@ -325,7 +325,7 @@ class Bench(_Record):
     engine_sha: str | None = _opt()
     base_sha: str | None = _opt()
     run_id: str | None = _opt()
-    correctness: Correctness | None = _opt()
+    correctness: CorrectnessRecord | None = _opt()
     gpu: Gpu | None = _opt()
     history: list[HistoryRow] = _opt(factory=list)
 
@@ -335,9 +335,9 @@ class Bench(_Record):
             self.gpu = Gpu()
         return self.gpu
 
-    def correctness_section(self) -> Correctness:
+    def correctness_section(self) -> CorrectnessRecord:
         if self.correctness is None:
-            self.correctness = Correctness()
+            self.correctness = CorrectnessRecord()
         return self.correctness
 
     def dumps(self) -> str:
@@ -400,7 +400,7 @@ def record_search(entry_dir: Path, hardware: str, search: VariantSearch, bench: 
     return save_bench(entry_dir, bench)
 
 
-def record_ablation(entry_dir: Path, workload: str, ablation: Ablation) -> Path:
+def record_ablation(entry_dir: Path, workload: str, ablation: AblationRecord) -> Path:
     """The stack's leave-one-out, measured on a GPU, into the member entry's `gpu.ablation[workload]`
     (the whole stack's rows, so any member answers for it)."""
     ablation.recorded_at = now()

@@ -10,7 +10,7 @@ import pytest
 
 from bot.knowledge.known import known_ablation, known_verdict
 from bot.knowledge.location import SHIPPED_STORE
-from bot.knowledge.records import Ablation, AblationRow, record_ablation
+from bot.knowledge.records import AblationRecord, AblationRecordRow, record_ablation
 from bot.knowledge.store import get_entry
 from tests.knowledge.verdicts import ENV, record_verdict
 
@@ -56,12 +56,12 @@ def test_the_shipped_records_are_found(entry):
     assert k.status == rec["status"] and k.numbers == rec
 
 
-def _ablation(key: dict, rounds: int = 1) -> Ablation:
+def _ablation(key: dict, rounds: int = 1) -> AblationRecord:
     """The stack's leave-one-out as the optimize learn step records it (numbers are test data)."""
-    return Ablation(**key, run_id="run-1", command="optbot optimize flux2", mode="eager", rounds=rounds, device="cuda",
+    return AblationRecord(**key, run_id="run-1", command="optbot optimize flux2", mode="eager", rounds=rounds, device="cuda",
                     base_ms=554.0, stack_ms=478.2, noise_pct=0.5,
-                    rows=[AblationRow("flux2-swiglu", 495.0, 16.8, 3.4),
-                          AblationRow("flux2-qk-rmsnorm-rope", 534.9, 56.7, 10.6)])
+                    rows=[AblationRecordRow("flux2-swiglu", 495.0, 16.8, 3.4),
+                          AblationRecordRow("flux2-qk-rmsnorm-rope", 534.9, 56.7, 10.6)])
 
 
 def test_a_stack_ablation_is_known_for_the_same_stack_only(tmp_path):
