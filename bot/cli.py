@@ -11,7 +11,7 @@ import traceback
 
 import click
 
-from bot import __version__
+from bot import __version__, sandbox
 from bot.errors import OptbotError
 
 
@@ -52,6 +52,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    sandbox.make_undumpable()
     try:
         cli.main(args=argv, prog_name="optbot", standalone_mode=False)
     except click.exceptions.Exit as e:

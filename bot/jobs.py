@@ -1,15 +1,20 @@
 """The bot/runner process boundary: run one runner job in a child process.
 
 The child:
-- runs ``python -m runner JOB RESULT`` with PYTHONPATH = optbot's root, then the engine import root,
-  so the engine worktree wins over any installed copy of the engine but cannot shadow the runner;
+- runs ``python -m runner JOB FD`` in the sandbox (bot/sandbox.py, runner/sandbox.py: namespaces,
+  a filesystem of read-only system and Python trees plus its own scratch, no network), with
+  PYTHONPATH = optbot's root, then the engine import root, so the engine worktree wins over any
+  installed copy of the engine but cannot shadow the runner;
 - gets an allow-listed environment: what Python, torch, triton and CUDA need, no token, key or
-  other secret of the bot's (generated code runs there);
+  other secret of the bot's (generated code runs there), and a compile cache of its engine commit;
 - has a wall-clock timeout; it is killed with its whole process group when it runs over;
-- reports through RESULT (a file the bot chose), never through stdout, which is only a log.
+- reports through the pipe FD (runner/channel.py): exactly one result message, and the marks of its
+  timed phases, which the bot clocks itself (clock_check); stdout is only a log.
 
-A crash (signal, non-zero exit without a result), a timeout or a result of ok=false comes back as a
-typed JobOutcome, never as an exception, so the caller can turn it into a verdict and move on.
+A crash (signal, non-zero exit without a valid result), a timeout, a result of ok=false or timings
+the bot's clock contradicts come back as a typed JobOutcome, never as an exception, so the caller
+can turn it into a verdict and move on. Only a sandbox that cannot be set up at all raises
+(bot/sandbox.SandboxUnavailable): the run stops rather than run generated code unconfined.
 """
 from __future__ import annotations
 
@@ -19,14 +24,18 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runner.job import RESULT_KEYS, Job
 
+from bot import sandbox
 from bot.errors import RunnerError
 from bot.paths import REPO_ROOT
+from bot.sandbox import SCRATCH, cache_env
 
 # A runner child gets an ALLOW-list of the bot's environment: what Python, torch, triton, CUDA and the
 # math libraries read (issue 14). Everything else (tokens, keys, DATABASE_URL, webhooks, CI job
@@ -72,7 +81,7 @@ def child_env(engine_root: str, device: str = "") -> dict[str, str]:
 
 @dataclass
 class JobOutcome:
-    status: str  # ok | failed (result ok=false) | crashed | timeout
+    status: str  # ok | failed (result ok=false) | crashed | timeout | implausible (bot/jobs.clock_check)
     result: dict = field(default_factory=dict)
     returncode: int | None = None
     seconds: float = 0.0
@@ -92,6 +101,8 @@ class JobOutcome:
             return f"{err.get('kind', 'error')}: {err.get('message', '')}"
         if self.status == "timeout":
             return f"timeout after {self.seconds:.0f} s"
+        if self.status == "implausible":
+            return self.problem
         sig = -self.returncode if self.returncode and self.returncode < 0 else None
         how = f"signal {signal.Signals(sig).name}" if sig else f"exit code {self.returncode}"
         if self.problem:
@@ -129,55 +140,165 @@ LEDGER = DeviceLedger()
 
 
 def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job") -> JobOutcome:
+    SCRATCH.check(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    job_path, result_path, log_path = work_dir / f"{name}.job.json", work_dir / f"{name}.result.json", work_dir / f"{name}.log"
-    result_path.unlink(missing_ok=True)
-    job.to_file(job_path)
+    job_path, log_path = work_dir / f"{name}.job.json", work_dir / f"{name}.log"
+    _write_new(job_path, json.dumps(asdict(job), indent=2).encode())
+    env = child_env(job.engine_root, job.device)
+    env.update(cache_env(job.engine_sha))
+    env["OPTBOT_SANDBOX_PARENT"] = str(os.getpid())
+    read_fd, write_fd = os.pipe()
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "runner", str(job_path), str(result_path)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(job.engine_root, job.device), cwd=work_dir, start_new_session=True)
+    with tempfile.TemporaryDirectory(prefix="optbot-root-") as root, open(_new_file(log_path), "wb") as log:
+        try:
+            argv = sandbox.command(job, work_dir, [sys.executable, "-m", "runner", str(job_path), str(write_fd)],
+                                   Path(root), keep_fds=(write_fd,))
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    cwd=work_dir, start_new_session=True, pass_fds=(write_fd,))
+        finally:
+            os.close(write_fd)
+        report = Report(read_fd)
         try:
             rc = proc.wait(timeout=timeout_s)
             status = None
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc, status = proc.returncode, "timeout"
+        report.join()
     seconds = time.monotonic() - t0
     LEDGER.add(job.device, seconds)
     tail = _tail(log_path)
     result: dict = {}
-    problem = ""
+    problem = implausible = ""
     if status is None:
-        result, problem = _read_result(result_path, job.kind)
+        result, problem = report.result(job.kind)
         if rc == 0 and result.get("ok") is True and not problem:
-            status = "ok"
+            implausible = clock_check(result, report.phases)
+            status = "implausible" if implausible else "ok"
         elif result.get("ok") is False and not problem:
             status = "failed"
         else:
             status = "crashed"
     return JobOutcome(status=status, result=result, returncode=rc, seconds=seconds, log_path=str(log_path),
-                      log_tail=tail, problem=problem)
+                      log_tail=tail, problem=problem or implausible)
 
 
-def _read_result(path: Path, kind: str) -> tuple[dict, str]:
-    """(the result, "") or ({}, what is wrong): a file that is not JSON, not an object, or lacks the
-    keys its kind must have (runner/job.py RESULT_KEYS) is no result to read numbers from."""
-    if not path.is_file():
-        return {}, ""
-    try:
-        result = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        return {}, f"the result file is not JSON: {e}"
-    if not isinstance(result, dict):
-        return {}, f"the result file holds a {type(result).__name__}, not an object"
-    missing = [k for k in RESULT_KEYS.get(kind, ()) if k not in result] if result.get("ok") is True else []
-    if result.get("ok") is False and not isinstance(result.get("error"), dict):
-        missing = ["error"]
-    if missing:
-        return {}, f"a {kind} result without {missing}"
-    return result, ""
+def _new_file(path: Path) -> Path:
+    """path, made free for a new file: whatever a child left there (a symlink to a file of the bot's,
+    say) is removed, not followed."""
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    return path
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(_new_file(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+class Report:
+    """The bot's end of a child's report pipe (runner/channel.py): read on a thread, so a result
+    larger than the pipe's buffer cannot block the child, and each timed phase's marks stamped with
+    the bot's clock the moment they arrive."""
+
+    MAX_BYTES = 64 * 2**20
+
+    def __init__(self, fd: int) -> None:
+        self.lines: list[bytes] = []
+        self.phases: dict[str, list[float]] = {}  # label -> [bot's start, bot's end]
+        self.problem = ""
+        self._thread = threading.Thread(target=self._read, args=(fd,), daemon=True)
+        self._thread.start()
+
+    def _read(self, fd: int) -> None:
+        buf, total = b"", 0
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while chunk := f.read(65536):
+                now = time.monotonic()
+                total += len(chunk)
+                if total > self.MAX_BYTES:
+                    self.problem = f"the report is larger than {self.MAX_BYTES >> 20} MiB"
+                    continue  # keep draining, so the child is not blocked forever
+                buf += chunk
+                *done, buf = buf.split(b"\n")
+                for line in done:
+                    self._line(line, now)
+        if buf:
+            self._line(buf, time.monotonic())
+
+    def _line(self, line: bytes, now: float) -> None:
+        try:
+            msg = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self.problem = self.problem or f"a report line is not JSON: {line[:80]!r}"
+            return
+        if isinstance(msg, dict) and msg.get("mark") in ("start", "end") and isinstance(msg.get("phase"), str):
+            stamps = self.phases.setdefault(msg["phase"], [])
+            if len(stamps) == (0 if msg["mark"] == "start" else 1):
+                stamps.append(now)
+            else:
+                self.problem = self.problem or f"phase {msg['phase']!r} marked {msg['mark']} out of order"
+        else:
+            self.lines.append(line)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+    def result(self, kind: str) -> tuple[dict, str]:
+        """(the result, "") or ({}, what is wrong): exactly one message {"result": {...}}, holding the
+        keys its kind must have (runner/job.py RESULT_KEYS)."""
+        if self.problem:
+            return {}, self.problem
+        if not self.lines:
+            return {}, ""
+        if len(self.lines) > 1:
+            return {}, f"{len(self.lines)} result messages, not one"
+        msg = json.loads(self.lines[0])  # JSON: _line checked
+        if not isinstance(msg, dict) or set(msg) != {"result"} or not isinstance(msg["result"], dict):
+            return {}, f"the report's message is {str(msg)[:60]!r}, not {{\"result\": {{...}}}}"
+        result = msg["result"]
+        missing = [k for k in RESULT_KEYS.get(kind, ()) if k not in result] if result.get("ok") is True else []
+        if result.get("ok") is False and not isinstance(result.get("error"), dict):
+            missing = ["error"]
+        if missing:
+            return {}, f"a {kind} result without {missing}"
+        return result, ""
+
+
+# A phase's samples may not add up to less than this share of the time the bot saw pass between the
+# phase's marks (less a little for the marks' own latency on a busy machine). Honest timing loops
+# spend nearly all of a phase in the timed calls; a clock running at half speed claims half.
+CLOCK_MIN_SHARE, CLOCK_SLACK_S = 0.7, 0.02
+
+
+def clock_check(result: dict, phases: dict[str, list[float]]) -> str:
+    """"" or why the result's timings are implausible by the bot's own clock."""
+    claimed: dict[str, float] = {}
+
+    def walk(v) -> None:
+        if isinstance(v, dict):
+            if isinstance(v.get("phase"), str) and v["phase"] and isinstance(v.get("samples_ms"), list):
+                claimed[v["phase"]] = claimed.get(v["phase"], 0.0) + sum(float(x) for x in v["samples_ms"]) / 1e3
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(result)
+    for label, secs in sorted(claimed.items()):
+        stamps = phases.get(label, [])
+        if len(stamps) != 2:
+            return f"implausible: the result claims timings of phase {label!r}, which the bot never saw start and end"
+        seen = stamps[1] - stamps[0]
+        if secs < CLOCK_MIN_SHARE * (seen - CLOCK_SLACK_S):
+            return (f"implausible: phase {label!r} took {seen:.3f} s by the bot's clock, but its samples add up to "
+                    f"{secs:.3f} s (a clock in the child runs slow)")
+        if secs > seen + CLOCK_SLACK_S + 0.05 * seen:
+            return (f"implausible: phase {label!r} took {seen:.3f} s by the bot's clock, but its samples add up to "
+                    f"{secs:.3f} s, more than passed")
+    return ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

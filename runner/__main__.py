@@ -1,7 +1,8 @@
-"""Entry point of the runner child: ``python -m runner JOB.json RESULT.json``.
+"""Entry point of the runner child: ``python -m runner JOB.json FD``.
 
-The result goes to RESULT.json (written atomically), never to stdout, so nothing the engine or a
-candidate prints can pose as a result. Exceptions become {"ok": false, "error": {...}} results.
+The result goes to the pipe FD (runner/channel.py), once, and the process ends with os._exit right
+after: never to stdout (nothing the engine or a candidate prints can pose as a result) and never to
+a file an exit hook could rewrite. Exceptions become {"ok": false, "error": {...}} results.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from runner.job import Job, write_result
+from runner import channel
+from runner.job import Job
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -33,10 +35,15 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m runner JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m runner JOB.json FD  (FD: the write end of the bot's result pipe)", file=sys.stderr)
         return 2
     die_with_parent()
-    job_path, result_path = Path(argv[0]), Path(argv[1])
+    job_path = Path(argv[0])
+    try:
+        channel.open_channel(int(argv[1]))
+    except (ValueError, OSError) as e:
+        print(f"runner: FD {argv[1]!r} is no open file descriptor: {e}", file=sys.stderr)
+        return 2
     try:
         job = Job.from_file(job_path)
         if os.environ.get("OPTBOT_JOB_DEVICE"):  # bot/jobs.child_env: cuda:N is this child's only GPU
@@ -51,7 +58,7 @@ def main(argv: list[str]) -> int:
         tb = traceback.format_exc()
         print(tb, file=sys.stderr)
         result = {"ok": False, "error": {"kind": kind, "message": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}}
-    write_result(result_path, result)
+    channel.finish(result)  # does not return: os._exit, so no exit hook runs after the report
     return 0
 
 

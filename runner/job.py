@@ -1,7 +1,7 @@
 """The job schema: what the bot hands the runner, and what comes back. Pure Python (no torch), so
 the bot can import it without importing torch.
 
-Job JSON (written by the bot, read by ``python -m runner JOB RESULT``):
+Job JSON (written by the bot, read by ``python -m runner JOB FD``):
   kind          a module of runner/kinds/: "step" (build, run, time, save outputs), "profile"
                 (step + torch.profiler + FLOPs + ceilings), "probe" (environment only), ...
   workload      Workload.to_json() of bot/workload.py, the whole parsed file
@@ -17,7 +17,7 @@ Job JSON (written by the bot, read by ``python -m runner JOB RESULT``):
   warmup, iters timing: warm-up steps and timed steps (first shape, first seed)
   out_dir       where outputs (.pt) and traces go
   params        kind-specific parameters (documented in that kind's module)
-Result JSON: {"ok": bool, "error": {kind, message, log_tail} | null, ...kind-specific fields}.
+Result (one message on the FD pipe, runner/channel.py): {"ok": bool, "error": {kind, message, log_tail} | null, ...kind-specific fields}.
 """
 from __future__ import annotations
 
@@ -76,11 +76,3 @@ class Job:
         if job.kind not in job_kinds():
             raise ValueError(f"job {path}: kind {job.kind!r} is not one of {job_kinds()}")
         return job
-
-
-def write_result(path: Path, result: dict) -> None:
-    """Atomic write: a reader never sees half a result."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, path)

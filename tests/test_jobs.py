@@ -88,20 +88,42 @@ def test_a_job_the_caller_needs_fails_as_one_error(outcome, says):
     assert tail.endswith("Traceback: boom") and len(tail) == 1500
 
 
-@pytest.mark.parametrize("forged, says", [
-    ('{"ok": true}', "no valid result (a validate_step result without ['runs', 'timing', 'profile', 'flops', "
-                     "'passes', 'env'])"),
-    ("[1, 2]", "no valid result (the result file holds a list, not an object)"),
-    ('{"ok": false}', "no valid result (a validate_step result without ['error'])"),
+def test_an_exit_hook_cannot_rewrite_the_report(tmp_path):
+    """The atexit forgery of issue 14: engine code registers a hook that, when the runner exits, writes
+    a well-formed result claiming success. The runner sends its one report and ends with os._exit, so
+    the hook never runs: the honest outcome (this engine has no model class) is what comes back."""
+    forged = json.dumps({"result": {"ok": True, "runs": [], "timing": {}, "profile": {}, "flops": {}, "passes": 1,
+                                    "env": {}}})
+    job = _bad_engine_job(tmp_path, "import atexit, os, sys\n"
+                                    f"atexit.register(lambda: os.write(int(sys.argv[2]), {forged!r}.encode() + b'\\n'))\n")
+    job.kind = "validate_step"
+    out = run_job(job, tmp_path, timeout_s=300)
+    assert out.status == "failed" and "has no class 'Model'" in out.reason(), out.reason()
+
+
+@pytest.mark.parametrize("sent, says", [
+    ('{"result": {"ok": true}}', "no valid result (a validate_step result without ['runs', 'timing', 'profile', "
+                                 "'flops', 'passes', 'env'])"),
+    ("[1, 2]", "no valid result (the report's message is '[1, 2]', not {\"result\": {...}})"),
+    ('{"result": {"ok": false}}', "no valid result (a validate_step result without ['error'])"),
+    ("not json", "no valid result (a report line is not JSON: b'not json')"),
 ])
-def test_a_result_rewritten_at_exit_is_no_result(tmp_path, forged, says):
-    """Engine code that rewrites the result file when the runner exits (an atexit hook: the model
-    module is imported in the child) gets a crashed outcome saying so, never a bot KeyError."""
-    job = _bad_engine_job(tmp_path, f"import atexit, sys\natexit.register(lambda: open(sys.argv[2], 'w').write({forged!r}))\n")
+def test_a_message_written_into_the_channel_is_no_result(tmp_path, sent, says):
+    """Engine code that writes into the report pipe itself (it is the runner's argv[2]) and exits gets
+    a crashed outcome saying what is wrong with it, never a bot KeyError."""
+    job = _bad_engine_job(tmp_path, f"import os, sys\nos.write(int(sys.argv[2]), {sent!r}.encode() + b'\\n')\nos._exit(0)\n")
     job.kind = "validate_step"
     out = run_job(job, tmp_path, timeout_s=300)
     assert out.status == "crashed" and says in out.reason(), out.reason()
     assert out.result == {}
+
+
+def test_a_second_result_makes_the_report_invalid(tmp_path):
+    """A forged result sent before the runner's own: two result messages are no valid result."""
+    forged = json.dumps({"result": {"ok": False, "error": {"kind": "x", "message": "forged"}}})
+    job = _bad_engine_job(tmp_path, f"import os, sys\nos.write(int(sys.argv[2]), {forged!r}.encode() + b'\\n')\n")
+    out = run_job(job, tmp_path, timeout_s=300)
+    assert out.status == "crashed" and "2 result messages, not one" in out.reason(), out.reason()
 
 
 def test_a_killed_bot_leaves_no_runner_behind(tmp_path):

@@ -143,6 +143,14 @@ def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) ->
 
 
 def _crash_verdict(ctx: Context, rev: Revision, out: JobOutcome, what: str) -> Verdict:
+    """The verdict of a candidate job that did not end well: rejected (crashed, timeout), or held when
+    its timings contradict the bot's own clock (bot/jobs.clock_check): forged, a person decides."""
+    crash = {"job": what, "status": out.status, "returncode": out.returncode, "log": out.log_path,
+             "log_tail": out.log_tail[-3000:], "seconds": round(out.seconds, 1)}
+    if out.status == "implausible":
+        why = f"{what}: {out.problem}"
+        return _new_verdict(ctx, rev, "held", "implausible", why + " (held for a person to review)", implausible=why,
+                            crash=crash)
     reason = "timeout" if out.status == "timeout" else "crashed"
     if out.status == "failed":
         err = out.result.get("error", {})
@@ -154,9 +162,7 @@ def _crash_verdict(ctx: Context, rev: Revision, out: JobOutcome, what: str) -> V
     else:
         summary = f"{what} {out.reason()}"
         tail = out.log_tail
-    v = _new_verdict(ctx, rev, "rejected", reason, summary,
-                     crash={"job": what, "status": out.status, "returncode": out.returncode, "log": out.log_path,
-                            "log_tail": tail[-3000:], "seconds": round(out.seconds, 1)})
+    v = _new_verdict(ctx, rev, "rejected", reason, summary, crash={**crash, "log_tail": tail[-3000:]})
     if ctx.is_cuda:
         v.health = _health_probe(ctx, rev)
     return v

@@ -1,0 +1,62 @@
+"""The runner child's one report channel to the bot: a pipe (its write end is the fd the bot names on
+the command line), one JSON object per line.
+
+- ``{"mark": "start"|"end", "phase": LABEL}``: sent the moment a timed phase starts and ends
+  (runner/timing.py); the bot stamps each with its own clock when it arrives, so a claimed total
+  that the bot's clock contradicts (a patched ``time.perf_counter`` or ``Event.elapsed_time``) is
+  caught (bot/jobs.clock_check).
+- ``{"result": {...}}``: the job's result, written once by ``finish``, which then ``os._exit``s: no
+  atexit hook, finalizer or thread of code the job imported runs after it, so nothing can rewrite
+  or add to the report after the fact. The bot accepts exactly one result message.
+
+Code running in this process can still write to the pipe itself; what it writes is checked, never
+trusted: a second result, a line that is not an object, or marks that do not pair make the report
+"no valid result", and correctness is decided in another process (docs/security.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import contextmanager
+
+_fd: int | None = None
+_phases = 0
+
+
+def open_channel(fd: int) -> None:
+    global _fd
+    os.set_inheritable(fd, False)  # processes the job starts do not get it
+    _fd = fd
+
+
+def _send(message: dict) -> None:
+    if _fd is None:
+        return  # timing outside a runner child (tests, notebooks): nobody to report to
+    data = (json.dumps(message, default=str) + "\n").encode()
+    while data:
+        data = data[os.write(_fd, data):]
+
+
+@contextmanager
+def phase():
+    """Bracket a timed phase; yields the label the result's TimingStats carry (`phase`)."""
+    global _phases
+    label = f"t{_phases}"
+    _phases += 1
+    _send({"mark": "start", "phase": label})
+    yield label
+    _send({"mark": "end", "phase": label})
+
+
+def finish(result: dict, code: int = 0) -> None:
+    """Send the result, flush the log streams and end the process now (os._exit)."""
+    try:
+        _send({"result": result})
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed or replaced stream must not keep us alive
+                pass
+        os._exit(code)
