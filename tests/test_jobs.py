@@ -167,3 +167,44 @@ def test_a_killed_bot_leaves_no_runner_behind(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"runner {left} outlived the bot"
+
+
+def _timed(phase: str, samples_ms: list[float]) -> dict:
+    return {"ok": True, "timing": {"eager": {"device": "cpu", "median_ms": 1.0, "n": len(samples_ms),
+                                             "samples_ms": samples_ms, "phase": phase}}}
+
+
+@pytest.mark.parametrize("samples_ms, seen_s, device, says", [
+    ([50.0] * 10, 0.51, "cpu", ""),                       # honest: the samples fill the phase
+    ([25.0] * 10, 0.51, "cpu", "a clock in the child runs slow"),  # a clock at half speed
+    ([25.0] * 10, 0.51, "cuda", "a clock in the child runs slow"),
+    ([100.0] * 10, 0.51, "cpu", "more than passed"),
+    ([0.01] * 200, 0.08, "cuda", ""),                     # microsecond kernels: per-trial overhead dominates
+])
+def test_the_bots_clock_checks_the_claimed_timings(samples_ms, seen_s, device, says):
+    from bot.jobs import clock_check
+
+    got = clock_check(_timed("t0", samples_ms), {"t0": [100.0, 100.0 + seen_s]}, device)
+    assert (says in got and got.startswith("implausible: phase 't0' took")) if says else got == "", got
+
+
+def test_timings_of_a_phase_the_bot_never_saw_are_implausible():
+    from bot.jobs import clock_check
+
+    assert "which the bot never saw start and end" in clock_check(_timed("t7", [5.0]), {"t0": [1.0, 2.0]}, "cpu")
+    assert "which the bot never saw start and end" in clock_check(_timed("t0", [5.0]), {"t0": [1.0]}, "cpu")
+
+
+def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
+    """A real timed step (runner/timing.py in the child, marks on the pipe): the bot's clock agrees."""
+    from bot.target import resolve_target
+
+    t = resolve_target("flux2", None, None, "tiny", "cpu")
+    job = t.job("validate_step", t.checkout.repo_path, tmp_path / "out", iters=10,
+                params={"correctness": False, "timing": {"eager": True}})
+    out = run_job(job, tmp_path, timeout_s=600, name="timed")
+    assert out.ok, out.reason()
+    eager = out.result["timing"]["eager"]
+    assert eager["phase"] and eager["n"] == 10, eager
+    share = sum(eager["samples_ms"]) / 1e3 / out.phases[eager["phase"]]
+    assert 0.9 < share <= 1.0, (share, out.phases)

@@ -45,8 +45,8 @@ from bot.validate.speed import implausible, measure_speed, speed_line
 from bot.validate.verdict import Speed, Verdict
 
 # Added lines that reach for the validator's own machinery: held for a person (docs/validate.md).
-TAMPER_RE = re.compile(r"(import\s+runner\b|from\s+runner[\s.]|\brunner\.(timing|harness|kinds|poison|job|profiler)\b"
-                       r"|sys\.modules\[.runner|time_interleaved|_one_trial|write_result|\.result\.json|\bbot\.jobs\b)")
+TAMPER_RE = re.compile(r"(import\s+runner\b|from\s+runner[\s.]|\brunner\.(timing|harness|kinds|poison|job|profiler|channel|sandbox)\b"
+                       r"|sys\.modules\[.runner|time_interleaved|_one_trial|channel\.finish|\bbot\.jobs\b)")
 DEFAULT_TIMEOUT_S = 1800.0  # a candidate job, when no base time is known yet
 
 

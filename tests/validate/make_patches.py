@@ -98,12 +98,34 @@ CASES = [
         return x
 """)]),
     ("forged_result.patch",
-     "SwiGLU that reports its own result\n\nAt exit it rewrites the runner's result file (argv[2]) with a "
-     "bare success.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     "SwiGLU that reports its own result\n\nAt exit it sends the runner's report pipe (argv[2]) a complete, "
+     "well-formed success: a\nfused kernel in the histogram and every timing scaled by 0.7.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
      [(SWIGLU, """        import atexit
+        import json
+        import os
         import sys
 
-        atexit.register(lambda: open(sys.argv[2], "w").write('{"ok": true}'))
+        def forge():
+            fake = {"ok": True, "runs": [], "timing": {"eager": {"device": "cpu", "median_ms": 0.7, "min_ms": 0.7,
+                    "max_ms": 0.7, "mean_ms": 0.7, "stdev_ms": 0.0, "n": 1, "samples_ms": [0.7]}},
+                    "profile": {"histogram": [["fused_swiglu", "", "", 1]]}, "flops": {}, "passes": 1, "env": {}}
+            os.write(int(sys.argv[2]), (json.dumps({"result": fake}) + "\\n").encode())
+
+        atexit.register(forge)
+        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        return x
+""")]),
+    ("slow_clock.patch",
+     "SwiGLU that slows the clock\n\nOn its first call it replaces time.perf_counter with a clock running at "
+     "half speed:\nevery CPU timing of the step then claims half the time that passed.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        import time
+
+        if not hasattr(time, "_real_pc"):
+            time._real_pc, t0 = time.perf_counter, time.perf_counter()
+            time.perf_counter = lambda: t0 + (time._real_pc() - t0) * 0.5
         half = x.shape[-1] // 2
         x = self.gate_fn(x[..., :half]) * x[..., half:]
         return x
@@ -144,6 +166,31 @@ def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
         _bad_store[(1,)](out)
         torch.cuda.synchronize()
         return out
+""")]),
+    ("gpu_slow_event.patch",
+     "SwiGLU that slows the GPU clock\n\nOn its first call it makes torch.cuda.Event.elapsed_time report half "
+     "the time\nthe events saw.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        if not hasattr(torch.cuda.Event, "_real_et"):
+            torch.cuda.Event._real_et = torch.cuda.Event.elapsed_time
+            torch.cuda.Event.elapsed_time = lambda a, b: torch.cuda.Event._real_et(a, b) * 0.5
+        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        return x
+""")]),
+    ("gpu_slow_clocks.patch",
+     "SwiGLU that slows both clocks\n\nOn its first call it halves torch.cuda.Event.elapsed_time and "
+     "time.perf_counter,\nso the timing loop's max(events, wall clock) claims half as well.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        import time
+
+        if not hasattr(torch.cuda.Event, "_real_et"):
+            torch.cuda.Event._real_et = torch.cuda.Event.elapsed_time
+            torch.cuda.Event.elapsed_time = lambda a, b: torch.cuda.Event._real_et(a, b) * 0.5
+            time._real_pc, t0 = time.perf_counter, time.perf_counter()
+            time.perf_counter = lambda: t0 + (time._real_pc() - t0) * 0.5
+        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        return x
 """)]),
 ]
 

@@ -20,7 +20,9 @@ CASES = [
     ("precision_drop.patch", "correctness", "rel L2"),
     ("hangs.patch", "timeout", "timeout"),
     ("segfault.patch", "crashed", "SIGSEGV"),
-    ("forged_result.patch", "crashed", "no valid result"),  # rewrites the result file at exit
+    # at exit it sends a forged, complete success (a fused kernel, timings x0.7) into the report
+    # pipe: the runner's os._exit means the hook never runs, and the no-op patch is what is judged
+    ("forged_result.patch", "not-engaged", "identical"),
     ("not_engaged.patch", "not-engaged", "identical"),
 ]
 
@@ -59,6 +61,20 @@ def test_adversarial_rejected(flux2_cpu, session_seeds, base_cache, patch, reaso
         assert all(c.ok for c in first.values()) and not all(c.ok for c in v.correctness.checks), text
     if reason in ("crashed", "timeout"):
         assert v.crash["log"] and v.crash["status"] in ("crashed", "timeout")
+
+
+def test_a_slowed_clock_is_held(flux2_cpu, session_seeds, base_cache, tmp_path):
+    """A candidate that makes time.perf_counter run at half speed in its process: its timings claim
+    half the time the bot's own clock saw the timed phase take, so it is held for a person, not
+    measured as a 2x win (bot/jobs.clock_check)."""
+    from bot.validate import Options, validate
+
+    seeds, wseed = session_seeds
+    v = validate(flux2_cpu, str(ADV / "slow_clock.patch"),
+                 opts=Options(seeds=seeds, weight_seed=wseed, iters=20, engagement=False, run_dir=tmp_path / "run"))
+    text = v.render()
+    assert v.status == "held" and v.reason == "implausible", text
+    assert "by the bot's clock" in v.implausible and "a clock in the child runs slow" in v.implausible, text
 
 
 def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
