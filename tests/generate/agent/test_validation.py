@@ -99,9 +99,8 @@ def test_agent_code_runs_without_keys(api_env, make_task, tmp_path):
     """Code the agent writes runs only in runner children of the validator, whose environment has no
     API key: a module that records ANTHROPIC_API_KEY at import finds it absent. (The scratch engine
     has no model class, so the validator then rejects the candidate as crashed.)"""
-    probe = tmp_path / "probe.txt"
-    code = ("import os, pathlib\n"
-            f"pathlib.Path({str(probe)!r}).write_text(os.environ.get('ANTHROPIC_API_KEY', 'ABSENT'))\n"
+    code = ("import os, pathlib\n"  # the child's working directory is its scratch, under the run dir
+            "pathlib.Path('probe.txt').write_text(os.environ.get('ANTHROPIC_API_KEY', 'ABSENT'))\n"
             "def f(x):\n    return x * 2\n")
     script = {"conversations": [{"match": "Strategy: fuse", "turns": [
         {"content": [{"type": "tool_use", "name": "write_file", "input": {"path": "src/pkg/mod.py", "content": code}}]},
@@ -112,7 +111,8 @@ def test_agent_code_runs_without_keys(api_env, make_task, tmp_path):
         cfg = AgentConfig(max_turns=5)
         r = run_agent(make_task(), "fuse", cfg, make_client(cfg), CostPool(5.0), log=lambda *_: None)
     assert not s.expect_failures, s.expect_failures
-    assert probe.read_text() == "ABSENT"
+    probes = list((tmp_path / "run").rglob("probe.txt"))
+    assert probes and all(p.read_text() == "ABSENT" for p in probes), probes
     assert r.validations[0]["mode"] == "speed" and r.validations[0]["status"] == "rejected"
     assert isinstance(r.verdict, Verdict) and (r.verdict.status, r.verdict.reason) == ("rejected", "crashed")
     assert "has no class 'M'" in r.verdict.summary
