@@ -67,3 +67,18 @@ def test_honest_candidate_correct_and_engaged_on_cuda(flux2_cuda):
     v = _validate(flux2_cuda, "honest_merge_qkv.patch")
     assert v.correctness.ok and v.engagement.ok, v.render()
     assert v.reason in (None, "no-change", "slower"), v.render()
+
+
+def test_a_halved_event_clock_changes_nothing(flux2_cuda):
+    """torch.cuda.Event.elapsed_time patched to report half: a trial's time is max(events, the host's
+    wall clock), so the candidate (otherwise a no-op) is measured as what it is, never faster."""
+    v = _validate(flux2_cuda, "gpu_slow_event.patch", engagement=False)
+    assert v.status == "rejected" and v.reason in ("no-change", "slower"), v.render()
+
+
+def test_halved_clocks_are_held(flux2_cuda):
+    """Both clocks of the timing loop halved (events and time.perf_counter): the claimed samples are
+    half of what the bot's own clock saw the phase take: held for a person, not a 2x win."""
+    v = _validate(flux2_cuda, "gpu_slow_clocks.patch", engagement=False)
+    assert v.status == "held" and v.reason == "implausible", v.render()
+    assert "a clock in the child runs slow" in v.implausible, v.render()
