@@ -3,7 +3,7 @@
 runner's prerequisites).
 
 A job's view of the filesystem:
-- read-only: the system directories (/usr, /etc, /opt, /lib*...), the interpreter and every Python
+- read-only: the system directories (/usr, /etc, /opt, /lib*, /sys...), the interpreter and every Python
   path the bot's own interpreter uses, optbot's runner/ package (only that: bot/, the store and
   lessons stay out), the engine worktree, and the input files the bot named in the job;
 - read-write: the job's scratch (its work and output directories) and a compile cache of its own
@@ -31,7 +31,7 @@ from bot.paths import REPO_ROOT, optbot_home, runs_dir
 
 MODE_ENV = "OPTBOT_SANDBOX"
 LAUNCHER = REPO_ROOT / "runner" / "sandbox.py"
-SYSTEM_DIRS = ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+SYSTEM_DIRS = ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "sys")
 
 
 class SandboxUnavailable(OptbotError):

@@ -10,7 +10,7 @@ child) in new Linux namespaces, as the kernel and util-linux provide them, with 
 - mount: a new root on a tmpfs holding only what the job needs, read-only (system and Python
   directories, optbot's runner package, the engine worktree) or read-write (the job's scratch);
   $HOME, optbot's tree, the knowledge repository, the run directory and every other job's outputs
-  do not exist in it. /proc is the namespace's own and read-only, /dev holds the few device nodes a
+  do not exist in it. /proc is the namespace's own, its machine-wide knobs read-only, /dev holds the few device nodes a
   job uses (null, random, the NVIDIA nodes), /tmp and /dev/shm are private tmpfs;
 - pid: the bot and its ancestors are not in /proc (their environment cannot be read), and when
   COMMAND, the namespace's first process, exits, every process it started is killed by the kernel;
@@ -45,7 +45,8 @@ SYSCALLS = {"x86_64": {"pivot_root": 155, "mount_setattr": 442},
             "aarch64": {"pivot_root": 41, "mount_setattr": 442}}
 # Device nodes a job may open: the rest of /dev (disks, consoles, the kernel's memory) stays out.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
-DEVICE_GLOBS = ("nvidia",)  # /dev/nvidia0.., nvidiactl, nvidia-uvm, nvidia-caps/
+DEVICE_GLOBS = ("nvidia",)
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")  # /dev/nvidia0.., nvidiactl, nvidia-uvm, nvidia-caps/
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -145,9 +146,15 @@ def build_root(root: str, ro: list[str], rw: list[str], hide: list[str]) -> list
     _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    # Read-only /proc: no sysctl, sysrq-trigger or /proc/self write (the mapped root would pass the
-    # permission bits of those files, and capabilities are not what guards all of them).
-    _read_only(root + "/proc")
+    # The machine-wide knobs of /proc read-only: sysctls, sysrq-trigger, IRQ affinity, bus and fs
+    # settings (the mapped root would pass their permission bits, and capabilities are not what
+    # guards all of them). The process's own entries stay writable: the CUDA driver writes there
+    # (with all of /proc read-only, cudaGetDeviceCount fails with error 304 on the H200).
+    for knob in PROC_READ_ONLY:
+        path = f"{root}/proc/{knob}"
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _read_only(path)
     return skeleton
 
 

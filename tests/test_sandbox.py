@@ -48,7 +48,7 @@ for p in {targets!r}:
         found["writes"].append(p)
     except OSError:
         pass
-for p in ("/proc/sys/kernel/core_pattern", "/proc/self/oom_score_adj"):
+for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"):
     try:
         with open(p, "w") as f:
             f.write("0")
