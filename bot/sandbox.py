@@ -5,7 +5,7 @@ runner's prerequisites).
 A job's view of the filesystem:
 - read-only: the system directories (/usr, /etc, /opt, /lib*, /sys...), the interpreter and every Python
   path the bot's own interpreter uses, optbot's runner/ package (only that: bot/, the store and
-  lessons stay out), the engine worktree, and the input files the bot named in the job;
+  lessons stay out), the engine worktree, and the directories of the input files the bot named in the job;
 - read-write: the job's scratch (its work and output directories) and a compile cache of its own
   engine commit (Triton, Inductor), so one candidate cannot poison another's or the base's kernels;
 - nothing else: $HOME, $OPTBOT_HOME, optbot's tree, the knowledge repository, the run directory
@@ -95,7 +95,7 @@ def _python_paths() -> list[str]:
 
 
 def _named_inputs(value) -> list[str]:
-    """Absolute paths of existing files or directories named in a job's params (and its weights)."""
+    """Directories of the existing files, and the directories, named in a job's params."""
     found: list[str] = []
     if isinstance(value, dict):
         for v in value.values():
@@ -104,7 +104,8 @@ def _named_inputs(value) -> list[str]:
         for v in value:
             found += _named_inputs(v)
     elif isinstance(value, str) and value.startswith("/") and os.path.exists(value):
-        found.append(_real(value))
+        # a file with its directory: a kernel test imports the kernel beside it
+        found.append(_real(value) if os.path.isdir(value) else os.path.dirname(_real(value)))
     return found
 
 
