@@ -22,7 +22,6 @@ Result (one message on the FD pipe, runner/channel.py): {"ok": bool, "error": {k
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any

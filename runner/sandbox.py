@@ -14,7 +14,7 @@ child) in new Linux namespaces, as the kernel and util-linux provide them, with 
   job uses (null, random, the NVIDIA nodes), /tmp and /dev/shm are private tmpfs;
 - pid: the bot and its ancestors are not in /proc (their environment cannot be read), and when
   COMMAND, the namespace's first process, exits, every process it started is killed by the kernel;
-- network and IPC: a network namespace with no interface up, SysV IPC of its own.
+- network and IPC: a network namespace whose only interface is its own loopback, SysV IPC of its own.
 
 The launcher dies with the bot (PR_SET_PDEATHSIG) and COMMAND dies with the launcher, so a killed
 bot leaves nothing behind. When a step of the set-up fails it prints one line starting with
@@ -184,6 +184,19 @@ def enter_root(root: str, skeleton: list[str]) -> None:
     os.chdir("/")
 
 
+def loopback_up() -> None:
+    """The namespace's own loopback up (SIOCSIFFLAGS): torch.distributed's single-process group (an
+    SGLang engine's, say) talks to itself over 127.0.0.1. It reaches nothing of the host's."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, siocgifflags, struct.pack("16sH14x", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
 def drop_privileges() -> None:
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
@@ -292,6 +305,7 @@ def _init(opts: dict, command: list[str], alive_r: int, alive_w: int, status_w: 
         skeleton = build_root(opts["root"], opts["ro"], opts["rw"], opts["hide"])
         enter_root(opts["root"], skeleton)
         os.chdir(opts["cwd"])
+        loopback_up()
         drop_privileges()
         env = {k: v for k, v in os.environ.items() if k != "OPTBOT_SANDBOX_PARENT"}
         job = os.fork()

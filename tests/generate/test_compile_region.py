@@ -64,18 +64,21 @@ def test_generate_commit_on_flux2(diffusers_engine):
 
 
 @pytest.mark.slow
-def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree, tmp_path, monkeypatch):
+def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree, tmp_path):
     """Inductor on CPU (gcc): the compiled step's outputs stay within the workload's fp32 tolerance,
-    and inductor really compiled (its cache folder, which the runner child inherits, fills up)."""
+    and inductor really compiled (the candidate commit's own compile cache, emptied first, fills up)."""
+    import shutil
+
     torch = pytest.importorskip("torch")
-    inductor_dir = tmp_path / "inductor"
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
     from bot.jobs import run_job
+    from bot.sandbox import compile_cache
     from runner.job import Job
 
     wl = load_workload("flux2")
     cand = compile_region.generate(diffusers_engine, diffusers_engine.base_sha, _profile(), wl.engine(None).model_class,
                                    "src", "test-cr-run")
+    inductor_dir = compile_cache(cand.commit_sha) / "inductor"
+    shutil.rmtree(inductor_dir, ignore_errors=True)
     pr = wl.preset("tiny")
     shape = {"resolution": list(pr.shapes.resolution), "text_tokens": pr.shapes.text_tokens, "batch": 1}
     outs = {}
