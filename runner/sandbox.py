@@ -10,7 +10,7 @@ child) in new Linux namespaces, as the kernel and util-linux provide them, with 
 - mount: a new root on a tmpfs holding only what the job needs, read-only (system and Python
   directories, optbot's runner package, the engine worktree) or read-write (the job's scratch);
   $HOME, optbot's tree, the knowledge repository, the run directory and every other job's outputs
-  do not exist in it. /proc is the namespace's own, its machine-wide knobs read-only, /dev holds the few device nodes a
+  do not exist in it, and what in /etc only its owner may read is masked. /proc is the namespace's own, its machine-wide knobs read-only, /dev holds the few device nodes a
   job uses (null, random, the NVIDIA nodes), /tmp and /dev/shm are private tmpfs;
 - pid: the bot and its ancestors are not in /proc (their environment cannot be read), and when
   COMMAND, the namespace's first process, exits, every process it started is killed by the kernel;
@@ -137,9 +137,8 @@ def build_root(root: str, ro: list[str], rw: list[str], hide: list[str]) -> list
                 skeleton.append(root + path)
         else:
             _bind(path, root, how == "ro")
-    for secret in ("/etc/shadow", "/etc/gshadow"):  # readable by the mapped root: masked
-        if os.path.exists(root + secret):
-            _mount("/dev/null", root + secret, None, MS_BIND)
+    if "/etc" in ro:
+        skeleton += _mask_private(root + "/etc")
     _build_dev(root)
     skeleton.append(root + "/dev")
     os.makedirs(root + "/dev/shm", exist_ok=True)
@@ -156,6 +155,28 @@ def build_root(root: str, ro: list[str], rw: list[str], hide: list[str]) -> list
             _mount(path, path, None, MS_BIND | MS_REC)
             _read_only(path)
     return skeleton
+
+
+def _mask_private(top: str) -> list[str]:
+    """Under `top`, what only its owner or group may read (/etc/shadow, ssh host keys, apt or
+    package-manager credentials) masked: an empty file bound over each such file, an empty tmpfs
+    over each such directory. On a runner that runs as root the child is root mapped to root, and
+    would pass those permission bits; it sees what any user of the machine may read."""
+    masked = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in list(dirnames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o005) != 0o005:
+                dirnames.remove(name)
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
+                masked.append(path)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
+                _mount("/dev/null", path, None, MS_BIND)
+    return masked
 
 
 def _build_dev(root: str) -> None:

@@ -21,6 +21,7 @@ from runner.job import Job
 
 SECRET = "ghp_sandboxprobe0123456789"
 SENTINEL = ".optbot-sandbox-probe"  # a file in $HOME, like ~/.git-credentials
+PRIVATE = "/etc/optbot-sandbox-probe.key"  # a root-only file in /etc, like an ssh host key
 
 PROBE = '''
 import json, os, socket, subprocess, sys
@@ -55,7 +56,8 @@ for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sy
         found["writes"].append(p)
     except OSError:
         pass
-# 3. reads the bot keeps for itself
+# 3. reads the bot keeps for itself, and the machine's root-only files
+found["root-only files"] = [p for p in ("/etc/shadow", {private!r}) if read(p)]
 found["base output"] = read({base_output!r})
 found["home file"] = read({sentinel!r})
 found["optbot tree"] = [n for n in ("bot", "kernel_store", "lessons") if os.path.exists(os.path.join({repo!r}, n))]
@@ -87,7 +89,7 @@ def _probe_job(tmp_path: Path, server_port: int, marker: str) -> tuple[Job, Path
                str(engine / "pwned-by-probe"), "/usr/pwned-by-probe"]
     (engine / "probeengine" / "model.py").write_text(PROBE.format(
         secret=SECRET, port=server_port, targets=targets, base_output=str(base / "outputs.pt"),
-        sentinel=str(home / SENTINEL), repo=str(REPO_ROOT), marker=marker))
+        sentinel=str(home / SENTINEL), repo=str(REPO_ROOT), marker=marker, private=PRIVATE))
     job = Job(kind="step", workload={"presets": {"tiny": {"config": {}}}, "family": "flux2"}, preset="tiny",
               device="cpu", dtype="float32", engine_root=str(engine), engine_sha="probe", model_class="probeengine.model.M",
               shapes=[])
@@ -115,6 +117,10 @@ def _run_probe(tmp_path, marker: str, sandbox: str = "on") -> dict:
     server.bind(("127.0.0.1", 0))
     server.listen()
     (Path.home() / SENTINEL).write_text(SECRET)
+    private = Path(PRIVATE)
+    if os.access("/etc", os.W_OK):
+        private.write_text(SECRET)
+        private.chmod(0o600)
     try:
         job, work = _probe_job(tmp_path, server.getsockname()[1], marker)
         (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
@@ -126,6 +132,8 @@ def _run_probe(tmp_path, marker: str, sandbox: str = "on") -> dict:
     finally:
         server.close()
         (Path.home() / SENTINEL).unlink(missing_ok=True)
+        if os.access("/etc", os.W_OK):
+            private.unlink(missing_ok=True)
     assert (work / "probe.json").exists(), bot.stdout + bot.stderr  # the engine module ran, in the child
     return json.loads((work / "probe.json").read_text())
 
@@ -141,6 +149,7 @@ def test_generated_code_reaches_no_secret_and_writes_nowhere(tmp_path):
         assert not (REPO_ROOT / "pwned-by-probe").exists() and not (Path.home() / "pwned-by-probe").exists()
         assert found["base output"] is None, found
         assert found["home file"] is None, found  # only the interpreter's own tree under $HOME is visible
+        assert found["root-only files"] == [], found
         assert found["optbot tree"] == [], found
         assert found["connected"] is False, found
         assert int(found["CapEff"], 16) == 0, found
@@ -163,6 +172,8 @@ def test_without_the_sandbox_the_same_probe_succeeds(tmp_path):
         assert str(REPO_ROOT / "pwned-by-probe") in found["writes"], found
         assert found["base output"] == "the reference the candidate must not see"
         assert found["home file"] == SECRET
+        if os.geteuid() == 0:
+            assert PRIVATE in found["root-only files"], found
         assert found["connected"] is True
         assert _leftover(marker)  # a session of its own outlives the job without the pid namespace
     finally:
