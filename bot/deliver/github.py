@@ -5,14 +5,23 @@ Idempotent by construction, so a re-run or a resumed run never makes duplicates:
   an open one is updated (title, body), a missing one is opened, and one that a person closed is
   left closed: the bot says so in the summary and the reply instead of reopening it;
 - the reply on the triggering PR carries a marker ``<!-- optbot-run: RUN_ID -->``; a comment with
-  the marker is edited instead of a second one being posted;
+  the marker is edited instead of a second one being posted, but only a comment the bot wrote: its
+  author's login must be the token's own user (``GET /user``, asked once per forge, or
+  $OPTBOT_GITHUB_LOGIN). Anyone can paste the marker into a comment; the bot never edits that one.
+  A token that may not read ``GET /user`` (403/404: an installation token such as GitHub Actions'
+  GITHUB_TOKEN) and no $OPTBOT_GITHUB_LOGIN: every reply is posted, none edited;
 - reactions are idempotent on GitHub's side (the same reaction by the same user is returned, not
   added again).
 
-Rate limits: a 403/429 whose headers say rate limit (Retry-After, X-RateLimit-Remaining: 0) or whose
-message says so is retried with backoff (Retry-After, else until X-RateLimit-Reset, else 2^n s,
-capped by $OPTBOT_GITHUB_MAX_WAIT, default 300 s), at most 6 attempts. PyGithub's own retry is
-switched off so this one policy applies. GitHub Enterprise: base_url (``--github-api-url`` or
+Rate limits and server errors: a 403/429 whose headers say rate limit (Retry-After,
+X-RateLimit-Remaining: 0) or whose message says so, and a 500/502/503/504, are retried with backoff
+(Retry-After, else until X-RateLimit-Reset, else 2^n s, capped by $OPTBOT_GITHUB_MAX_WAIT, default
+300 s), at most 6 attempts; then one OptbotError names the operation, the last status and the
+attempts. PyGithub's own retry is switched off so this one policy applies. A write answered 5xx
+may still have landed: retrying an edit repeats it, but a retried create can meet a 422 (the PR
+exists: a resume finds it by branch) or post a second reply. No HTTP answer at all (refused,
+unresolvable, timed out) is one OptbotError naming the API URL, not a requests traceback, and is
+not retried. GitHub Enterprise: base_url (``--github-api-url`` or
 $OPTBOT_GITHUB_API_URL), e.g. https://ghe.example.com/api/v3.
 
 Branches are pushed with gitpython to the engine remote (``--engine-remote``, $OPTBOT_ENGINE_REMOTE,
@@ -22,15 +31,20 @@ from __future__ import annotations
 
 import os
 import time
+from http import HTTPStatus
 from typing import Any, Callable
 
 import git
+import requests
 from github import Auth, Github, GithubException
 
 from bot.errors import OptbotError
 from bot.deliver.pull_request import PullRequestRef
 
 DEFAULT_API = "https://api.github.com"
+ATTEMPTS = 6
+TIMEOUT_S = 30
+SERVER_ERRORS = (500, 502, 503, 504)  # GitHub's transient failures; 501/505 would not heal on retry
 
 
 def _header(headers: dict | None, name: str) -> str | None:
@@ -64,6 +78,50 @@ def rate_limit_wait(e: GithubException, attempt: int, now: float | None = None) 
     return float(2 ** attempt)
 
 
+def retry_wait(e: GithubException, attempt: int, now: float | None = None) -> float | None:
+    """Seconds to wait before retrying ``e`` (a rate limit or a server error), or None: not retried."""
+    if e.status in SERVER_ERRORS:
+        try:
+            return max(0.0, float(_header(e.headers, "Retry-After") or 2 ** attempt))
+        except ValueError:
+            return float(2 ** attempt)
+    return rate_limit_wait(e, attempt, now)
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether a requests error comes down to ECONNREFUSED (urllib3 nests it a few levels deep)."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, ConnectionRefusedError):
+            return True
+        todo += [y for y in (x.__cause__, x.__context__, getattr(x, "reason", None), *x.args)
+                 if isinstance(y, BaseException)]
+    return False
+
+
+def _message(e: GithubException) -> str:
+    data = e.data
+    text = " ".join(str(data.get("message", "") if isinstance(data, dict) else data or "").split())[:200]
+    if not text:  # a proxy's HTML 502 carries no message
+        try:
+            text = HTTPStatus(e.status).phrase
+        except ValueError:
+            pass
+    return text  # one line, whatever the server sent
+
+
+class GitHubError(OptbotError):
+    """A GitHub call that failed for good; ``status`` is the HTTP status, None without an answer."""
+
+    def __init__(self, message: str, status: int | None):
+        super().__init__(message)
+        self.status = status
+
+
 class GitHubForge:
     name = "github"
 
@@ -75,29 +133,56 @@ class GitHubForge:
         self.sleep = sleep
         self.retries: list[float] = []  # waits taken, for the record
         base_url = options.github_api_url or os.environ.get("OPTBOT_GITHUB_API_URL") or DEFAULT_API
+        self.base_url = base_url.rstrip("/")
         delay = float(os.environ.get("OPTBOT_GITHUB_WRITE_DELAY", "1.0"))
-        self.gh = Github(auth=Auth.Token(token), base_url=base_url.rstrip("/"), retry=None,
-                         seconds_between_requests=min(delay, 0.25), seconds_between_writes=delay, timeout=30)
+        self.gh = Github(auth=Auth.Token(token), base_url=self.base_url, retry=None,
+                         seconds_between_requests=min(delay, 0.25), seconds_between_writes=delay,
+                         timeout=TIMEOUT_S)
         if not options.repo:
             raise OptbotError("a GitHub token is set but --repo OWNER/NAME (the engine's GitHub repository) is not; "
                               "give --repo, or unset the token / pass --dry-run for a local run")
         self.max_wait = float(os.environ.get("OPTBOT_GITHUB_MAX_WAIT", "300"))
         self._repos: dict[str, Any] = {}
+        self._login: str | None = os.environ.get("OPTBOT_GITHUB_LOGIN") or None
+        self._login_known = self._login is not None
 
     # ---------------------------------------------------------------- plumbing
     def call(self, what: str, fn: Callable, *a, **kw):
-        for attempt in range(6):
+        for attempt in range(ATTEMPTS):
             try:
                 return fn(*a, **kw)
             except GithubException as e:
-                wait = rate_limit_wait(e, attempt)
-                if wait is None or attempt == 5:
-                    raise OptbotError(f"GitHub: {what} failed: {e.status} "
-                                      f"{(e.data or {}).get('message', '') if isinstance(e.data, dict) else e.data}") from None
+                wait = retry_wait(e, attempt)
+                if wait is None or attempt == ATTEMPTS - 1:
+                    tried = f" (after {ATTEMPTS} attempts)" if wait is not None else ""
+                    raise GitHubError(f"GitHub: {what} failed: {e.status} {_message(e)}".rstrip() + tried,
+                                      e.status) from None
                 wait = min(wait, self.max_wait)
-                self.log(f"GitHub rate limit on {what}: waiting {wait:.0f} s (attempt {attempt + 1})")
+                why = "server error" if e.status in SERVER_ERRORS else "rate limit"
+                self.log(f"GitHub {why} ({e.status}) on {what}: waiting {wait:.0f} s (attempt {attempt + 1})")
                 self.retries.append(wait)
                 self.sleep(wait)
+            except requests.exceptions.RequestException as e:  # no HTTP answer at all: not retried
+                if _refused(e):
+                    why = f"connection refused by {self.base_url}"
+                elif isinstance(e, requests.exceptions.Timeout):
+                    why = f"no answer from {self.base_url} within {TIMEOUT_S} s"
+                else:
+                    why = f"cannot reach {self.base_url} ({type(e).__name__})"
+                raise GitHubError(f"GitHub: {what} failed: {why} (--github-api-url / $OPTBOT_GITHUB_API_URL)",
+                                  None) from None
+
+    def login(self) -> str | None:
+        """The login the token acts as, asked once; None when the token may not read it."""
+        if not self._login_known:
+            try:
+                self._login = self.call("get the authenticated user", lambda: self.gh.get_user().login)
+            except GitHubError as e:
+                if e.status not in (403, 404):
+                    raise
+                self.log(f"{e}: replies are posted, never edited (set $OPTBOT_GITHUB_LOGIN to the bot's login)")
+            self._login_known = True
+        return self._login
 
     def repo(self, full_name: str):
         if full_name not in self._repos:
@@ -173,7 +258,10 @@ class GitHubForge:
         if issue is None:
             return PullRequestRef("none", note="no triggering PR (--trigger-pr)")
         body = f"{body}\n\n{marker}\n"
-        existing = [c for c in self.call("list comments", lambda: list(issue.get_comments())) if marker in (c.body or "")]
+        me = self.login()  # anyone can copy the marker: only the bot's own comment is its reply
+        existing = [] if me is None else [
+            c for c in self.call("list comments", lambda: list(issue.get_comments()))
+            if marker in (c.body or "") and c.user is not None and c.user.login == me]
         if existing:
             self.call("edit reply", existing[0].edit, body)
             return PullRequestRef("updated", issue.number, existing[0].html_url, "reply updated")

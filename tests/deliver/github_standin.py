@@ -14,6 +14,13 @@ It implements only what optbot's forge calls, with the JSON fields PyGithub read
 Every response carries X-RateLimit-* headers. ``fail_next(method, path_regex, kind)`` makes the next
 matching request fail once with a primary rate limit (403, X-RateLimit-Remaining: 0, reset in 1 s)
 or a secondary one (429 + Retry-After). ``close_pr`` plays a person closing a pull request.
+Delivery hardening (issue 15, the block "who the bot is, server errors" below):
+  GET    /user                                            the token's user, login ``auth_login``
+                                                          ("optbot", the author of what the bot
+                                                          writes); None: 403 as for an installation
+                                                          token (GitHub Actions' GITHUB_TOKEN)
+``fail_status(method, path_regex, status, times)`` answers the next ``times`` matching requests
+(None: every one) with that status, e.g. 502, before any other route or failure.
 Branches are read from the bare repositories the bot pushes to, so a PR is only created for a
 branch that was really pushed.
 """
@@ -24,6 +31,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -47,6 +55,7 @@ class GitHubStandIn:
         self.reactions: dict[int, list[dict]] = {}
         self.requests: list[tuple[str, str]] = []
         self.failures: list[tuple[str, re.Pattern, str]] = []
+        self.status_failures: list[list] = []  # [method, regex, status, times left or None], fail_status
         self.lock = threading.Lock()
         self._next_id = 1000
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -155,6 +164,30 @@ class GitHubStandIn:
         except (git.BadName, ValueError, git.GitCommandError):
             return None
 
+    # ---------------------------------------------------------------- who the bot is, server errors (issue 15)
+    auth_login: str | None = "optbot"  # GET /user's login; None answers 403 (an installation token)
+
+    def fail_status(self, method: str, path_regex: str, status: int = 502, times: int | None = 1) -> None:
+        """The next ``times`` requests matching (every one when None) are answered ``status``."""
+        self.status_failures.append([method, re.compile(path_regex), status, times])
+
+    def _serve_delivery_extras(self, handler, method: str, path: str) -> bool:
+        """Answer the request here (True) when a status failure matches it or it is GET /user."""
+        for f in self.status_failures:
+            m, rx, status, left = f
+            if m == method and rx.search(path) and (left is None or left > 0):
+                if left is not None:
+                    f[3] = left - 1
+                handler._send(status, {"message": HTTPStatus(status).phrase})
+                return True
+        if method == "GET" and path == "/user":
+            if self.auth_login is None:
+                handler._send(403, {"message": "Resource not accessible by integration"})
+            else:
+                handler._send(200, self._user(self.auth_login))
+            return True
+        return False
+
     # ---------------------------------------------------------------- the server
     def _handler(self):
         standin = self
@@ -187,6 +220,8 @@ class GitHubStandIn:
                         return self._send(404, {"message": "Not Found"})
                     path = path[len(standin.prefix):]
                 standin.requests.append((method, self.path))
+                if standin._serve_delivery_extras(self, method, path):
+                    return
                 for i, (m, rx, kind) in enumerate(standin.failures):
                     if m == method and rx.search(path):
                         standin.failures.pop(i)

@@ -124,6 +124,20 @@ def test_secondary_rate_limit_retry_after(standin, forge_env):
     assert sum(1 for m, p in standin.requests if p == "/repos/team/engine") >= 2
 
 
+def test_server_errors_on_the_way_are_retried(standin, forge_env, monkeypatch):
+    """502s on opening the engine PR, a 503 on the reply: the run still delivers, once each."""
+    env = forge_env
+    monkeypatch.setenv("OPTBOT_GITHUB_MAX_WAIT", "0.01")  # the backoff's 1 s, 2 s, capped: no real wait
+    standin.fail_status("POST", r"^/repos/team/engine/pulls$", 502, times=2)
+    standin.fail_status("POST", r"^/repos/team/engine/issues/\d+/comments$", 503, times=1)
+    s = run_optimize(_opts(env), **_fakes(env))
+    assert s.finished and s.result("deliver").engine_pr.action == "opened"
+    _assert_one_each(standin, env)
+    assert [f[3] for f in standin.status_failures] == [0, 0]  # every injected failure was met
+    replies = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"]
+    assert len(replies) == 1
+
+
 def test_failure_reacts_confused_and_records(standin, forge_env):
     env = forge_env
 
