@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 
@@ -74,11 +75,15 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
 @click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
 @click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
+@click.option("--request", "request_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A request `optbot comment` wrote for an accepted /optimize comment: it decides the ref (the pull "
+                   "request's head SHA at comment time), preset, GPUs, budget, --repo and the trigger; --engine "
+                   "then names the PATH where that engine's repository is checked out.")
 def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, pause_after, dry_run, iters,
             generators,
             ablation_rounds, revalidate, repo,
             knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
-            trigger_comment):
+            trigger_comment, request_path):
     """Optimize WORKLOAD end to end and deliver the result as pull requests.
 
     \b
@@ -109,13 +114,22 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
       optbot optimize flux2 --resume RUN_ID --pause-after 8m                # ... then go on
       GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
           --trigger-pr 42 --trigger-comment 1234567
+      optbot optimize flux2 --request request.json --engine ./engine   # a run `optbot comment` accepted
     """
     from bot.knowledge.location import Knowledge, locate
     from bot.run.orchestrator import run_optimize
     from bot.run.context import GENERATORS, RunOptions
     from bot.run.state import RunState
+    from bot.workload import load_workload
 
     wall, cost = parse_budget(budget)
+    if request_path is not None:
+        req = _request(request_path, workload, engine, resume)
+        cmd = req.command
+        name = cmd.engine or load_workload(workload).default_engine
+        engine = f"{name}={engine}" if engine else name
+        ref, preset, gpus, wall, repo = req.head_sha, cmd.preset, cmd.gpus, cmd.budget_s, req.repo
+        trigger_pr, trigger_comment = req.pull_request, req.comment_id
     pause_s = None if pause_after is None else parse_duration(pause_after)
     if pause_after is not None and pause_s is None:
         raise click.BadParameter(f"{pause_after!r}: expected a duration like 8m, 540s or 1h30m", param_hint="--pause-after")
@@ -150,3 +164,24 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                                **{s: to_json(state.result(s)) for s in STEPS}})
     if state.paused:
         raise SystemExit(75)  # EX_TEMPFAIL: not done, not failed; --resume continues
+
+
+# what a request decides; given beside it, one of these would measure something other than the comment asked
+REQUEST_DECIDES = ("ref", "preset", "gpus", "budget", "repo", "trigger_pr", "trigger_comment")
+
+
+def _request(path: Path, workload: str, engine: str | None, resume: str | None):
+    from bot.trigger.request import load_request
+
+    req = load_request(path)
+    ctx = click.get_current_context()
+    given = [n for n in REQUEST_DECIDES if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if resume or given:
+        what = "--resume" if resume else ", ".join("--" + n.replace("_", "-") for n in given)
+        raise OptbotError(f"--request {path}: the request decides what {what} would; give it alone")
+    if req.command.workload != workload:
+        raise OptbotError(f"--request {path}: the request is for workload {req.command.workload!r}, not {workload!r}")
+    if engine is not None and ("=" in engine or not Path(engine).is_dir()):
+        raise OptbotError(f"--engine {engine!r}: with --request, --engine is the folder where the request's engine "
+                          f"is checked out")
+    return req

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import git
 
@@ -188,6 +188,70 @@ class GitHubStandIn:
             return True
         return False
 
+    # ---------------------------------------------------------------- the comment trigger (issue 15)
+    # Routes and knobs of `optbot comment`, kept apart from the forge's; state made on first use.
+    #   GET /repos/{o}/{r}/collaborators/{login}/permission   set_permission(); default "read" (a
+    #       stranger on a public repository); role None: 404 (no such user). `permission` is the
+    #       legacy field PyGithub reads (maintain -> write, triage -> read), `role_name` the role
+    #   GET /repos/{o}/{r}/issues/comments/{id}/reactions     what add_reaction() and POSTs added
+    #   GET /repos/{o}/{r}/issues/{n}[/comments], POST        plain issues (add_issue), no pull_request
+    # set_head_sha() plays a push to a pull request's branch.
+    def _trigger(self) -> dict:
+        if not hasattr(self, "_trigger_state"):
+            self._trigger_state = {"roles": {}, "issues": {}}
+        return self._trigger_state
+
+    def set_permission(self, full_name: str, login: str, role: str | None) -> None:
+        self._trigger()["roles"][(full_name, login)] = role
+
+    def add_issue(self, full_name: str, title: str = "an issue, not a pull request") -> int:
+        with self.lock:
+            issues = self._trigger()["issues"]
+            self._next_id += 1
+            number = 100 + len(issues) + 1  # apart from the pull requests' numbers
+            u = f"{self.base}/repos/{full_name}/issues/{number}"
+            issues[(full_name, number)] = {
+                "id": self._next_id, "number": number, "state": "open", "title": title, "body": "", "url": u,
+                "html_url": f"https://github.example/{full_name}/issues/{number}", "comments_url": f"{u}/comments",
+                "user": self._user("person"), "labels": [], "comments": 0}
+            return number
+
+    def set_head_sha(self, full_name: str, number: int, sha: str) -> None:
+        with self.lock:
+            self._pr(full_name, number)["head"]["sha"] = sha
+
+    def add_reaction(self, comment_id: int, content: str, user: str = "optbot") -> None:
+        with self.lock:
+            self._next_id += 1
+            self.reactions.setdefault(comment_id, []).append(
+                {"id": self._next_id, "content": content, "user": self._user(user), "created_at": _now()})
+
+    def _trigger_route(self, method: str, full: str, rest: str, body: dict):
+        """(status, JSON) for the comment trigger's routes, None for every other path."""
+        m = re.match(r"^/collaborators/([^/]+)/permission$", rest)
+        if m and method == "GET":
+            login = unquote(m.group(1))
+            role = self._trigger()["roles"].get((full, login), "read")
+            if role is None:
+                return 404, {"message": "Not Found"}
+            legacy = {"maintain": "write", "triage": "read"}.get(role, role)
+            return 200, {"permission": legacy, "role_name": role, "user": self._user(login)}
+        m = re.match(r"^/issues/comments/(\d+)/reactions$", rest)
+        if m and method == "GET":
+            c = self.issues_comments.get(int(m.group(1)))
+            if c is None or c["_issue"][0] != full:
+                return 404, {"message": "Not Found"}
+            return 200, list(self.reactions.get(c["id"], []))
+        m = re.match(r"^/issues/(\d+)(/comments)?$", rest)
+        issue = self._trigger()["issues"].get((full, int(m.group(1)))) if m else None
+        if issue is None:
+            return None
+        if not m.group(2):
+            return 200, {**issue, "comments": len(self.comments(full, issue["number"]))}
+        if method == "POST":
+            return 201, self._public(self._new_comment(full, issue["number"], body.get("body", ""), "optbot"))
+        return 200, [self._public(c) for c in self.comments(full, issue["number"])]
+
     # ---------------------------------------------------------------- the server
     def _handler(self):
         standin = self
@@ -242,6 +306,9 @@ class GitHubStandIn:
                     return self._send(404, {"message": "Not Found"})
                 full, rest = m.group(1), m.group(2) or ""
                 r = standin.repos[full]
+                hit = standin._trigger_route(method, full, rest, body)  # issue 15's routes first
+                if hit is not None:
+                    return self._send(*hit)
                 if rest == "" and method == "GET":
                     return self._send(200, standin._repo_json(r))
                 if rest == "/pulls" and method == "GET":
