@@ -206,5 +206,7 @@ def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
     assert out.ok, out.reason()
     eager = out.result["timing"]["eager"]
     assert eager["phase"] and eager["n"] == 10, eager
+    # The share can pass 1 by a little: the bot stamps a mark when its reader thread gets it, a few
+    # ms late on a loaded machine (clock_check allows 5% and 10 ms for that).
     share = sum(eager["samples_ms"]) / 1e3 / out.phases[eager["phase"]]
-    assert 0.9 < share <= 1.0, (share, out.phases)
+    assert 0.9 < share < 1.1, (share, out.phases)
