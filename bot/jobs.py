@@ -8,7 +8,7 @@ The child:
 - gets an allow-listed environment: what Python, torch, triton and CUDA need, no token, key or
   other secret of the bot's (generated code runs there), and a compile cache of its engine commit;
 - has a wall-clock timeout; it is killed with its whole process group when it runs over;
-- reports through the pipe FD (runner/channel.py): exactly one result message, and the marks of its
+- reports through the socket FD (runner/channel.py): exactly one result message, and the marks of its
   timed phases, which the bot clocks itself (clock_check); stdout is only a log.
 
 A crash (signal, non-zero exit without a valid result), a timeout, a result of ok=false or timings
@@ -22,6 +22,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -148,7 +150,11 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     env = child_env(job.engine_root, job.device)
     env.update(cache_env(job.engine_sha))
     env["OPTBOT_SANDBOX_PARENT"] = str(os.getpid())
-    read_fd, write_fd = os.pipe()
+    # The report channel: SOCK_SEQPACKET, so each mark arrives as a packet the kernel timestamped
+    # when the child sent it (SO_TIMESTAMPNS); a pipe would only say when our thread read it.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    read_fd, write_fd = ours.detach(), theirs.detach()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="optbot-root-") as root:
         try:
@@ -210,10 +216,14 @@ def _write_new(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; Python's socket module does not name it
+
+
 class Report:
-    """The bot's end of a child's report pipe (runner/channel.py): read on a thread, so a result
-    larger than the pipe's buffer cannot block the child, and each timed phase's marks stamped with
-    the bot's clock the moment they arrive."""
+    """The bot's end of a child's report channel (runner/channel.py): read on a thread, so a result
+    larger than the socket's buffer cannot block the child; each timed phase's marks stamped with
+    the time the kernel took them from the child (CLOCK_REALTIME, SO_TIMESTAMPNS), or, where no
+    stamp comes with a packet, the bot's clock when it reads it."""
 
     MAX_BYTES = 64 * 2**20
 
@@ -226,9 +236,16 @@ class Report:
 
     def _read(self, fd: int) -> None:
         buf, total = b"", 0
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            while chunk := f.read(65536):
-                now = time.monotonic()
+        with socket.socket(fileno=fd) as sock:
+            while True:
+                chunk, ancillary, _flags, _addr = sock.recvmsg(1 << 17, socket.CMSG_SPACE(16))
+                if not chunk:
+                    break
+                now = time.time()
+                for level, kind, data in ancillary:
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+                        sec, nsec = struct.unpack("qq", data[:16])
+                        now = sec + nsec / 1e9
                 total += len(chunk)
                 if total > self.MAX_BYTES:
                     self.problem = f"the report is larger than {self.MAX_BYTES >> 20} MiB"
@@ -238,7 +255,7 @@ class Report:
                 for line in done:
                     self._line(line, now)
         if buf:
-            self._line(buf, time.monotonic())
+            self._line(buf, time.time())
 
     def _line(self, line: bytes, now: float) -> None:
         try:

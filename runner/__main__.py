@@ -1,6 +1,6 @@
 """Entry point of the runner child: ``python -m runner JOB.json FD``.
 
-The result goes to the pipe FD (runner/channel.py), once, and the process ends with os._exit right
+The result goes to the report socket FD (runner/channel.py), once, and the process ends with os._exit right
 after: never to stdout (nothing the engine or a candidate prints can pose as a result) and never to
 a file an exit hook could rewrite. Exceptions become {"ok": false, "error": {...}} results.
 """
@@ -35,7 +35,7 @@ def die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m runner JOB.json FD  (FD: the write end of the bot's result pipe)", file=sys.stderr)
+        print("usage: python -m runner JOB.json FD  (FD: the bot's report socket)", file=sys.stderr)
         return 2
     die_with_parent()
     job_path = Path(argv[0])

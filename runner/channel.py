@@ -1,8 +1,10 @@
-"""The runner child's one report channel to the bot: a pipe (its write end is the fd the bot names on
-the command line), one JSON object per line.
+"""The runner child's one report channel to the bot: a Unix SOCK_SEQPACKET socket (the fd the bot
+names on the command line), one JSON object per line; each write is one packet, which the kernel
+timestamps as it is sent (SO_TIMESTAMPNS on the bot's end), so the bot's clock of a phase does not
+depend on when its reader thread gets to run.
 
-- ``{"mark": "start"|"end", "phase": LABEL}``: sent the moment a timed phase starts and ends
-  (runner/timing.py); the bot stamps each with its own clock when it arrives, so a claimed total
+- ``{"mark": "start"|"end", "phase": LABEL}``: sent, each in a packet of its own, the moment a timed
+  phase starts and ends (runner/timing.py); the kernel stamps each as it is sent, so a claimed total
   that the bot's clock contradicts (a patched ``time.perf_counter`` or ``Event.elapsed_time``) is
   caught (bot/jobs.clock_check).
 - ``{"result": {...}}``: the job's result, written once by ``finish``, which then ``os._exit``s: no
@@ -30,12 +32,15 @@ def open_channel(fd: int) -> None:
     _fd = fd
 
 
+PACKET = 32 * 1024  # under the socket's default send buffer: a packet is written whole or not at all
+
+
 def _send(message: dict) -> None:
     if _fd is None:
         return  # timing outside a runner child (tests, notebooks): nobody to report to
     data = (json.dumps(message, default=str) + "\n").encode()
-    while data:
-        data = data[os.write(_fd, data):]
+    for i in range(0, len(data), PACKET):
+        os.write(_fd, data[i:i + PACKET])
 
 
 @contextmanager

@@ -109,7 +109,7 @@ def test_an_exit_hook_cannot_rewrite_the_report(tmp_path):
     ("not json", "no valid result (a report line is not JSON: b'not json')"),
 ])
 def test_a_message_written_into_the_channel_is_no_result(tmp_path, sent, says):
-    """Engine code that writes into the report pipe itself (it is the runner's argv[2]) and exits gets
+    """Engine code that writes into the report channel itself (it is the runner's argv[2]) and exits gets
     a crashed outcome saying what is wrong with it, never a bot KeyError."""
     job = _bad_engine_job(tmp_path, f"import os, sys\nos.write(int(sys.argv[2]), {sent!r}.encode() + b'\\n')\nos._exit(0)\n")
     job.kind = "validate_step"
@@ -196,7 +196,7 @@ def test_timings_of_a_phase_the_bot_never_saw_are_implausible():
 
 
 def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
-    """A real timed step (runner/timing.py in the child, marks on the pipe): the bot's clock agrees."""
+    """A real timed step (runner/timing.py in the child, marks on the channel): the bot's clock agrees."""
     from bot.target import resolve_target
 
     t = resolve_target("flux2", None, None, "tiny", "cpu")

@@ -21,7 +21,7 @@ CASES = [
     ("hangs.patch", "timeout", "timeout"),
     ("segfault.patch", "crashed", "SIGSEGV"),
     # at exit it sends a forged, complete success (a fused kernel, timings x0.7) into the report
-    # pipe: the runner's os._exit means the hook never runs, and the no-op patch is what is judged
+    # channel: the runner's os._exit means the hook never runs, and the no-op patch is what is judged
     ("forged_result.patch", "not-engaged", "identical"),
     ("not_engaged.patch", "not-engaged", "identical"),
 ]
