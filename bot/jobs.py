@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.job import RESULT_KEYS, Job
@@ -146,7 +146,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     SCRATCH.check(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     job_path, log_path = work_dir / f"{name}.job.json", work_dir / f"{name}.log"
-    _write_new(job_path, json.dumps(asdict(job), indent=2).encode())
+    job.to_file(job_path)
     env = child_env(job.engine_root, job.device)
     env.update(cache_env(job.engine_sha))
     env["OPTBOT_SANDBOX_PARENT"] = str(os.getpid())
@@ -208,12 +208,6 @@ def _new_file(path: Path) -> Path:
     if path.is_symlink() or path.exists():
         path.unlink()
     return path
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(_new_file(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; Python's socket module does not name it

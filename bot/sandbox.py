@@ -94,6 +94,13 @@ def _python_paths() -> list[str]:
     return [r for r in {_real(p) for p in paths} if os.path.exists(r) and not _inside(r, repo) and r != "/"]
 
 
+def _system_and_python() -> list[str]:
+    """What every job reads: the system directories (real ones: /bin -> usr/bin is recreated by the
+    launcher) and the Python trees."""
+    system = {_real(f"/{n}") for n in SYSTEM_DIRS if os.path.isdir(f"/{n}") and not os.path.islink(f"/{n}")}
+    return sorted(system | set(_python_paths()))
+
+
 def _named_inputs(value) -> list[str]:
     """Directories of the existing files, and the directories, named in a job's params."""
     found: list[str] = []
@@ -151,8 +158,7 @@ SCRATCH = Scratch()
 def mounts(job: Job, work_dir: Path) -> tuple[list[str], list[str], list[str]]:
     """(read-only, read-write, hidden) paths for this job, all absolute and free of symlinks."""
     rw = sorted({_real(work_dir), *([_real(job.out_dir)] if job.out_dir else []), _real(compile_cache(job.engine_sha))})
-    ro = {_real(d) for d in (f"/{n}" for n in SYSTEM_DIRS) if os.path.isdir(d) and not os.path.islink(d)}
-    ro.update(_python_paths())
+    ro = set(_system_and_python())
     ro.add(_real(REPO_ROOT / "runner"))
     if job.engine_root:
         ro.add(engine_tree(job.engine_root))
@@ -211,9 +217,7 @@ def _try_sandbox() -> str:
         return f"it needs Linux namespaces, and this is {sys.platform}"
     with tempfile.TemporaryDirectory(prefix="optbot-sandbox-check-") as tmp, \
             tempfile.TemporaryDirectory(prefix="optbot-root-") as root:
-        ro = sorted({_real(f"/{n}") for n in SYSTEM_DIRS if os.path.isdir(f"/{n}") and not os.path.islink(f"/{n}")}
-                    | set(_python_paths()))
-        cmd = _launcher(root, _real(tmp), ro, [_real(tmp)], [], ()) + [sys.executable, "-I", "-c", "pass"]
+        cmd = _launcher(root, _real(tmp), _system_and_python(), [_real(tmp)], [], ()) + [sys.executable, "-I", "-c", "pass"]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", "")})
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -22,6 +22,7 @@ Result (one message on the FD pipe, runner/channel.py): {"ok": bool, "error": {k
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,14 @@ class Job:
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific parameters
 
     def to_file(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        """A new file at path: whatever stood there (a symlink a child left in its scratch, say) is
+        removed, never followed (O_NOFOLLOW | O_EXCL)."""
+        path = Path(path)
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(self), indent=2))
 
     @classmethod
     def from_file(cls, path: Path) -> "Job":

@@ -49,10 +49,11 @@ for p in {targets!r}:
         found["writes"].append(p)
     except OSError:
         pass
+# the host's kernel knobs: opened for writing and closed unwritten (without the sandbox, as root,
+# the open succeeds; a write would change the machine the test runs on)
 for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"):
     try:
-        with open(p, "w") as f:
-            f.write("0")
+        os.close(os.open(p, os.O_WRONLY))
         found["writes"].append(p)
     except OSError:
         pass
