@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.job import RESULT_KEYS, Job
+from runner.job import RESULT_KEYS, Job, open_new
 
 from bot import sandbox
 from bot.errors import RunnerError
@@ -149,7 +149,6 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     job.to_file(job_path)
     env = child_env(job.engine_root, job.device)
     env.update(cache_env(job.engine_sha))
-    env["OPTBOT_SANDBOX_PARENT"] = str(os.getpid())
     # The report channel: SOCK_SEQPACKET, so each mark arrives as a packet the kernel timestamped
     # when the child sent it (SO_TIMESTAMPNS); a pipe would only say when our thread read it.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -164,7 +163,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
             os.close(read_fd)
             os.close(write_fd)
             raise
-        log = open(_new_file(log_path), "wb")
+        log = open_new(log_path)
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     cwd=work_dir, start_new_session=True, pass_fds=(write_fd,))
@@ -200,14 +199,6 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     return JobOutcome(status=status, result=result, returncode=rc, seconds=seconds, log_path=str(log_path),
                       log_tail=tail, problem=problem or implausible,
                       phases={k: v[1] - v[0] for k, v in report.phases.items() if len(v) == 2})
-
-
-def _new_file(path: Path) -> Path:
-    """path, made free for a new file: whatever a child left there (a symlink to a file of the bot's,
-    say) is removed, not followed."""
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    return path
 
 
 SO_TIMESTAMPNS = 35  # <asm-generic/socket.h>; Python's socket module does not name it

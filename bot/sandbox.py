@@ -183,7 +183,7 @@ def command(job: Job, work_dir: Path, argv: list[str], root: Path, keep_fds: tup
 
 
 def _launcher(root: Path, cwd: str, ro, rw, hidden, keep_fds) -> list[str]:
-    cmd = [sys.executable, "-I", str(LAUNCHER), "--root", str(root), "--cwd", cwd]
+    cmd = [sys.executable, "-I", str(LAUNCHER), "--root", str(root), "--cwd", cwd, "--parent", str(os.getpid())]
     for flag, paths in (("--ro", ro), ("--rw", rw), ("--hide", hidden)):
         for p in paths:
             cmd += [flag, p]

@@ -44,6 +44,15 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def open_new(path: Path, mode: str = "wb"):
+    """A new file at path, opened for writing: whatever stood there (a symlink a runner child left in
+    its scratch, say) is removed, never followed (O_NOFOLLOW | O_EXCL)."""
+    path = Path(path)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), mode)
+
+
 @dataclass
 class Job:
     kind: str
@@ -64,13 +73,7 @@ class Job:
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific parameters
 
     def to_file(self, path: Path) -> None:
-        """A new file at path: whatever stood there (a symlink a child left in its scratch, say) is
-        removed, never followed (O_NOFOLLOW | O_EXCL)."""
-        path = Path(path)
-        if path.is_symlink() or path.exists():
-            path.unlink()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
+        with open_new(path, "w") as f:
             f.write(json.dumps(asdict(self), indent=2))
 
     @classmethod

@@ -1,5 +1,7 @@
 """The runner sandbox's launcher: ``python -I runner/sandbox.py [--ro P]... [--rw P]... [--hide P]...
---root DIR --cwd DIR [--keep-fd N]... -- COMMAND...`` (started by bot/jobs.run_job; docs/security.md).
+--root DIR --cwd DIR [--parent PID] [--keep-fd N]... -- COMMAND...`` (started by bot/jobs.run_job;
+docs/security.md). PID: the bot's, so a bot that died before the launcher set its parent-death
+signal is noticed.
 
 Trusted, standard library only, and done before any job code exists: it runs COMMAND (the runner
 child) in new Linux namespaces, as the kernel and util-linux provide them, with no helper binary:
@@ -229,9 +231,10 @@ def drop_privileges() -> None:
 
 def _parse(argv: list[str]) -> tuple[dict, list[str]]:
     if "--" not in argv:
-        raise SetupError("usage: sandbox.py [--ro P].. [--rw P].. [--hide P].. --root DIR --cwd DIR [--keep-fd N].. -- COMMAND..")
+        raise SetupError("usage: sandbox.py [--ro P].. [--rw P].. [--hide P].. --root DIR --cwd DIR [--parent PID] [--keep-fd N].. "
+                         "-- COMMAND..")
     i = argv.index("--")
-    opts: dict = {"ro": [], "rw": [], "hide": [], "keep-fd": [], "root": None, "cwd": None}
+    opts: dict = {"ro": [], "rw": [], "hide": [], "keep-fd": [], "root": None, "cwd": None, "parent": None}
     it = iter(argv[:i])
     for flag in it:
         key = flag.lstrip("-")
@@ -244,6 +247,8 @@ def _parse(argv: list[str]) -> tuple[dict, list[str]]:
             opts[key].append(val)
         else:
             opts[key] = val
+    if opts["parent"] is not None and not opts["parent"].isdigit():
+        raise SetupError(f"--parent {opts['parent']!r}: expected a process id")
     if not opts["root"] or not opts["cwd"] or not argv[i + 1:]:
         raise SetupError("--root, --cwd and a COMMAND are required")
     for p in opts["ro"] + opts["rw"] + opts["hide"] + [opts["root"], opts["cwd"]]:
@@ -264,7 +269,7 @@ def _die_with_parent(parent: int) -> None:
 def main(argv: list[str]) -> int:
     try:
         opts, command = _parse(argv)
-        _die_with_parent(int(os.environ.get("OPTBOT_SANDBOX_PARENT", os.getppid())))
+        _die_with_parent(int(opts["parent"]) if opts["parent"] else os.getppid())
         uid, gid = os.getuid(), os.getgid()
         _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
                "unshare user, mount, pid, network, IPC and UTS namespaces")
@@ -328,11 +333,10 @@ def _init(opts: dict, command: list[str], alive_r: int, alive_w: int, status_w: 
         os.chdir(opts["cwd"])
         loopback_up()
         drop_privileges()
-        env = {k: v for k, v in os.environ.items() if k != "OPTBOT_SANDBOX_PARENT"}
         job = os.fork()
         if job == 0:
             os.close(status_w)
-            os.execve(command[0], command, env)
+            os.execve(command[0], command, os.environ)
     except (SetupError, OSError) as e:
         print(f"{SETUP_ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         os._exit(SETUP_FAILED)
