@@ -103,14 +103,29 @@ def test_optbot_from_its_own_default_branch_the_engine_at_the_recorded_sha(wf):
     assert '--request "$RUNNER_TEMP/optbot-request.json"' in run and '--engine "$GITHUB_WORKSPACE/engine"' in run
 
 
-def _zizmor() -> str:
+def _tool(name: str) -> str:
+    """A linter the [test] extras install as a wheel (pyproject.toml), next to this Python first."""
     import shutil
     import sys
 
-    exe = Path(sys.executable).parent / "zizmor"
-    found = str(exe) if exe.exists() else shutil.which("zizmor")
-    assert found, "zizmor is a test dependency (pyproject.toml [test]): pip install -e '.[test]'"
+    exe = Path(sys.executable).parent / name
+    found = str(exe) if exe.exists() else shutil.which(name)
+    assert found, f"{name} is a test dependency (pyproject.toml [test]): pip install -e '.[test]'"
     return found
+
+
+def _zizmor() -> str:
+    return _tool("zizmor")
+
+
+def _actionlint(*paths: Path) -> "subprocess.CompletedProcess":
+    """actionlint with shellcheck over every `run:` script (pyflakes off: no Python scripts inline),
+    the self-hosted runner labels from .github/actionlint.yaml."""
+    import subprocess
+
+    return subprocess.run([_tool("actionlint"), "-no-color", "-shellcheck", _tool("shellcheck"), "-pyflakes=",
+                           "-config-file", str(ROOT / ".github" / "actionlint.yaml"), *map(str, paths)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_zizmor_finds_nothing_in_the_workflows():
@@ -122,6 +137,32 @@ def test_zizmor_finds_nothing_in_the_workflows():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "No findings to report" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_actionlint_finds_nothing_in_the_workflows():
+    files = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    p = _actionlint(*files)
+    assert p.returncode == 0 and not p.stdout.strip(), p.stdout + p.stderr
+
+
+def test_actionlint_and_its_shellcheck_do_find_what_they_are_run_for(tmp_path):
+    """The check above can fail: a workflow with comment text expanded into a script, an unquoted
+    variable, and an unknown runner label gets a finding for each."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text('''on:
+  issue_comment:
+    types: [created]
+jobs:
+  j:
+    runs-on: [self-hosted, tpu]
+    steps:
+      - run: echo "${{ github.event.comment.body }}"
+      - run: cp $RUNNER_TEMP/a $RUNNER_TEMP/b
+''')
+    out = _actionlint(bad).stdout
+    assert "[expression]" in out and "potentially untrusted" in out, out
+    assert "shellcheck reported issue" in out and "SC2086" in out, out
+    assert '[runner-label]' in out and '"tpu"' in out, out
 
 
 def test_every_action_is_pinned_by_commit_sha():
