@@ -260,8 +260,8 @@ def test_a_refusal_answered_twice_is_one_reply(pr, standin, tmp_path):
 # ------------------------------------------------------------------------------------------- the run
 
 def test_the_request_runs_to_the_same_comments_rocket(pr, standin, tmp_path, monkeypatch):
-    """comment -> request -> `optbot optimize flux2 --request R --engine PATH`, the measuring steps
-    replaced by tests/fakes.py: the run is of the recorded SHA, it reacts 🚀 on the comment, and the
+    """comment -> push -> `optbot optimize flux2 --request R --engine PATH`, the measuring steps
+    replaced by tests/fakes.py: the run is of the SHA recorded at comment time, not of the push, it reacts 🚀 on the comment, and the
     next /optimize flux2 is not told that a run is going."""
     from click.testing import CliRunner
 
@@ -270,6 +270,12 @@ def test_the_request_runs_to_the_same_comments_rocket(pr, standin, tmp_path, mon
 
     ev, cid = comment(standin, tmp_path, "/optimize flux2 --preset tiny")
     d = answer(ev, tmp_path)
+    # a push to the pull request after the comment: its head moves, the run measures the recorded SHA
+    eng = pr["engine"]
+    (Path(eng.working_tree_dir) / "pushed-later.txt").write_text("after the comment")
+    eng.index.add(["pushed-later.txt"])
+    pushed = eng.index.commit("pushed after the /optimize comment").hexsha
+    standin.set_head_sha(REPO, 1, pushed)
     real = orch.run_optimize
     seen = {}
 
@@ -285,7 +291,7 @@ def test_the_request_runs_to_the_same_comments_rocket(pr, standin, tmp_path, mon
     o = seen["options"]
     assert (o.ref, o.engine, o.preset, o.repo, o.trigger_pr, o.trigger_comment) == \
         (pr["sha"], f"diffusers={pr['engine'].working_tree_dir}", "tiny", REPO, 1, cid)
-    assert standin.pulls(REPO, f"optbot/flux2/{pr['sha'][:12]}")
+    assert standin.pulls(REPO, f"optbot/flux2/{pr['sha'][:12]}") and not standin.pulls(REPO, f"optbot/flux2/{pushed[:12]}")
     assert reactions(standin, cid) == ["eyes", "rocket"]
     assert answer(comment(standin, tmp_path, "/optimize flux2")[0], tmp_path)["status"] == "dispatched"
 
