@@ -67,12 +67,16 @@ while [ "$p" -gt 1 ]; do
 done
 
 strays() {
-    local f pid ruid euid
+    local f pid ruid euid state
     for f in /proc/[0-9]*/status; do
         pid=${f#/proc/}; pid=${pid%/status}
-        read -r ruid euid < <(awk '/^Uid:/ {print $2, $3}' "$f" 2>/dev/null) || continue
+        # zombies are already dead (their parent reaps them): not strays
+        read -r ruid euid state < <(awk '/^State:/ {s=$2} /^Uid:/ {u=$2" "$3} END {print u, s}' "$f" 2>/dev/null) ||
+            continue
+        [ "${state:-}" != Z ] || continue
         if [ "$ruid" = "$uid" ] || [ "$euid" = "$uid" ]; then
-            [[ $spared == *" $pid "* ]] || echo "$pid"
+            # $BASHPID: the subshell of $(strays) itself (of the user only when the tests run it)
+            [[ $spared == *" $pid "* ]] || [ "$pid" = "$BASHPID" ] || echo "$pid"
         fi
     done
 }
