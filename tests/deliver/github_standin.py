@@ -21,6 +21,8 @@ Delivery hardening (issue 15, the block "who the bot is, server errors" below):
                                                           token (GitHub Actions' GITHUB_TOKEN)
 ``fail_status(method, path_regex, status, times)`` answers the next ``times`` matching requests
 (None: every one) with that status, e.g. 502, before any other route or failure.
+Runner registration tokens (issue 15, runner/setup): POST .../actions/runners/registration-token|remove-token
+of a repository or organization, ``set_runner_admin`` (the block below).
 Branches are read from the bare repositories the bot pushes to, so a PR is only created for a
 branch that was really pushed.
 """
@@ -252,6 +254,51 @@ class GitHubStandIn:
             return 201, self._public(self._new_comment(full, issue["number"], body.get("body", ""), "optbot"))
         return 200, [self._public(c) for c in self.comments(full, issue["number"])]
 
+    # ---------------------------------------------------------------- runner registration tokens (issue 15, runner/setup)
+    #   POST /repos/{o}/{r}/actions/runners/registration-token | remove-token
+    #   POST /orgs/{org}/actions/runners/registration-token | remove-token
+    # 201 {token, expires_at} (one hour) where set_runner_admin(name, True); a repository or
+    # organization the token may see but not administer: 403 "Resource not accessible by personal
+    # access token" (GitHub's answer to a fine-grained token without the permission); unknown: 404.
+    # Each request's Authorization header is kept in runner_token_auth.
+    def set_runner_admin(self, name: str, admin: bool) -> None:
+        self._runner_state()["admin"][name] = admin
+
+    def _runner_state(self) -> dict:
+        if not hasattr(self, "_runner_tokens"):
+            self._runner_tokens = {"admin": {}, "issued": [], "auth": []}
+        return self._runner_tokens
+
+    @property
+    def runner_token_auth(self) -> list[str]:
+        return self._runner_state()["auth"]
+
+    @property
+    def runner_tokens_issued(self) -> list[dict]:
+        return self._runner_state()["issued"]
+
+    def _runner_token_route(self, handler, method: str, path: str) -> bool:
+        m = re.match(r"^/(repos/[^/]+/[^/]+|orgs/[^/]+)/actions/runners/(registration|remove)-token$", path)
+        if not m or method != "POST":
+            return False
+        state = self._runner_state()
+        state["auth"].append(handler.headers.get("Authorization", ""))
+        name = m.group(1).split("/", 1)[1]
+        admin = state["admin"].get(name)
+        if admin is None and name not in self.repos:
+            handler._send(404, {"message": "Not Found", "status": "404"})
+        elif not admin:
+            handler._send(403, {"message": "Resource not accessible by personal access token", "status": "403",
+                                "documentation_url": "https://docs.github.com/rest/actions/self-hosted-runners"})
+        else:
+            with self.lock:
+                self._next_id += 1
+                tok = {"token": f"AABF{self._next_id:06d}{m.group(2).upper()[:3]}TOKEN",
+                       "expires_at": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() + 3600))}
+                state["issued"].append({"scope": name, "purpose": m.group(2), **tok})
+            handler._send(201, tok)
+        return True
+
     # ---------------------------------------------------------------- the server
     def _handler(self):
         standin = self
@@ -285,6 +332,8 @@ class GitHubStandIn:
                     path = path[len(standin.prefix):]
                 standin.requests.append((method, self.path))
                 if standin._serve_delivery_extras(self, method, path):
+                    return
+                if standin._runner_token_route(self, method, path):  # runner registration tokens (issue 15)
                     return
                 for i, (m, rx, kind) in enumerate(standin.failures):
                     if m == method and rx.search(path):
