@@ -53,6 +53,7 @@ class CandidateRow:
     verdict: str  # accepted | rejected | held | not validated
     reason: str  # the verdict's reason (Verdict.REASONS), "" when accepted
     summary: str  # the validator's one line
+    speed: str = ""  # eager speedup and the device that measured it, e.g. "1.111x (cuda)"
 
 
 @dataclass
@@ -248,6 +249,8 @@ def _pr_line(pr: PullRequestRef) -> str:
         return f"#{pr.number} was closed by a person; the bot does not reopen it"
     if pr.action == "merged":
         return f"#{pr.number} was merged"
+    if pr.action == "local":
+        return f"local branch only ({_cell(pr.url, 300)})"
     return _cell(pr.note or pr.action) or "none"
 
 
@@ -264,17 +267,19 @@ def render_section(s: Section, keep_ticked: set[tuple[str, str]] = frozenset()) 
              f"Last run `{_cell(s.run_id)}` at base `{s.base_sha[:12]}` (preset {_cell(s.preset)}, "
              f"device {_cell(s.device)}).", "", f"**Optimization PR:** {_pr_line(s.pull_request)}", ""]
     if s.candidates:
-        lines += ["| candidate | generator | kind | entry | verdict | reason |", "|---|---|---|---|---|---|"]
+        lines += ["| candidate | generator | kind | entry | verdict | speedup (eager) | reason |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {_cell(c.id)} | {_cell(c.generator)} | {_cell(c.kind)} | {_cell(c.entry) or '-'} | "
-                  f"{_cell(c.verdict)} | {_cell(c.reason or ('' if c.verdict == 'accepted' else '-'))}"
-                  f"{': ' if c.reason and c.summary else ''}{_cell(c.summary) if c.verdict != 'accepted' else ''} |"
+                  f"{_cell(c.verdict)} | {_cell(c.speed) or '-'} | "
+                  + ("-" if c.verdict == "accepted" else
+                     _cell(c.reason or "-") + (f": {_cell(c.summary)}" if c.summary else "")) + " |"
                   for c in s.candidates]
     else:
         lines.append("No candidates in this run.")
     if s.stack:
         lines += ["", f"Stack: {_cell(s.stack, 300)}"]
     for title, rows in (("Retired entries", s.retired), ("Held for review", s.held)):
-        lines += ["", f"**{title}:** " + ("none" if not rows else "")]
+        lines += ["", f"**{title}:**" + (" none" if not rows else "")]
         lines += [f"- `{_cell(r.id)}`: {_cell(r.why, 240)}" for r in rows]
     lines += ["", "**Requests** (tick a box; the run that does the work unticks it):", "",
               box("rerun", w, f"re-run {w}")]
@@ -296,8 +301,10 @@ def section_of_run(res, run_id: str, pull_request: PullRequestRef, store_entries
     rows, fresh = [], {}
     for c in cands:
         v = verdicts.get(c.id)
+        sp = next((x for x in (v.speed if v else []) if x.mode == "eager" and x.speedup), None)
         rows.append(CandidateRow(c.id, c.generator, c.kind, c.entry_id, v.status if v else "not validated",
-                                 (v.reason or "") if v else "", v.summary if v else ""))
+                                 (v.reason or "") if v else "", v.summary if v else "",
+                                 f"{sp.speedup:.3f}x ({sp.device})" if sp else ""))
         if v is not None and c.entry_id and not v.reused_from:
             fresh[c.entry_id] = v  # measured now: newer than anything recorded
     mine = sorted((e for e in store_entries if w in e.workloads), key=lambda e: e.id)
@@ -316,7 +323,7 @@ def section_of_run(res, run_id: str, pull_request: PullRequestRef, store_entries
     stack = ""
     if comb is not None:
         sv = comb.stack_verdict
-        stack = (f"{len(comb.commits)} commit(s) on `{comb.branch}`"
+        stack = (f"{len(comb.commits)} commit(s) on {comb.branch}"
                  + (f"; {sv.status}" + (f" ({sv.reason})" if sv.reason else "") + f": {sv.summary}" if sv else "")
                  + "".join(f"; dropped {d}" for d in comb.dropped))
     done = [("rerun", w)] + [("revalidate", e) for e in sorted(fresh)]
