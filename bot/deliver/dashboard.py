@@ -28,6 +28,7 @@ from bot.deliver.pull_request import PullRequestRef
 MARKER = "<!-- optbot-dashboard -->"
 TITLE = "optbot dashboard"
 KINDS = ("rerun", "revalidate")
+MAX_ROWS = 30  # candidates listed per section
 NAME = r"[a-z0-9][a-z0-9._-]*"  # workload and entry names as optbot spells them (store.ID_RE)
 _START = re.compile(rf"^<!-- optbot-dashboard-section: ({NAME}) -->\r?$", re.M)
 _BOX = re.compile(r"^- \[([ xX])\] [^\r\n]*?<!-- optbot-request: ([^\r\n]*?) -->\r?$", re.M)
@@ -266,14 +267,17 @@ def render_section(s: Section, keep_ticked: set[tuple[str, str]] = frozenset()) 
     lines = [f"<!-- optbot-dashboard-section: {w} -->", f"## {w}", "",
              f"Last run `{_cell(s.run_id)}` at base `{s.base_sha[:12]}` (preset {_cell(s.preset)}, "
              f"device {_cell(s.device)}).", "", f"**Optimization PR:** {_pr_line(s.pull_request)}", ""]
-    if s.candidates:
+    if s.candidates:  # GitHub caps an issue body at 65,536 characters: a section keeps the first MAX_ROWS
+        shown = s.candidates[:MAX_ROWS]
         lines += ["| candidate | generator | kind | entry | verdict | speedup (eager) | reason |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {_cell(c.id)} | {_cell(c.generator)} | {_cell(c.kind)} | {_cell(c.entry) or '-'} | "
                   f"{_cell(c.verdict)} | {_cell(c.speed) or '-'} | "
                   + ("-" if c.verdict == "accepted" else
                      _cell(c.reason or "-") + (f": {_cell(c.summary)}" if c.summary else "")) + " |"
-                  for c in s.candidates]
+                  for c in shown]
+        if len(s.candidates) > len(shown):
+            lines += ["", f"... and {len(s.candidates) - len(shown)} more candidates: see the run's report."]
     else:
         lines.append("No candidates in this run.")
     if s.stack:
