@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import git
 import pytest
 
 from bot.cli import cli
