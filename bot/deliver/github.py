@@ -10,6 +10,11 @@ Idempotent by construction, so a re-run or a resumed run never makes duplicates:
   $OPTBOT_GITHUB_LOGIN). Anyone can paste the marker into a comment; the bot never edits that one.
   A token that may not read ``GET /user`` (403/404: an installation token such as GitHub Actions'
   GITHUB_TOKEN) and no $OPTBOT_GITHUB_LOGIN: every reply is posted, none edited;
+- the dashboard issue (bot/deliver/dashboard.py) is the bot's own issue carrying its marker: found by
+  ``GET /repos/O/R/issues?state=all&creator=LOGIN`` and the marker, never an issue someone else
+  opened with the marker; opened when there is none (``POST /repos/O/R/issues``), edited
+  (``PATCH /repos/O/R/issues/N``) while open, left alone once a person closed it. A token that may
+  not read its login (and no $OPTBOT_GITHUB_LOGIN) cannot tell, so it neither reads nor writes it;
 - reactions are idempotent on GitHub's side (the same reaction by the same user is returned, not
   added again).
 
@@ -39,6 +44,7 @@ import requests
 from github import Auth, Github, GithubException
 
 from bot.errors import OptbotError
+from bot.deliver.dashboard import MARKER, TITLE, Found
 from bot.deliver.pull_request import PullRequestRef
 
 DEFAULT_API = "https://api.github.com"
@@ -145,6 +151,7 @@ class GitHubForge:
         self._repos: dict[str, Any] = {}
         self._login: str | None = os.environ.get("OPTBOT_GITHUB_LOGIN") or None
         self._login_known = self._login is not None
+        self._dash, self._dash_known = None, False
 
     # ---------------------------------------------------------------- plumbing
     def call(self, what: str, fn: Callable, *a, **kw):
@@ -276,3 +283,44 @@ class GitHubForge:
             return  # the comment is looked up through its PR (--trigger-pr)
         comment = self.call("get trigger comment", issue.get_comment, self.options.trigger_comment)
         self.call(f"react {content}", comment.create_reaction, content)
+
+    # ---------------------------------------------------------------- the dashboard issue (issue 15)
+    def _dashboard_issue(self):
+        """The bot's own issue carrying MARKER (the lowest-numbered open one, else the last closed),
+        or None; looked up once per forge."""
+        if self._dash_known:
+            return self._dash
+        me = self.login()
+        if me is None:
+            raise OptbotError("dashboard: the token may not read its own login (GET /user), so the bot cannot tell "
+                              "its dashboard issue from one anyone opened with the marker; set $OPTBOT_GITHUB_LOGIN "
+                              "to the bot's login")
+        gh_repo = self.repo(self.options.repo)
+
+        def mine():  # the list holds pull requests too; the marker alone proves nothing (anyone can paste it)
+            return [i for i in gh_repo.get_issues(state="all", creator=me)
+                    if i.user is not None and i.user.login == me and MARKER in (i.body or "")
+                    and i.pull_request is None]
+
+        found = self.call(f"list issues of {gh_repo.full_name}", mine)
+        open_ = sorted((i for i in found if i.state == "open"), key=lambda i: i.number)
+        self._dash = open_[0] if open_ else (max(found, key=lambda i: i.number) if found else None)
+        self._dash_known = True
+        return self._dash
+
+    def dashboard(self) -> Found | None:
+        i = self._dashboard_issue()
+        return None if i is None else Found(i.body or "", i.state == "open", i.number, i.html_url)
+
+    def write_dashboard(self, body: str) -> PullRequestRef:
+        i = self._dashboard_issue()
+        if i is not None and i.state != "open":
+            return PullRequestRef("closed-by-person", i.number, i.html_url,
+                                  f"dashboard issue #{i.number} was closed by a person; the bot does not reopen it")
+        if i is not None:
+            self.call(f"edit dashboard issue #{i.number}", i.edit, body=body)
+            return PullRequestRef("updated", i.number, i.html_url, f"updated dashboard issue #{i.number}")
+        gh_repo = self.repo(self.options.repo)
+        i = self.call("open the dashboard issue", gh_repo.create_issue, title=TITLE, body=body)
+        self._dash = i
+        return PullRequestRef("opened", i.number, i.html_url, f"opened dashboard issue #{i.number}")

@@ -4,20 +4,32 @@ With no GitHub token (or with --dry-run), the optimization branch stays a local 
 engine repository, the knowledge branch a local branch of the knowledge repository, and each pull
 request's title + body is written to the run directory (forge/engine-pr.md, forge/knowledge-pr.md,
 forge/trigger-reply.md). Reactions are recorded in forge/reactions.txt. Nothing leaves the machine.
+The dashboard (bot/deliver/dashboard.py) is one file for every run, ``$OPTBOT_RUNS_DIR/dashboard.md``
+(each run rewrites its workload's section there), copied into the run directory as dashboard.md.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from bot.deliver.dashboard import Found
 from bot.deliver.pull_request import PullRequestRef
+from bot.paths import runs_dir
+
+
+def dashboard_file() -> Path:
+    return runs_dir() / "dashboard.md"
 
 
 class LocalForge:
     name = "local"
 
-    def __init__(self, run_dir: Path, reason: str):
-        self.dir = run_dir / "forge"
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, run_dir: Path | None, reason: str):
+        """``run_dir`` None: no run (`optbot dashboard`), only the dashboard is read or written."""
+        self.run_dir = run_dir
+        self.dir = run_dir / "forge" if run_dir is not None else None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self.reason = reason  # why local (no token, --dry-run)
 
     def react(self, content: str) -> None:
@@ -44,3 +56,20 @@ class LocalForge:
         p = self.dir / "trigger-reply.md"
         p.write_text(body)
         return PullRequestRef("local", None, str(p), "reply kept locally")
+
+    def dashboard(self) -> Found | None:
+        f = dashboard_file()
+        # bytes, not text: universal newlines would turn a person's \r\n into \n
+        return Found(f.read_bytes().decode(), True, None, str(f)) if f.is_file() else None
+
+    def write_dashboard(self, body: str) -> PullRequestRef:
+        f = dashboard_file()
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(body.encode())
+        tmp.replace(f)  # a reader (or a kill mid-write) never sees half a dashboard
+        note = f"dashboard in {f}"
+        if self.run_dir is not None:
+            (self.run_dir / "dashboard.md").write_bytes(body.encode())
+            note += f" (this run's copy: {self.run_dir / 'dashboard.md'})"
+        return PullRequestRef("local", None, str(f), note)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass
 class PullRequestRef:
-    action: str  # opened | updated | closed-by-person | merged | local | none | skipped
+    action: str  # opened | updated | closed-by-person | merged | local | none | skipped | failed (the dashboard)
     number: int | None = None
     url: str = ""
     note: str = ""

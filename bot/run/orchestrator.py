@@ -146,7 +146,7 @@ def print_summary(state: RunState, console: Console) -> None:
                       f"(engine repository {state.result('checkout').repo_path})")
         if d.knowledge_branch:
             console.print(f"knowledge branch: {d.knowledge_branch}")
-        for what in ("engine_pr", "knowledge_pr", "trigger_reply"):
+        for what in ("engine_pr", "knowledge_pr", "trigger_reply", "dashboard"):
             pr = getattr(d, what)
             console.print(f"{what.replace('_', ' ')}: {pr.action} {pr.url or ''} {pr.note or ''}")
         console.print(f"report: {d.report_md} · {d.report_html}")

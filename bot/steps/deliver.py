@@ -1,7 +1,8 @@
-"""Step 9, deliver: the knowledge PR, the engine PR, the reply on the triggering PR, the report.
+"""Step 9, deliver: the knowledge PR, the engine PR, the dashboard, the reply on the triggering PR, the report.
 
 Order: knowledge first (so the engine PR can link its store entries and lessons), then the engine
-PR, then the reply. Each part is idempotent (bot/deliver/github.py), so re-running the whole step
+PR, then the workload's section of the dashboard (bot/deliver/dashboard.py; a failure there is a
+note, never the delivery's loss), then the reply. Each part is idempotent (bot/deliver/github.py), so re-running the whole step
 after a kill in the middle of it gives the same branches and pull requests, never duplicates.
 The report (markdown + HTML) is always written to the run directory.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from bot.deliver import report as rpt
 from bot.deliver.pull_request import PullRequestRef, marker
 from bot.deliver.knowledge import commit_files_to_branch
+from bot.errors import OptbotError
 from bot.run.context import RunContext
 from bot.run.faults import maybe_abort
 
@@ -33,9 +35,11 @@ class Result:
     report_html: str
     chart_png: str
     notes: list[str] = field(default_factory=list)
+    dashboard: PullRequestRef = field(default_factory=lambda: PullRequestRef("none"))
 
     def summary(self) -> str:
-        return f"{self.forge} forge: engine PR {self.engine_pr.action}, knowledge PR {self.knowledge_pr.action}"
+        return (f"{self.forge} forge: engine PR {self.engine_pr.action}, knowledge PR {self.knowledge_pr.action}, "
+                f"dashboard {self.dashboard.action}")
 
 
 def knowledge_branch_name(workload: str, base_sha: str) -> str:
@@ -120,12 +124,30 @@ def run(ctx: RunContext) -> Result:
     md.write_text(rpt.to_markdown(report_blocks))
     html_path.write_text(rpt.to_html(report_blocks, title))
 
+    dash = update_dashboard(ctx, epr)
+    notes.append(f"dashboard: {dash.action} {dash.url} {dash.note}".strip())
+
     # the reply on the triggering PR ------------------------------------------------------------
-    reply = forge.reply(reply_text(res, n, epr, kpr), marker(ctx.run_id))
+    text = reply_text(res, n, epr, kpr) + (f"\nDashboard: {dash.url}." if dash.action in ("opened", "updated") else "")
+    reply = forge.reply(text, marker(ctx.run_id))
     return Result(forge=forge.name, dry_run=ctx.options.dry_run, engine_branch=comb.branch,
                   engine_head=comb.head_sha, engine_pr=epr, knowledge_branch=kbranch, knowledge_pr=kpr,
                   trigger_reply=reply, report_md=str(md), report_html=str(html_path), chart_png=str(chart or ""),
-                  notes=notes)
+                  notes=notes, dashboard=dash)
+
+
+def update_dashboard(ctx: RunContext, epr: PullRequestRef) -> PullRequestRef:
+    """This workload's section of the forge's dashboard. Whatever goes wrong here (GitHub down, a
+    store entry that does not parse) is the returned ref's note: the PRs above are delivered."""
+    from bot.deliver import dashboard
+    from bot.knowledge.store import load_store
+
+    try:
+        section = dashboard.section_of_run(ctx.results, ctx.run_id, epr, load_store(ctx.knowledge().kernel_store))
+        return dashboard.update(ctx.forge, section)
+    except Exception as e:  # noqa: BLE001 - named in the note; the run's delivery must stand
+        why = str(e) if isinstance(e, OptbotError) else f"{type(e).__name__}: {e}"
+        return PullRequestRef("failed", note=f"not updated: {why}"[:400])
 
 
 def reply_text(res, n: int, epr: PullRequestRef, kpr: PullRequestRef) -> str:

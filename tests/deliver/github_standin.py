@@ -23,6 +23,8 @@ Delivery hardening (issue 15, the block "who the bot is, server errors" below):
 (None: every one) with that status, e.g. 502, before any other route or failure.
 Runner registration tokens (issue 15, runner/setup): POST .../actions/runners/registration-token|remove-token
 of a repository or organization, ``set_runner_admin`` (the block below).
+The dashboard issue (issue 15, its block below): GET/POST /repos/{o}/{r}/issues, GET/PATCH
+/repos/{o}/{r}/issues/{n}.
 Branches are read from the bare repositories the bot pushes to, so a PR is only created for a
 branch that was really pushed.
 """
@@ -299,6 +301,73 @@ class GitHubStandIn:
             handler._send(201, tok)
         return True
 
+    # ---------------------------------------------------------------- the dashboard issue (issue 15)
+    # Plain issues (no pull_request key) of the dashboard; state made on first use.
+    #   GET   /repos/{o}/{r}/issues?state=open|closed|all&creator=LOGIN&labels=A,B   pull requests and
+    #         issues alike (as GitHub lists them), newest first
+    #   POST  /repos/{o}/{r}/issues                 title, body, labels; 201; its author is the token's
+    #         user (auth_login; github-actions[bot] for an installation token)
+    #   GET   /repos/{o}/{r}/issues/{n},  PATCH (title, body, state)
+    # add_user_issue() plays a person opening an issue, edit_issue() a person editing a body
+    # (ticking a box in GitHub's UI sends the whole body back, with \r\n line ends).
+    def _dash_issues(self) -> dict:
+        if not hasattr(self, "_dash_state"):
+            self._dash_state = {}
+        return self._dash_state  # (repo, number) -> issue
+
+    def _new_issue(self, full_name: str, title: str, body: str, user: str, labels=()) -> dict:
+        issues = self._dash_issues()
+        self._next_id += 1
+        number = 200 + len(issues) + 1  # apart from the pull requests' and add_issue's numbers
+        u = f"{self.base}/repos/{full_name}/issues/{number}"
+        issue = {"id": self._next_id, "number": number, "state": "open", "title": title, "body": body, "url": u,
+                 "html_url": f"https://github.example/{full_name}/issues/{number}", "comments_url": f"{u}/comments",
+                 "user": self._user(user), "labels": [{"name": n} for n in labels], "comments": 0,
+                 "created_at": _now(), "updated_at": _now()}
+        issues[(full_name, number)] = issue
+        return issue
+
+    def add_user_issue(self, full_name: str, title: str, body: str, user: str = "mallory") -> int:
+        with self.lock:
+            return self._new_issue(full_name, title, body, user)["number"]
+
+    def edit_issue(self, full_name: str, number: int, body: str) -> None:
+        with self.lock:
+            self._dash_issues()[(full_name, number)]["body"] = body
+
+    def issues(self, full_name: str) -> list[dict]:
+        return [i for (f, _), i in sorted(self._dash_issues().items()) if f == full_name]
+
+    def _dashboard_route(self, method: str, full: str, rest: str, query: dict, body: dict):
+        """(status, JSON) for the dashboard's routes, None for every other path."""
+        issues = self._dash_issues()
+        if rest == "/issues" and method == "POST":
+            if not body.get("title"):
+                return 422, {"message": "Validation Failed", "errors": [{"field": "title", "code": "missing_field"}]}
+            return 201, self._new_issue(full, body["title"], body.get("body") or "",
+                                        self.auth_login or "github-actions[bot]", body.get("labels") or ())
+        if rest == "/issues" and method == "GET":
+            every = ([self._issue_json(full, p) for p in self.repos[full].pulls]
+                     + [i for (f, _), i in self._trigger().get("issues", {}).items() if f == full]
+                     + [i for (f, _), i in issues.items() if f == full])
+            state = (query.get("state") or ["open"])[0]
+            creator = (query.get("creator") or [None])[0]
+            labels = [x for x in (query.get("labels") or [""])[0].split(",") if x]
+            out = [i for i in every if (state == "all" or i["state"] == state)
+                   and (creator is None or i["user"]["login"] == creator)
+                   and all(n in [lb["name"] for lb in i.get("labels", [])] for n in labels)]
+            return 200, sorted(out, key=lambda i: -i["number"])
+        m = re.match(r"^/issues/(\d+)$", rest)
+        issue = issues.get((full, int(m.group(1)))) if m else None
+        if issue is None:
+            return None
+        if method == "PATCH":
+            for k in ("title", "body", "state"):
+                if k in body:
+                    issue[k] = body[k]
+            issue["updated_at"] = _now()
+        return 200, issue
+
     # ---------------------------------------------------------------- the server
     def _handler(self):
         standin = self
@@ -356,6 +425,8 @@ class GitHubStandIn:
                 full, rest = m.group(1), m.group(2) or ""
                 r = standin.repos[full]
                 hit = standin._trigger_route(method, full, rest, body)  # issue 15's routes first
+                if hit is None:
+                    hit = standin._dashboard_route(method, full, rest, query, body)
                 if hit is not None:
                     return self._send(*hit)
                 if rest == "" and method == "GET":
