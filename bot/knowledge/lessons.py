@@ -32,6 +32,7 @@ SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 REVIEW_STATES = ("closed", "changes-requested")
 _HEX = re.compile(r"^[0-9a-f]*$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+_ENGINE = re.compile(r"^[A-Za-z0-9._/+~-]*$")  # an engine name, or the path a development run named
 _REPO = re.compile(r"^[A-Za-z0-9-]+/[A-Za-z0-9._-]+$")
 
 
@@ -157,7 +158,8 @@ def _parse_review(r, file: Path) -> Review:
         if unknown:
             raise ConfigError(file, pre + sorted(unknown)[0], p[sorted(unknown)[0]],
                               f"one of {', '.join(Proposal.__dataclass_fields__)}")
-        props.append(Proposal(**{k: field_(p, k, pre, _HEX if k.endswith("sha256") or k == "base_sha" else _NAME)
+        props.append(Proposal(**{k: field_(p, k, pre, _HEX if k.endswith("sha256") or k == "base_sha"
+                                              else _ENGINE if k == "engine" else _NAME)
                                  for k in Proposal.__dataclass_fields__}))
     return Review(repo, pr, state, field_(r, "url", "review."), field_(r, "reviewer", "review.", _NAME),
                   field_(r, "reason_sha256", "review.", _HEX), tuple(props))

@@ -34,6 +34,7 @@ NO_REASON = "closed without a reason"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_ENGINE = re.compile(r"^[A-Za-z0-9._/+~-]{1,200}$")  # a name (diffusers, sglang) or, in development, a path
 _LOGIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}(\[bot\])?$")
 # the inputs a candidate was proposed with, as trailers of its stack commit (DESIGN decision 5)
 INPUT_TRAILERS = {"patch_sha256": "Optbot-Patch-Sha256", "base_sha": "Optbot-Base", "workload": "Optbot-Workload",
@@ -71,7 +72,7 @@ def proposal_of(message: str, parent_sha: str, workload: str, store_root: Path |
                  patch_sha256=value("Optbot-Patch-Sha256", _SHA256),
                  base_sha=value("Optbot-Base", _SHA1) or (parent_sha if _SHA1.match(parent_sha or "") else ""),
                  workload=value("Optbot-Workload", _NAME) or (workload if _NAME.match(workload or "") else ""),
-                 engine=value("Optbot-Engine", _NAME), hardware=value("Optbot-Hardware", _NAME))
+                 engine=value("Optbot-Engine", _ENGINE), hardware=value("Optbot-Hardware", _NAME))
     if not p.patch_sha256 and entry and store_root is not None and (Path(store_root) / entry / "patch.diff").is_file():
         from bot.knowledge.known import patch_sha256
         e = next((e for e in load_store(store_root) if e.id == entry), None)
