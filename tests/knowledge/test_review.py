@@ -3,7 +3,6 @@ front-matter, the production record in entry.yaml, the agent's view of a caveat.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
