@@ -3,7 +3,8 @@
 Idempotent by construction, so a re-run or a resumed run never makes duplicates:
 - a pull request is found by its head branch (``GET /repos/O/R/pulls?state=all&head=O:BRANCH``);
   an open one is updated (title, body), a missing one is opened, and one that a person closed is
-  left closed: the bot says so in the summary and the reply instead of reopening it;
+  left closed: the bot says so in the summary and the reply instead of reopening it (a long-lived
+  branch, `new_after_merge`, gets a new pull request once its last one was merged);
 - the reply on the triggering PR carries a marker ``<!-- optbot-run: RUN_ID -->``; a comment with
   the marker is edited instead of a second one being posted, but only a comment the bot wrote: its
   author's login must be the token's own user (``GET /user``, asked once per forge, or
@@ -225,9 +226,11 @@ class GitHubForge:
         return open_[0] if open_ else sorted(pulls, key=lambda p: p.number)[-1]
 
     def _publish(self, repo_name: str, repo_path: str, remote: str | None, branch: str, head_sha: str,
-                 base: str | None, title: str, body: str) -> PullRequestRef:
+                 base: str | None, title: str, body: str, new_after_merge: bool = False) -> PullRequestRef:
         gh_repo = self.repo(repo_name)
         pr = self._find_pr(gh_repo, branch)
+        if pr is not None and pr.state != "open" and new_after_merge and bool(getattr(pr, "merged", False)):
+            pr = None  # a long-lived branch (the review lessons'): its merged PR is history, a new one is opened
         if pr is not None and pr.state != "open":
             merged = bool(getattr(pr, "merged", False))
             what = "merged" if merged else "closed by a person"
@@ -247,12 +250,13 @@ class GitHubForge:
         remote = self.options.engine_remote or os.environ.get("OPTBOT_ENGINE_REMOTE")
         return self._publish(self.options.repo, repo_path, remote, branch, head_sha, base_ref, title, body)
 
-    def publish_knowledge(self, repo_path: str, branch: str, head_sha: str, title: str, body: str) -> PullRequestRef:
+    def publish_knowledge(self, repo_path: str, branch: str, head_sha: str, title: str, body: str,
+                          new_after_merge: bool = False) -> PullRequestRef:
         name = self.options.knowledge_repo or os.environ.get("OPTBOT_KNOWLEDGE_REPO")
         if not name:
             return PullRequestRef("skipped", note="no --knowledge-repo OWNER/NAME: knowledge branch kept locally")
         remote = self.options.knowledge_remote or os.environ.get("OPTBOT_KNOWLEDGE_REMOTE")
-        return self._publish(name, repo_path, remote, branch, head_sha, None, title, body)
+        return self._publish(name, repo_path, remote, branch, head_sha, None, title, body, new_after_merge)
 
     def _trigger_issue(self):
         if not self.options.trigger_pr:

@@ -15,9 +15,10 @@ import git
 from gitdb.base import IStream
 
 
-def commit_files_to_branch(repo: git.Repo, branch: str, files: dict[str, bytes], message: str,
+def commit_files_to_branch(repo: git.Repo, branch: str, files: dict[str, bytes | None], message: str,
                            date: str) -> str:
-    """One commit = HEAD's tree + ``files`` (path -> content), on ``branch``; returns its sha."""
+    """One commit = HEAD's tree + ``files`` (path -> content; None removes the path), on ``branch``;
+    returns its sha."""
     parent = repo.head.commit.hexsha
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"),
@@ -25,6 +26,9 @@ def commit_files_to_branch(repo: git.Repo, branch: str, files: dict[str, bytes],
                "GIT_COMMITTER_NAME": "optbot", "GIT_COMMITTER_EMAIL": "optbot@localhost", "GIT_COMMITTER_DATE": date}
         repo.git.read_tree(parent, env=env)
         for path, data in sorted(files.items()):
+            if data is None:
+                repo.git.update_index("--force-remove", path, env=env)
+                continue
             blob = repo.odb.store(IStream("blob", len(data), BytesIO(data))).hexsha.decode()
             repo.git.update_index("--add", "--cacheinfo", f"100644,{blob},{path}", env=env)
         tree = repo.git.write_tree(env=env)

@@ -49,7 +49,8 @@ class LocalForge:
                        body: str) -> PullRequestRef:
         return self._write("engine-pr.md", branch, title, body, repo_path)
 
-    def publish_knowledge(self, repo_path: str, branch: str, head_sha: str, title: str, body: str) -> PullRequestRef:
+    def publish_knowledge(self, repo_path: str, branch: str, head_sha: str, title: str, body: str,
+                          new_after_merge: bool = False) -> PullRequestRef:
         return self._write("knowledge-pr.md", branch, title, body, repo_path)
 
     def reply(self, body: str, marker: str) -> PullRequestRef:

@@ -5,7 +5,9 @@ engine in use and it lists the hardware (and, when the entry names workloads, th
 matched entry is applied once (for the first, i.e. highest-ranked, opportunity it matches) in its
 own worktree with ``git apply --3way`` and committed with the Optbot-* trailers (DESIGN decision 5).
 A patch that does not apply is recorded as a typed ReplayResult with status "conflict" and the
-conflicted files; it never stops the run.
+conflicted files; it never stops the run. An entry whose unchanged patch a person declined in review
+of the same engine and workload (a review caveat in lessons/, bot/knowledge/review.declined) is
+recorded as "skipped" with the lesson and pull request that declined it, and not applied.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from bot.analyze.opportunity import Opportunity
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
+from bot.knowledge.review import declined
 from bot.knowledge.store import Entry, load_store
 
 
@@ -24,7 +27,7 @@ from bot.knowledge.store import Entry, load_store
 class ReplayResult:
     entry_id: str
     opportunity_id: str
-    status: str  # applied | conflict | error
+    status: str  # applied | conflict | error | skipped
     reason: str = ""
     worktree: str = ""
     conflicts: list[str] = field(default_factory=list)
@@ -88,7 +91,13 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
 
 
 def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: str, hardware: str | None,
-           workload: str | None = None, store_root: Path | None = None) -> list[ReplayResult]:
-    """The generator: every matching entry becomes a candidate commit, or a recorded conflict."""
-    pairs = match(load_store(store_root), opportunities, engine, hardware, workload)
-    return [apply_entry(checkout, e, opp_id, name=f"replay-{e.id}") for e, opp_id in pairs]
+           workload: str | None = None, store_root: Path | None = None,
+           lessons_root: Path | None = None) -> list[ReplayResult]:
+    """The generator: every matching entry becomes a candidate commit, a recorded conflict, or a
+    skip that names the review caveat (in `lessons_root`) that declined its unchanged patch."""
+    out = []
+    for e, opp_id in match(load_store(store_root), opportunities, engine, hardware, workload):
+        why = declined(e, engine, workload, lessons_root)
+        out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
+                   else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}"))
+    return out

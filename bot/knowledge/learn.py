@@ -23,6 +23,7 @@ import yaml
 
 from bot.knowledge.lessons import write_lesson
 from bot.knowledge.location import locate
+from bot.knowledge.review import entry_patch
 from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, load_bench,
                                    now, patch_file_sha256, record_search, save_bench)
 
@@ -165,7 +166,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
         for path, content in o.added_files.items():
             if Path(path).name in sources:  # the tested kernel source must stay the file the patch adds
                 (entry_dir / Path(path).name).write_text(content)
-        (entry_dir / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
+        (entry_dir / "patch.diff").write_text(entry_patch(o.patch))
     env = o.verdict.get("env") or {}
     record_search(entry_dir, o.hardware, VariantSearch(run_id=o.run_id, config=o.config, status=o.status,
                                                        reason=o.reason, adopted=adopted, torch=env.get("torch"),
@@ -229,7 +230,7 @@ def write_entry(o: Outcome, store_dir: Path) -> Path:
                        f"validated on {o.device}: {o.reason}",
     }
     (d / "entry.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
-    (d / "patch.diff").write_text(o.patch if o.patch.endswith("\n") else o.patch + "\n")
+    (d / "patch.diff").write_text(entry_patch(o.patch))
     for path, content in o.added_files.items():
         if path.endswith(".py"):
             (d / Path(path).name).write_text(content)

@@ -5,6 +5,9 @@
     applies-to: {pattern: <opportunity kind>, engine: diffusers, hardware: h200, ...}
     evidence: [kernel_store entry ids, run ids, test paths]
     confidence: low | medium | high
+    review:        only on a lesson from review of the bot's pull request (bot/knowledge/review.py)
+      {repo: O/R, pr: N, state: closed | changes-requested, url, reviewer, reason_sha256,
+       proposed: [{candidate, entry, kind, patch_sha256, base_sha, workload, engine, hardware}]}
     ---
     Short body: what was tried, what happened, why.
 
@@ -26,6 +29,37 @@ KINDS = ("pattern", "caveat")
 CONFIDENCE = ("low", "medium", "high")
 APPLIES_KEYS = ("pattern", "engine", "hardware", "dtype", "workload", "model")
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+REVIEW_STATES = ("closed", "changes-requested")
+_HEX = re.compile(r"^[0-9a-f]*$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]*$")
+_ENGINE = re.compile(r"^[A-Za-z0-9._/+~-]*$")  # an engine name, or the path a development run named
+_REPO = re.compile(r"^[A-Za-z0-9-]+/[A-Za-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One change a pull request of the bot carried, with the inputs it was proposed with: what
+    replay compares (bot/knowledge/review.declined) to not propose it again unchanged."""
+    candidate: str = ""
+    entry: str = ""  # the kernel_store entry ("" when none)
+    kind: str = ""  # opportunity kind
+    patch_sha256: str = ""  # of the entry's patch.diff, as bot/knowledge/known.patch_sha256 computes it
+    base_sha: str = ""  # the engine commit it was proposed on
+    workload: str = ""
+    engine: str = ""  # engine name: diffusers | sglang
+    hardware: str = ""  # where it was validated: cpu | h200 | ...
+
+
+@dataclass(frozen=True)
+class Review:
+    """What a person did with one of the bot's pull requests."""
+    repo: str  # owner/name of the engine repository
+    pr: int
+    state: str  # closed (unmerged) | changes-requested
+    url: str
+    reviewer: str  # a GitHub login, or "" when none could be told
+    reason_sha256: str  # of the quoted reason: a changed reason rewrites the lesson
+    proposed: tuple[Proposal, ...]
 
 
 @dataclass(frozen=True)
@@ -38,6 +72,7 @@ class Lesson:
     confidence: str
     body: str
     path: Path = field(default=Path())
+    review: Review | None = None
 
     def applies(self, pattern: str | None = None, engine: str | None = None, hardware: str | None = None) -> bool:
         """A lesson applies unless it names a different value for a condition that was asked about."""
@@ -89,7 +124,45 @@ def parse_lesson(text: str, file: Path) -> Lesson:
     slug = file.stem
     if not SLUG_RE.match(slug):
         raise ConfigError(file, "(file name)", slug, "a slug of lowercase letters, digits and '-'")
-    return Lesson(slug, kind, title, dict(applies), tuple(evidence), conf, body, file)
+    review = _parse_review(meta["review"], file) if meta.get("review") is not None else None
+    return Lesson(slug, kind, title, dict(applies), tuple(evidence), conf, body, file, review)
+
+
+def _parse_review(r, file: Path) -> Review:
+    """The review block; every value is checked, since a person edits these files too."""
+    if not isinstance(r, dict):
+        raise ConfigError(file, "review", r, "a mapping {repo, pr, state, url, reviewer, reason_sha256, proposed}")
+
+    def field_(d: dict, key: str, prefix: str, rx: re.Pattern | None = None, required: bool = False) -> str:
+        v = d.get(key, "")
+        if v is None:
+            v = ""
+        if not isinstance(v, str) or (rx is not None and not rx.match(v)) or (required and not v):
+            raise ConfigError(file, f"{prefix}{key}", v, "a string" + (f" matching {rx.pattern}" if rx else ""))
+        return v
+
+    repo = field_(r, "repo", "review.", _REPO, required=True)
+    pr = r.get("pr")
+    if not isinstance(pr, int) or isinstance(pr, bool) or pr < 1:
+        raise ConfigError(file, "review.pr", pr, "a pull request number")
+    state = r.get("state")
+    if state not in REVIEW_STATES:
+        raise ConfigError(file, "review.state", state, " | ".join(REVIEW_STATES))
+    proposed = r.get("proposed") or []
+    if not isinstance(proposed, list) or not all(isinstance(p, dict) for p in proposed):
+        raise ConfigError(file, "review.proposed", proposed, "a list of {candidate, entry, kind, patch_sha256, ...}")
+    props = []
+    for i, p in enumerate(proposed):
+        pre = f"review.proposed[{i}]."
+        unknown = set(p) - set(Proposal.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(file, pre + sorted(unknown)[0], p[sorted(unknown)[0]],
+                              f"one of {', '.join(Proposal.__dataclass_fields__)}")
+        props.append(Proposal(**{k: field_(p, k, pre, _HEX if k.endswith("sha256") or k == "base_sha"
+                                              else _ENGINE if k == "engine" else _NAME)
+                                 for k in Proposal.__dataclass_fields__}))
+    return Review(repo, pr, state, field_(r, "url", "review."), field_(r, "reviewer", "review.", _NAME),
+                  field_(r, "reason_sha256", "review.", _HEX), tuple(props))
 
 
 def load_lesson(file: Path) -> Lesson:
@@ -136,11 +209,17 @@ def search(query: str = "", pattern: str | None = None, engine: str | None = Non
     return [t[-1] for t in sorted(scored, key=lambda t: t[:3])]
 
 
+def lesson_text(kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str,
+                extra: dict | None = None) -> str:
+    """The file's text: YAML front-matter (safe_dump: no value can end it early), then the body."""
+    meta = {"kind": kind, "applies-to": applies_to, "evidence": evidence, "confidence": confidence, **(extra or {})}
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body.strip() + "\n"
+
+
 def write_lesson(root: Path, slug: str, kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str) -> Path:
     """Used by the learn step: writes a lesson file and re-parses it (so a bad one fails here)."""
     root.mkdir(parents=True, exist_ok=True)
     file = root / f"{slug}.md"
-    meta = {"kind": kind, "applies-to": applies_to, "evidence": evidence, "confidence": confidence}
-    file.write_text("---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body.strip() + "\n")
+    file.write_text(lesson_text(kind, applies_to, evidence, confidence, body))
     load_lesson(file)
     return file

@@ -6,6 +6,8 @@
                    the patch adds to the engine, so the tested kernel is the one the engine runs)
     test_<op>.py   the kernel test contract: reference(*inputs), kernel(*inputs),
                    make_inputs(shape, dtype, device, seed), SHAPES, CASES [(dtype, atol, rtol)]
+    production     (in entry.yaml) the engine pull requests that merged it: [{repo, pr, merge_sha,
+                   merged_at}], written by `optbot lessons review` (bot/knowledge/review.py)
     bench.json     micro and end-to-end numbers with their environment (only measured numbers;
                    typed in records.py)
 
@@ -55,6 +57,15 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Production:
+    """A merged pull request of the bot that carried this entry: it is in that engine's code."""
+    repo: str  # owner/name
+    pr: int
+    merge_sha: str
+    merged_at: str  # ISO 8601, as GitHub reports it
+
+
+@dataclass(frozen=True)
 class Entry:
     id: str
     title: str
@@ -71,6 +82,7 @@ class Entry:
     config_space: dict[str, list] = field(default_factory=dict)  # Triton configs for variant search
     description: str = ""
     path: Path = Path()
+    production: tuple[Production, ...] = ()
 
     @property
     def patch_path(self) -> Path:
@@ -138,7 +150,7 @@ def parse_entry(data: Any, file: Path) -> Entry:
     if not isinstance(data, dict):
         raise ConfigError(file, "(top level)", type(data).__name__, "a mapping of entry fields")
     known = {"id", "title", "pattern", "engine", "workloads", "shapes", "hardware", "dtype", "status",
-             "provenance", "kernels", "config_space", "description"}
+             "provenance", "kernels", "config_space", "description", "production"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"a known field ({', '.join(sorted(known))})")
@@ -180,6 +192,7 @@ def parse_entry(data: Any, file: Path) -> Entry:
     if not isinstance(cs, dict) or not all(isinstance(v, list) and v for v in cs.values()):
         raise ConfigError(file, "config_space", cs, "a mapping name -> non-empty list of values")
     return Entry(
+        production=_production(data.get("production"), file),
         id=eid, title=str(data.get("title", eid)), pattern=pattern, engine=engine,
         workloads=_str_list(data, "workloads", file), shapes=tuple(shapes),
         hardware=_str_list(data, "hardware", file), dtypes=_str_list(data, "dtype", file, choices=DTYPES),
@@ -188,6 +201,25 @@ def parse_entry(data: Any, file: Path) -> Entry:
         removes_kernels=_str_list(kernels, "removes", file, "kernels.", required=False),
         config_space=cs, description=str(data.get("description", "")).strip(), path=file.parent,
     )
+
+
+def _production(v: Any, file: Path) -> tuple[Production, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(p, dict) for p in v):
+        raise ConfigError(file, "production", v, "a list of {repo, pr, merge_sha, merged_at}")
+    out = []
+    for i, p in enumerate(v):
+        pre = f"production[{i}]."
+        repo = _req(p, "repo", file, pre)
+        if not re.fullmatch(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+", repo):
+            raise ConfigError(file, pre + "repo", repo, "owner/name")
+        pr = _req(p, "pr", file, pre, int, "a pull request number")
+        sha = _req(p, "merge_sha", file, pre)
+        if not re.fullmatch(r"[0-9a-f]{40}", sha):
+            raise ConfigError(file, pre + "merge_sha", sha, "a git commit sha (40 hex)")
+        out.append(Production(repo, pr, sha, str(_req(p, "merged_at", file, pre))))
+    return tuple(out)
 
 
 def load_entry(folder: Path) -> Entry:

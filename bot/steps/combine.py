@@ -5,7 +5,8 @@ branch ``optbot/<workload>/<base-sha12>``; the stack validated again as a whole,
 The branch is stable across runs (a later run updates the same branch and pull request). Each commit
 keeps the candidate's author and dates, so the same candidates and numbers always give the same
 shas (a resumed run rebuilds the identical branch). Its message says what it changes, why, and the
-numbers that justify it, followed by git trailers (DESIGN decision 5).
+numbers that justify it, followed by git trailers (DESIGN decision 5), among them the inputs it was
+proposed with (patch sha256, base, workload, engine, hardware), which a review caveat records.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import git
 from bot.engine import add_worktree, remove_worktree
 from bot.generate.candidate import Candidate
 from bot.knowledge import recall
+from bot.knowledge.lessons import Proposal
+from bot.knowledge.records import patch_file_sha256
+from bot.knowledge.review import entry_patch, proposal_trailers, text_sha256
 from bot.run.context import RunContext
 from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
 from bot.steps.baseline import Measurement, measurements
@@ -157,7 +161,25 @@ def _fmt_ms(m: Measurement | None) -> str:
            f"{': ' + m.device_name if m.device_name else ''})"
 
 
-def commit_message(cand: Candidate, verdict: Verdict, run_id: str) -> str:
+def proposal(ctx: RunContext, cand: Candidate) -> Proposal:
+    """The inputs `cand` is proposed with, for its commit's trailers: what a review caveat records
+    when a person declines the pull request (bot/knowledge/review.py). The patch's sha256 is the
+    one known.patch_sha256 gives for the store entry it replays, or will give for the entry the
+    learn step makes of it (the candidate's diff against the base)."""
+    t = ctx.target
+    base = t.checkout.base_sha
+    eid = recall.entry_id_of(cand.trailers)
+    store = ctx.knowledge().kernel_store
+    if cand.generator == "replay" and eid and (store / eid / "patch.diff").is_file():
+        sha = patch_file_sha256(store / eid / "patch.diff")
+    else:
+        sha = text_sha256(entry_patch(t.checkout.repo.git.diff(base, cand.commit_sha)))
+    return Proposal(candidate=cand.id, entry=eid, kind=cand.kind, patch_sha256=sha, base_sha=base,
+                    workload=t.workload.name, engine=t.engine_name or t.workload.default_engine,
+                    hardware=ctx.hardware())
+
+
+def commit_message(cand: Candidate, verdict: Verdict, run_id: str, inputs: Proposal | None = None) -> str:
     subject = cand.title.strip().splitlines()[0][:72] if cand.title else f"optbot: {cand.kind or 'optimization'}"
     body = [subject, ""]
     desc = (cand.description or "").strip()
@@ -193,6 +215,8 @@ def commit_message(cand: Candidate, verdict: Verdict, run_id: str) -> str:
     trailers["Optbot-Run"] = run_id
     trailers["Optbot-Candidate"] = cand.id
     trailers["Optbot-Verdict"] = verdict.status
+    if inputs is not None:
+        trailers.update(proposal_trailers(inputs))
     body += [f"{k}: {v}" for k, v in trailers.items()]
     return "\n".join(body) + "\n"
 
@@ -226,7 +250,7 @@ def build_stack(ctx: RunContext, branch: str, accepted: list[Candidate],
         if not wt.is_dirty(index=True, working_tree=False):
             dropped.append(f"{cand.id}: empty on top of the earlier commits")
             continue
-        msg = commit_message(cand, verdicts[cand.id], ctx.run_id)
+        msg = commit_message(cand, verdicts[cand.id], ctx.run_id, proposal(ctx, cand))
         msg_file = ctx.jobs_dir() / f"commit-{cand.id}.txt"
         msg_file.write_text(msg)
         wt.git.commit("-q", "--no-gpg-sign", "--no-verify", "--cleanup=verbatim", "-F", str(msg_file), env=env)

@@ -4,7 +4,8 @@ The generators (bot/generate/), in order: store replay (every matching kernel_st
 search (a replayed entry's config space, on a GPU), compile region (the hot repeated blocks under
 torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY). What the knowledge holds
 for this run (bot/knowledge/recall.py) decides what is not generated again: a known-rejected entry
-is skipped, a searched config space is not searched again, a learned compile region is replayed.
+is skipped, an entry a person declined in review (unchanged patch, same engine and workload) is not
+proposed again, a searched config space is not searched again, a learned compile region is replayed.
 """
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
     from bot.generate.replay import replay
 
     t, hardware, replayed = ctx.target, ctx.hardware(), []
+    knowledge = ctx.knowledge()
     for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware, t.workload.name,
-                    store_root=ctx.knowledge().kernel_store):
+                    store_root=knowledge.kernel_store, lessons_root=knowledge.lessons):
         if r.candidate is None:
             res.notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
             continue

@@ -368,6 +368,80 @@ class GitHubStandIn:
             issue["updated_at"] = _now()
         return 200, issue
 
+    # ---------------------------------------------------------------- lessons from review (issue 15 item 6)
+    # Routes and knobs of `optbot lessons review`, state made on first use:
+    #   GET /repos/{o}/{r}/pulls?state=closed|all&sort=created&direction=desc  newest first, as GitHub's
+    #       sort=created direction=desc (the forge's route above lists oldest first when not asked to sort)
+    #   GET /repos/{o}/{r}/pulls/{n}/reviews     what add_review() added, oldest first
+    #   GET /repos/{o}/{r}/pulls/{n}/commits     the head branch's commits over the base branch, read from
+    #       the bare repository (oldest first, with their parents), as GitHub lists a PR's commits
+    #   GET /repos/{o}/{r}/issues/{n}            a pull request's issue with `closed_by` (close_by())
+    # merge_pr() plays a person merging (merged, merged_at, merge_commit_sha); add_person_pull() a PR a
+    # person opened from a branch of their choosing.
+    def _review_state(self) -> dict:
+        if not hasattr(self, "_review_data"):
+            self._review_data = {"reviews": {}, "closed_by": {}}
+        return self._review_data
+
+    def add_person_pull(self, full_name: str, head: str, user: str = "person", base: str = "main") -> int:
+        with self.lock:
+            return self._new_pr(self.repos[full_name], f"a PR {user} opened", "", head, base, user)["number"]
+
+    def add_review(self, full_name: str, number: int, user: str, state: str, body: str = "") -> int:
+        with self.lock:
+            self._next_id += 1
+            pr = self._pr(full_name, number)
+            self._review_state()["reviews"].setdefault((full_name, number), []).append(
+                {"id": self._next_id, "user": self._user(user), "body": body, "state": state,
+                 "submitted_at": _now(), "commit_id": pr["head"]["sha"], "author_association": "OWNER",
+                 "html_url": f"{pr['html_url']}#pullrequestreview-{self._next_id}",
+                 "pull_request_url": pr["url"]})
+            return self._next_id
+
+    def close_by(self, full_name: str, number: int, login: str) -> None:
+        self.close_pr(full_name, number)
+        self._review_state()["closed_by"][(full_name, number)] = login
+
+    def merge_pr(self, full_name: str, number: int, login: str = "maintainer") -> str:
+        with self.lock:
+            pr = self._pr(full_name, number)
+            sha = pr["head"]["sha"]
+            pr.update(state="closed", merged=True, merged_at=_now(), closed_at=_now(), merge_commit_sha=sha)
+            self._review_state()["closed_by"][(full_name, number)] = login
+            return sha
+
+    def _review_route(self, method: str, full: str, rest: str, query: dict):
+        """(status, JSON) for the review routes, None for every other path."""
+        r = self.repos[full]
+        if rest == "/pulls" and method == "GET" and (query.get("sort") or [""])[0] == "created":
+            state = (query.get("state") or ["open"])[0]
+            out = [p for p in r.pulls if state == "all" or p["state"] == state]
+            desc = (query.get("direction") or ["desc"])[0] == "desc"
+            return 200, sorted(out, key=lambda p: p["number"], reverse=desc)
+        m = re.match(r"^/(pulls|issues)/(\d+)(/reviews|/commits)?$", rest)
+        if not m or method != "GET" or (m.group(1) == "issues") != (m.group(3) is None):
+            return None
+        try:
+            pr = self._pr(full, int(m.group(2)))
+        except KeyError:
+            return 404, {"message": "Not Found"}
+        if m.group(1) == "issues":
+            who = self._review_state()["closed_by"].get((full, pr["number"]))
+            return 200, {**self._issue_json(full, pr), "closed_by": self._user(who) if who else None}
+        if m.group(3) == "/reviews":
+            return 200, list(self._review_state()["reviews"].get((full, pr["number"]), []))
+        repo = git.Repo(r.bare)
+        out = []
+        for c in repo.iter_commits(f"refs/heads/{pr['base']['ref']}..refs/heads/{pr['head']['ref']}", reverse=True):
+            person = {"name": c.author.name, "email": c.author.email, "date": c.authored_datetime.isoformat()}
+            out.append({"sha": c.hexsha, "url": f"{self.base}/repos/{full}/commits/{c.hexsha}",
+                        "html_url": f"https://github.example/{full}/commit/{c.hexsha}",
+                        "commit": {"message": c.message, "author": person, "committer": person,
+                                   "tree": {"sha": c.tree.hexsha}},
+                        "parents": [{"sha": p.hexsha, "url": f"{self.base}/repos/{full}/commits/{p.hexsha}"}
+                                    for p in c.parents]})
+        return 200, out
+
     # ---------------------------------------------------------------- the server
     def _handler(self):
         standin = self
@@ -427,6 +501,8 @@ class GitHubStandIn:
                 hit = standin._trigger_route(method, full, rest, body)  # issue 15's routes first
                 if hit is None:
                     hit = standin._dashboard_route(method, full, rest, query, body)
+                if hit is None:
+                    hit = standin._review_route(method, full, rest, query)  # issue 15 item 6
                 if hit is not None:
                     return self._send(*hit)
                 if rest == "" and method == "GET":
