@@ -17,14 +17,14 @@ from bot.analyze.opportunity import Opportunity
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
-from bot.knowledge.store import Entry, load_store
+from bot.knowledge.store import UNUSABLE, Entry, load_store
 
 
 @dataclass
 class ReplayResult:
     entry_id: str
     opportunity_id: str
-    status: str  # applied | conflict | error
+    status: str  # applied | conflict | error | retired (not applied: entry.yaml `retired:` says why)
     reason: str = ""
     worktree: str = ""
     conflicts: list[str] = field(default_factory=list)
@@ -37,11 +37,12 @@ class ReplayResult:
 
 
 def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: str, hardware: str | None,
-          workload: str | None = None) -> list[tuple[Entry, str]]:
-    """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits."""
+          workload: str | None = None, unusable: bool = False) -> list[tuple[Entry, str]]:
+    """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits
+    (unusable=True: the rejected and retired entries that would have fitted instead)."""
     out = []
     for e in entries:
-        if e.status == "rejected":
+        if (e.status in UNUSABLE) != unusable:
             continue
         if workload and e.workloads and workload not in e.workloads:
             continue
@@ -89,6 +90,12 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
 
 def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: str, hardware: str | None,
            workload: str | None = None, store_root: Path | None = None) -> list[ReplayResult]:
-    """The generator: every matching entry becomes a candidate commit, or a recorded conflict."""
-    pairs = match(load_store(store_root), opportunities, engine, hardware, workload)
-    return [apply_entry(checkout, e, opp_id, name=f"replay-{e.id}") for e, opp_id in pairs]
+    """The generator: every matching entry becomes a candidate commit, or a recorded conflict; a
+    retired entry that would have matched is a result "retired" with its reason (not applied)."""
+    entries = load_store(store_root)
+    pairs = match(entries, opportunities, engine, hardware, workload)
+    retired = [ReplayResult(e.id, opp_id, "retired", e.retired.reason
+                            + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
+               for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)
+               if e.retired is not None]
+    return [apply_entry(checkout, e, opp_id, name=f"replay-{e.id}") for e, opp_id in pairs] + retired
