@@ -82,10 +82,8 @@ def _checks_line(r: EntryCheck) -> str:
 
 def _measured_on(r: EntryCheck) -> str:
     envs = [c.details.get("env") or {} for c in r.checks if c.name.startswith("validate:") and c.details.get("env")]
-    kind = "cuda" if r.device.startswith("cuda") else "cpu"
     name = next((e.get("device_name") for e in envs if e.get("device_name")), "")
-    where = f"{r.device} ({name})" if name else r.device
-    return where if kind == "cuda" else where + "; correctness and engagement only, speed needs a GPU"
+    return f"{r.device} ({name})" if name else r.device
 
 
 def _recorded(entry: Entry, device: str, workload: str):
@@ -121,7 +119,10 @@ def decide(entry: Entry, r: EntryCheck) -> Decision:
     patch = by.get("patch")
     if patch is not None and patch.ok is False:
         if patch.details.get("status") == "conflict":
-            d.outcome, d.action, d.why = "no-longer-applies", "retire", patch.reason
+            # the entry's own file, not where this machine keeps it: the reason is committed
+            why = patch.reason.replace(str(entry.patch_path.resolve()), f"kernel_store/{entry.id}/patch.diff")
+            why = why.replace(str(entry.patch_path), f"kernel_store/{entry.id}/patch.diff")
+            d.outcome, d.action, d.why = "no-longer-applies", "retire", why
         else:
             d.outcome, d.why = "needs-a-person", patch.reason
         return d
