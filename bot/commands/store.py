@@ -251,6 +251,11 @@ def _propose(knowledge, entries, prepared, results, tips, run_dir: Path, device:
     # the forge of `optimize`: GitHub with a token, else the local forge; its `repo` is only where an
     # engine PR or a reply would go, and a store check makes neither
     o = forge_opts
+    from bot.deliver.forge import github_token
+
+    if github_token() and not o["dry_run"] and not o["knowledge_repo"]:
+        raise OptbotError("--propose with a GitHub token opens the pull request in the knowledge repository: give "
+                          "--knowledge-repo OWNER/NAME (or $OPTBOT_KNOWLEDGE_REPO), or --dry-run for a local branch")
     opts = RunOptions(workload="", dry_run=o["dry_run"], repo=o["repo"] or o["knowledge_repo"],
                       knowledge_repo=o["knowledge_repo"], knowledge_remote=o["knowledge_remote"],
                       github_api_url=o["github_api_url"], command=command_line())

@@ -226,7 +226,8 @@ def retune(entry: Entry, prep: Prepared, device: str, work_dir: Path, preset: st
     sr = search_entry(entry.path, device=device, run_dir=work_dir / entry.id / "tune", checkout=prep.checkout)
     log(f"  {entry.id}: " + sr.table())
     if sr.candidate is None:
-        return False, f"variant search over {len(sr.rows)} configs on {sr.device_name or sr.device}: {sr.commit_note}", []
+        on = sr.device + (f" ({sr.device_name})" if sr.device_name else "")
+        return False, f"variant search over {len(sr.rows)} configs on {on}: {sr.commit_note}", []
     checks = _full_validation(entry, prep.checkout, sr.candidate.commit_sha, device, work_dir, preset, log, tip)
     if not all(c.ok for c in checks):
         return False, (f"tuned config {sr.chosen.get('label')} validated on the tip: "

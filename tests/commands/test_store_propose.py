@@ -189,3 +189,10 @@ def test_bad_combinations_are_clear_errors(cli_runner, nightly, tmp_path):
     shutil.copytree(SHIPPED_STORE / KEPT, plain / "kernel_store" / KEPT)
     r = cli_runner.invoke(cli, ["store", "check", "--knowledge-path", str(plain), "--propose", "--no-kernels"])
     assert r.exit_code != 0 and "is not a git repository" in str(r.exception)
+
+
+def test_a_token_without_a_knowledge_repository_is_a_clear_error(cli_runner, nightly, gh):
+    r = cli_runner.invoke(cli, ["store", "check", "--knowledge-path", str(nightly["knowledge"].working_tree_dir),
+                                "--engine", str(nightly["engine"].working_tree_dir), "--no-kernels", "--propose"])
+    assert r.exit_code != 0 and "--knowledge-repo OWNER/NAME" in str(r.exception)
+    assert gh.pulls("team/optbot") == []

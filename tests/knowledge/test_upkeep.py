@@ -112,3 +112,23 @@ def test_retired_needs_its_reason(store):
     f.write_text(f.read_text().replace("status: retired", "status: validated-gpu") + "retired: {reason: x}\n")
     with pytest.raises(ConfigError, match="key 'status'"):
         load_entry(store / PLAIN)
+
+
+def test_a_re_tune_that_finds_no_winning_config_retires_with_both_reasons(store, tmp_path, diffusers_engine):
+    """The re-tune path end to end on CPU: the variant search (runner processes, Triton in the
+    interpreter) checks every config but chooses none (speed needs a GPU), so the entry is retired
+    with the reason it was re-tuned and the search's answer."""
+    from bot.knowledge.check import prepare_entry
+    from bot.knowledge.upkeep import Decision
+
+    e = load_entry(store / TUNABLE)
+    prep = prepare_entry(e, "cpu")
+    r = prep.result
+    d = Decision(e.id, "no-longer-wins", "re-tune", "flux2: rejected (no-change)", "", "cuda:0 (NVIDIA H200)")
+    staging = Staging(tmp_path / "stage", "kernel_store", "lessons", tmp_path / "no-lessons")
+    act(d, e, r, prep, staging, "optbot store check --propose", tmp_path / "work", None, log=lambda m: None)
+    staged = load_entry(tmp_path / "stage" / "kernel_store" / TUNABLE)
+    assert staged.status == "retired" and d.done.startswith("retired (variant search over 12 configs on cpu")
+    assert staged.retired.reason.startswith("flux2: rejected (no-change); variant search over 12 configs")
+    assert "speed needs a GPU" in staged.retired.reason and staged.retired.engine_sha == e.engine.base_sha
+    assert load_entry(store / TUNABLE).status == "validated-gpu"  # the entry itself untouched
