@@ -172,3 +172,147 @@ def test_every_action_is_pinned_by_commit_sha():
             if ref.startswith("./"):
                 continue
             assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{f.name}: {ref} is not pinned by commit SHA"
+
+
+# ------------------------------------------------------------------------------------------------
+# the scheduled workflow (.github/workflows/scheduled.yml): nightly store check, weekly optimize
+
+SCHEDULED = ROOT / ".github" / "workflows" / "scheduled.yml"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+GPU_JOBS = ("store-check", "optimize")
+
+
+@pytest.fixture(scope="module")
+def sched() -> dict:
+    return yaml.safe_load(SCHEDULED.read_text())
+
+
+def _crons(sched) -> list[str]:
+    return [c["cron"] for c in sched.get("on", sched.get(True))["schedule"]]
+
+
+def _cron_ok(expr: str) -> bool:
+    """Five fields (minute hour day-of-month month day-of-week), each *, a number in range, or a
+    list/range/step of them: what GitHub's schedule accepts (POSIX cron)."""
+    fields = expr.split()
+    if len(fields) != 5:
+        return False
+    limits = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 6)]
+    for f, (lo, hi) in zip(fields, limits):
+        for part in f.split(","):
+            base, _, step = part.partition("/")
+            if step and not (step.isdigit() and int(step) > 0):
+                return False
+            if base == "*":
+                continue
+            bounds = base.split("-")
+            if not all(b.isdigit() and lo <= int(b) <= hi for b in bounds) or len(bounds) > 2:
+                return False
+    return True
+
+
+def test_scheduled_triggers_a_nightly_and_a_weekly_cron_and_dispatch(sched):
+    on = sched.get("on", sched.get(True))
+    assert set(on) == {"schedule", "workflow_dispatch"}
+    nightly, weekly = _crons(sched)
+    assert all(_cron_ok(c) for c in (nightly, weekly)), (nightly, weekly)
+    assert nightly.split()[2:] == ["*", "*", "*"]  # every day
+    assert weekly.split()[2:4] == ["*", "*"] and weekly.split()[4].isdigit()  # one day a week
+    assert not _cron_ok("61 3 * * *") and not _cron_ok("17 3 * *") and not _cron_ok("17 3 * * 7")
+    # github.event.schedule tells the crons apart: each job names exactly its own cron
+    jobs = sched["jobs"]
+    assert f"github.event.schedule == '{nightly}'" in jobs["store-check"]["if"]
+    assert weekly not in jobs["store-check"]["if"]
+    assert f"github.event.schedule == '{weekly}'" in jobs["workloads"]["if"] and nightly not in jobs["workloads"]["if"]
+    assert on["workflow_dispatch"]["inputs"]["job"]["options"] == ["store-check", "optimize"]
+    for name in ("store-check", "workloads"):  # a dispatch measures the default branch only
+        assert "github.event.repository.default_branch" in jobs[name]["if"], name
+
+
+def test_no_expression_in_any_run_script_of_any_workflow():
+    for f in WORKFLOWS:
+        wf = yaml.safe_load(f.read_text())
+        for job, step in _steps(wf):
+            assert "${{" not in step.get("run", ""), f"{f.name} {job}/{step.get('name')}: expressions go through env:"
+
+
+def test_scheduled_pins_permissions_secrets_and_checkouts(sched):
+    lines = [ln for ln in SCHEDULED.read_text().splitlines() if re.match(r"\s*(-\s+)?uses:", ln)]
+    assert lines and all(CHECKOUT in ln and ln.endswith("# v4.2.2") for ln in lines), lines
+    assert sched["permissions"] == {} and "write-all" not in SCHEDULED.read_text()
+    assert "env" not in sched and all("env" not in job for job in sched["jobs"].values())
+    holders = []
+    for name, job in sched["jobs"].items():
+        assert all(v in ("read", "none") for v in job["permissions"].values()), name
+        assert isinstance(job.get("timeout-minutes"), int), name
+        checkouts = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+        assert all(s["with"].get("persist-credentials") is False for s in checkouts), name
+        mine = [s for s in checkouts if s["with"].get("path") == "optbot"]
+        assert len(mine) == 1 and mine[0]["with"]["repository"] == "${{ vars.OPTBOT_REPOSITORY }}", name
+        assert "ref" not in mine[0]["with"], name
+        for s in checkouts:  # the engine: this repository, at the ref the event runs on (the default branch)
+            if s["with"].get("path") == "engine":
+                assert "repository" not in s["with"] and "ref" not in s["with"], name
+        for s in job["steps"]:
+            assert "secrets." not in str(s.get("with", {})), (name, s.get("name"))
+            if "secrets." in str(s.get("env", {})):
+                holders.append((name, s["run"]))
+    assert [n for n, _ in holders] == ["store-check", "optimize"]
+    assert "-m bot store check" in holders[0][1] and "-m bot optimize" in holders[1][1]
+
+
+def test_scheduled_gpu_jobs_runners_and_concurrency(sched):
+    jobs = sched["jobs"]
+    for name in GPU_JOBS:
+        job = jobs[name]
+        assert job["runs-on"] == ["self-hosted", "gpu"], name
+        assert job["concurrency"]["cancel-in-progress"] is False and "github.repository" in job["concurrency"]["group"]
+    assert jobs["workloads"]["runs-on"] == "ubuntu-latest"
+    assert "matrix.workload" in jobs["optimize"]["concurrency"]["group"]
+    assert jobs["optimize"]["timeout-minutes"] * 60 <= RUN_WINDOW_S
+    assert jobs["optimize"]["needs"] == "workloads"
+    assert jobs["optimize"]["strategy"]["matrix"]["workload"] == "${{ fromJSON(needs.workloads.outputs.workloads) }}"
+    assert jobs["workloads"]["outputs"]["workloads"] == "${{ steps.list.outputs.workloads }}"
+    listing = next(s for s in jobs["workloads"]["steps"] if s.get("id") == "list")
+    assert '-m bot workloads --github-output "$GITHUB_OUTPUT"' in listing["run"]
+    check = next(s["run"] for s in jobs["store-check"]["steps"] if "store check" in s.get("run", ""))
+    assert "--propose" in check and "--device cuda" in check and '--engine "$engine"' in check
+
+
+def test_the_workloads_step_lists_what_optbot_ships(tmp_path):
+    """The command of the matrix step, run: a JSON list of every workloads/*.yaml optbot ships."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "github_output"
+    p = subprocess.run([sys.executable, "-m", "bot", "workloads", "--github-output", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (line,) = out.read_text().splitlines()
+    key, _, value = line.partition("=")
+    assert key == "workloads" and json.loads(value) == sorted(f.stem for f in (ROOT / "workloads").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("engine_var, expected", [("", "{ws}/engine"), ("sglang", "sglang={ws}/engine")])
+def test_the_scripts_name_the_engine_checkout(sched, tmp_path, engine_var, expected):
+    """The store-check and optimize scripts run by bash, with a `python` on PATH that records its
+    argv: --engine is the checkout, as NAME=PATH when the repository names its engine."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    shim.chmod(0o755)
+    ws = str(tmp_path / "ws")
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "GITHUB_WORKSPACE": ws,
+           "OPTBOT_ENGINE": engine_var, "WORKLOAD": "flux2"}
+    for job in GPU_JOBS:
+        run = next(s["run"] for s in sched["jobs"][job]["steps"] if "-m bot" in s.get("run", ""))
+        p = subprocess.run(["bash", "-euo", "pipefail", "-c", run], env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        argv = json.loads(p.stdout)
+        assert argv[argv.index("--engine") + 1] == expected.format(ws=ws), (job, argv)

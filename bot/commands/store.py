@@ -9,8 +9,8 @@ import click
 
 from bot.commands.common import command_line, knowledge_options, write_json
 from bot.errors import ConfigError, OptbotError
-from bot.knowledge.records import (KernelTests, MicroRecord, ValidationRecord, WorkloadVerdict, read_bench,
-                                   save_bench)
+from bot.knowledge.check import record_validation
+from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
 from bot.knowledge.store import get_entry, load_store
 from bot.paths import new_run_dir
 
@@ -84,16 +84,39 @@ def show_cmd(knowledge, entry_id):
               help="Preset of the full validation. Default: full on cuda, tiny on cpu.")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
               help="With --device cuda: check entries in parallel, one lane per GPU (cuda:0..N-1).")
+@click.option("--engine", metavar="NAME|PATH|URL", default=None,
+              help="Check each entry against this engine's tip instead of its recorded base sha, as every "
+                   "workload command reads --engine: a name the workloads define, NAME=PATH|URL for a fork of "
+                   "engine NAME, or a PATH|URL of the workload's default engine. Entries of another engine "
+                   "are not checked (said so).")
+@click.option("--ref", default=None, help="The engine ref to check against (branch, tag or sha). Default with "
+                                          "--engine: the workload's ref, else HEAD.")
 @click.option("--no-kernels", is_flag=True, help="Only schema, sources and patch checks (fast; no validation).")
 @click.option("--no-validate", is_flag=True, help="Skip the full validation of the patched engine.")
 @click.option("--record", is_flag=True, help="Write the results into each entry's bench.json (kernel tests; on "
                                               "cuda also the validator's end-to-end numbers).")
+@click.option("--propose", is_flag=True,
+              help="Turn the check into ONE knowledge pull request on branch optbot/store-check/<engine>: "
+                   "entries that no longer apply are retired, ones that no longer win on a GPU re-tuned (or "
+                   "retired), changed environments re-recorded. Without a GitHub token (or with --dry-run): a "
+                   "local branch and the PR text in the run directory.")
+@click.option("--dry-run", is_flag=True, help="With --propose: no push, no pull request (local branch + text).")
+@click.option("--repo", envvar="OPTBOT_ENGINE_REPO", metavar="OWNER/NAME", default=None,
+              help="With --propose: the engine's GitHub repository (default: the knowledge repository).")
+@click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
+              help="With --propose: the GitHub repository of the knowledge (where the pull request opens).")
+@click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
+              help="Git remote the proposal's branch is pushed to (default: the knowledge repository's origin).")
+@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
+              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def check_cmd(knowledge, entry_ids, device, preset, gpus, no_kernels, no_validate, record, json_path):
-    """Re-validate entries (all by default), each in five checks: schema; kernel sources == the files
-    the patch adds; the patch applies to the engine base in a real worktree; kernel tests in an
-    isolated runner process; and the full validator (`optbot validate`) on the patched engine, per
-    workload the entry names: on CPU correctness and engagement, on a GPU also speed.
+def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernels, no_validate, record, propose,
+              dry_run, repo, knowledge_repo, knowledge_remote, github_api_url, json_path):
+    """Re-validate entries (all but the retired ones by default), each in five checks: schema; kernel
+    sources == the files the patch adds; the patch applies to the engine in a real worktree (at the
+    entry's base sha, or with --engine/--ref at that engine's tip); kernel tests in an isolated
+    runner process; and the full validator (`optbot validate`) on the patched engine, per workload
+    the entry names: on CPU correctness and engagement, on a GPU also speed.
 
     \b
     Examples:
@@ -101,26 +124,46 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, no_kernels, no_validat
       optbot store check flux2-swiglu --no-validate        one entry, kernel tests only
       optbot store check --device cuda --gpus 2 --record   every entry on 2 GPUs, full preset,
                                                            numbers into bench.json
+      optbot store check --engine ~/src/diffusers --ref main --no-validate
+                                                           does every patch still apply to main?
+      optbot store check --engine ./engine --device cuda --propose \\
+          --knowledge-repo team/optbot                     the nightly: one knowledge PR that
+                                                           retires, re-tunes or re-records
 
-    Exit code 1 when any check fails.
+    Exit code 1 when any check fails; with --propose, when an entry needs a person (held, a
+    failing kernel test, a validator that could not run): every other outcome is the proposal's.
     """
     import threading
 
-    from bot.knowledge.check import finish_entry, prepare_entry
+    from bot.knowledge.check import engine_tip, finish_entry, prepare_entry
     from bot.lanes import map_on_lanes
 
     if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         raise click.BadParameter(f"{device!r}: expected cpu, cuda or cuda:N", param_hint="--device")
     if gpus > 1 and not device.startswith("cuda"):
         raise click.BadParameter(f"--gpus {gpus} needs --device cuda", param_hint="--gpus")
+    if propose and record:
+        raise click.BadParameter("--propose records into the proposal's branch; --record into the working tree: "
+                                 "give one", param_hint="--record")
+    if propose:
+        _proposal_preflight(knowledge)
     entries = _entries(knowledge, entry_ids)
+    if not entry_ids:
+        for e in [e for e in entries if e.status == "retired"]:
+            click.echo(f"{e.id}: retired ({e.retired.reason[:120]}), not checked", err=True)
+        entries = [e for e in entries if e.status != "retired"]
     run_dir = new_run_dir("store-check")
     lanes = [f"cuda:{i}" for i in range(gpus)] if gpus > 1 else [device]
     click.echo(f"checking {len(entries)} entries on {', '.join(lanes)}; run directory {run_dir}", err=True)
+    tips, cache = [], {}
+    for e in entries:
+        tips.append(engine_tip(e, engine, ref, cache) if (engine or ref) else None)
+    for co in cache.values():
+        click.echo(f"engine {co.name}: {co.repo_path} @ {co.base_sha[:12]} ({co.ref})", err=True)
     prepared = []
-    for i, e in enumerate(entries, 1):
+    for i, (e, tip) in enumerate(zip(entries, tips), 1):
         click.echo(f"[{i}/{len(entries)}] {e.id}: schema, sources, patch", err=True)
-        prepared.append(prepare_entry(e, device))
+        prepared.append(prepare_entry(e, device, tip))
     lock = threading.Lock()
 
     def say(msg: str) -> None:
@@ -147,7 +190,7 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, no_kernels, no_validat
         say(f"{'ok  ' if r.ok else 'FAIL'} {e.id} ({len(done)}/{len(entries)} done)")
         return r
 
-    results = map_on_lanes(one, zip(entries, prepared), lanes)
+    results = map_on_lanes(one, list(zip(entries, prepared)), lanes)
     for e, r in zip(entries, results):
         click.echo(f"{'ok  ' if r.ok else 'FAIL'} {e.id}")
         for c in r.checks:
@@ -155,12 +198,76 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, no_kernels, no_validat
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-            _record_validation(e, r.to_json(), lessons_dir=knowledge.lessons)
+            record_validation(e, r.to_json(), command_line(), lessons_dir=knowledge.lessons, log=_err)
     data = payload([r.to_json() for r in results], ok=all(r.ok for r in results))
+    failed = not data["ok"]
+    if propose:
+        p = _propose(knowledge, entries, prepared, results, tips, run_dir, device, preset, engine, ref,
+                     dict(dry_run=dry_run, repo=repo, knowledge_repo=knowledge_repo,
+                          knowledge_remote=knowledge_remote, github_api_url=github_api_url))
+        data["proposal"] = {"branch": p.branch, "commit": p.commit, "files": p.files,
+                            "pr": vars(p.pr) if p.pr is not None else None,
+                            "decisions": [vars(d) for d in p.decisions]}
+        failed = any(d.outcome == "needs-a-person" for d in p.decisions)
     write_json(run_dir / "store-check.json", data)
     write_json(json_path, data)
-    if not data["ok"]:
+    if failed:
         raise SystemExit(1)
+
+
+def _proposal_preflight(knowledge) -> None:
+    """--propose commits into the knowledge repository: it must be one, holding the store and lessons."""
+    if knowledge.repo is None:
+        raise OptbotError(f"--propose: {knowledge.root} ({knowledge.why}) is not a git repository with a commit; "
+                          f"the proposal is a branch of the knowledge repository (--knowledge-path)")
+    for what, folder in (("--store", knowledge.kernel_store), ("--lessons-dir", knowledge.lessons)):
+        if not folder.resolve().is_relative_to(knowledge.root):
+            raise OptbotError(f"--propose: {what} {folder} is outside the knowledge repository {knowledge.root}")
+
+
+def _propose(knowledge, entries, prepared, results, tips, run_dir: Path, device: str, preset, engine, ref,
+             forge_opts: dict):
+    """Each entry's check -> a decision -> the staged change -> one knowledge pull request."""
+    from bot.deliver.forge import make_forge
+    from bot.knowledge.upkeep import Proposal, Staging, act, decide, publish
+    from bot.run.context import RunOptions
+
+    staging = Staging(run_dir / "proposal" / "knowledge", knowledge.kernel_store.resolve().relative_to(knowledge.root).as_posix(),
+                      knowledge.lessons.resolve().relative_to(knowledge.root).as_posix(), knowledge.lessons)
+    decisions = []
+    for e, prep, r in zip(entries, prepared, results):
+        d = decide(e, r)
+        click.echo(f"{e.id}: {d.outcome} -> {d.action}: {d.why[:200]}", err=True)
+        act(d, e, r, prep, staging, command_line(), run_dir, preset, log=_err)
+        decisions.append(d)
+    checked = [t.checkout for t in tips if t is not None and t.checkout is not None]
+    engines = sorted({e.engine.name for e, t in zip(entries, tips) if t is None or t.checkout is not None})
+    name = engines[0] if len(engines) == 1 else "all"
+    tip = checked[0].base_sha if checked and len({c.base_sha for c in checked}) == 1 else ""
+    where = (f"`{checked[0].name}` ({checked[0].repo_path}, ref `{checked[0].ref}`)" if checked
+             else "of each entry's `engine.source`")
+    measured = next((d.measured_on for d in decisions if d.outcome != "not-checked"), device)
+    p = Proposal(name, tip, where, measured, command_line(), decisions)
+    # the forge of `optimize`: GitHub with a token, else the local forge; its `repo` is only where an
+    # engine PR or a reply would go, and a store check makes neither
+    o = forge_opts
+    from bot.deliver.forge import github_token
+
+    if github_token() and not o["dry_run"] and not o["knowledge_repo"]:
+        raise OptbotError("--propose with a GitHub token opens the pull request in the knowledge repository: give "
+                          "--knowledge-repo OWNER/NAME (or $OPTBOT_KNOWLEDGE_REPO), or --dry-run for a local branch")
+    opts = RunOptions(workload="", dry_run=o["dry_run"], repo=o["repo"] or o["knowledge_repo"],
+                      knowledge_repo=o["knowledge_repo"], knowledge_remote=o["knowledge_remote"],
+                      github_api_url=o["github_api_url"], command=command_line())
+    forge = make_forge(opts, run_dir.name, run_dir, log=_err)
+    publish(p, staging, knowledge, forge, log=_err)
+    click.echo(f"proposal: {p.pr.action} {p.pr.url} {p.pr.note}".rstrip()
+               + (f" (branch {p.branch}, {len(p.files)} files)" if p.files else ""))
+    return p
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
 
 
 def _now() -> str:
@@ -196,53 +303,6 @@ def _record_correctness(entry, result) -> None:
     _save(entry, bench)
 
 
-def _set_status(entry, status: str) -> None:
-    """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
-    import re
-
-    f = entry.path / "entry.yaml"
-    f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
-
-
-def _record_validation(entry, result, source: str | None = None, command: str | None = None,
-                       lessons_dir: Path | None = None) -> bool:
-    """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
-    its environment), on CPU under correctness.cpu_validation (correctness and engagement only)."""
-    from bot.knowledge.known import patch_sha256
-
-    checks = result["checks"]  # EntryCheck.to_json() or the same from a store-check JSON file
-    verdicts = {c["name"].split(":", 1)[1]: WorkloadVerdict.from_verdict(c["details"]) for c in checks
-                if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
-    if not verdicts:
-        return False
-    # the patch the verdict was made on, so a later run reuses it only for the same patch
-    # (bot/knowledge/known.py); results from before store check recorded it get today's file's hash
-    checked = next((c["details"].get("patch_sha256") for c in checks if c["name"] == "patch"), None)
-    for v in verdicts.values():
-        v.patch_sha256 = checked or patch_sha256(entry)
-        if not checked:
-            v.patch_sha256_from = "record time (the check's JSON did not carry it)"
-    bench = entry.bench()
-    rec = ValidationRecord(command=command or command_line(), recorded_at=_now(), device=result["device"],
-                           source=source, workloads=verdicts)
-    if result["device"].startswith("cuda"):
-        bench.gpu_section().validation = rec
-        if all(v.status == "accepted" for v in verdicts.values()):
-            _set_status(entry, "validated-gpu")
-        from bot.hardware import hardware_name
-        from bot.knowledge.learn import check_lesson
-
-        for wl, v in verdicts.items():  # a GPU rejection is a caveat lesson; an acceptance clears it
-            hw = hardware_name("cuda", (v.env or {}).get("device_name", ""))
-            lesson = check_lesson(entry, wl, hw, v, rec.command, lessons_dir)
-            if lesson:
-                click.echo(f"lesson {lesson}", err=True)
-    else:
-        bench.correctness_section().cpu_validation = rec
-    _save(entry, bench)
-    return True
-
-
 @command.command("record-bench")
 @_store_opt
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -265,7 +325,8 @@ def record_bench_cmd(knowledge, results):
                     micro[c["name"].split(":", 1)[1]] = {"micro": c["details"]["micro"], "env": c["details"].get("env"),
                                                          "passed": c["ok"]}
             e = get_entry(r["entry_id"], knowledge.kernel_store)
-            validated = _record_validation(e, r, str(results), data.get("command"), knowledge.lessons)
+            validated = record_validation(e, r, data.get("command") or command_line(), str(results), knowledge.lessons,
+                                          log=_err)
             n += int(validated and not micro)
             if micro:
                 bench = e.bench()

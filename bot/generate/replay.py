@@ -20,14 +20,14 @@ from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
 from bot.knowledge.review import declined
-from bot.knowledge.store import Entry, load_store
+from bot.knowledge.store import UNUSABLE, Entry, load_store
 
 
 @dataclass
 class ReplayResult:
     entry_id: str
     opportunity_id: str
-    status: str  # applied | conflict | error | skipped
+    status: str  # applied | conflict | error | skipped (a review caveat) | retired (entry.yaml `retired:`)
     reason: str = ""
     worktree: str = ""
     conflicts: list[str] = field(default_factory=list)
@@ -40,11 +40,12 @@ class ReplayResult:
 
 
 def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: str, hardware: str | None,
-          workload: str | None = None) -> list[tuple[Entry, str]]:
-    """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits."""
+          workload: str | None = None, unusable: bool = False) -> list[tuple[Entry, str]]:
+    """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits
+    (unusable=True: the rejected and retired entries that would have fitted instead)."""
     out = []
     for e in entries:
-        if e.status == "rejected":
+        if (e.status in UNUSABLE) != unusable:
             continue
         if workload and e.workloads and workload not in e.workloads:
             continue
@@ -94,10 +95,16 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
            workload: str | None = None, store_root: Path | None = None,
            lessons_root: Path | None = None) -> list[ReplayResult]:
     """The generator: every matching entry becomes a candidate commit, a recorded conflict, or a
-    skip that names the review caveat (in `lessons_root`) that declined its unchanged patch."""
+    skip that names the review caveat (in `lessons_root`) that declined its unchanged patch; a
+    retired entry that would have matched is a result "retired" with its reason (not applied)."""
+    entries = load_store(store_root)
     out = []
-    for e, opp_id in match(load_store(store_root), opportunities, engine, hardware, workload):
+    for e, opp_id in match(entries, opportunities, engine, hardware, workload):
         why = declined(e, engine, workload, lessons_root)
         out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
                    else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}"))
+    out += [ReplayResult(e.id, opp_id, "retired", e.retired.reason
+                         + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
+            for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)
+            if e.retired is not None]
     return out

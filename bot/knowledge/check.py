@@ -4,8 +4,9 @@ For each entry, in order (each check returns a reason, not a bare bool):
   schema      entry.yaml parses (load_store raises ConfigError naming file and field otherwise)
   sources     every kernel source in the entry is byte-identical to the file patch.diff adds to the
               engine, so the kernel that is tested is the kernel the engine runs
-  patch       patch.diff applies with `git apply --3way` to the engine at its base sha, in a real
-              worktree (bot/engine.add_worktree), and is committed there with the Optbot-* trailers
+  patch       patch.diff applies with `git apply --3way` to the engine at its base sha (or, given
+              --engine/--ref, at that engine's tip: `engine_tip`), in a real worktree
+              (bot/engine.add_worktree), and is committed there with the Optbot-* trailers
   kernels     each test_<op>.py runs as a `kernel_test` runner job (its own process, no secrets):
               reference vs kernel on randomized inputs; on CPU with TRITON_INTERPRET=1 and the
               Triton path required; on CUDA also a microbenchmark (A/B interleaved, A/A noise)
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bot.engine import checkout_engine
+from bot.engine import EngineCheckout, checkout_engine, resolve_source
 from bot.errors import OptbotError
 from bot.generate.replay import apply_entry
 from bot.jobs import run_job
@@ -47,8 +48,8 @@ class EntryCheck:
         return {"entry_id": self.entry_id, "device": self.device, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
 
 
-def import_root_for(entry: Entry) -> str:
-    """The engine's import root, from the workload file that defines this engine (default: src)."""
+def _workload_of(entry: Entry):
+    """The first workload the entry names whose file defines the entry's engine (None: none does)."""
     from bot.workload import load_workload
 
     for name in entry.workloads:
@@ -56,10 +57,44 @@ def import_root_for(entry: Entry) -> str:
             wl = load_workload(name)
         except OptbotError:
             continue
-        spec = wl.engines.get(entry.engine.name)
-        if spec is not None:
-            return spec.import_root
-    return "src"
+        if entry.engine.name in wl.engines:
+            return wl
+    return None
+
+
+def import_root_for(entry: Entry) -> str:
+    """The engine's import root, from the workload file that defines this engine (default: src)."""
+    wl = _workload_of(entry)
+    return wl.engines[entry.engine.name].import_root if wl else "src"
+
+
+@dataclass(frozen=True)
+class Tip:
+    """The engine an entry is checked against instead of its recorded base (`store check --engine
+    --ref`), or why the entry is not checked against it (another engine's entry)."""
+    checkout: EngineCheckout | None
+    skipped: str = ""
+
+
+def engine_tip(entry: Entry, engine: str | None, ref: str | None, _cache: dict | None = None) -> Tip:
+    """--engine NAME|NAME=PATH|URL|PATH|URL and --ref REF, read as every workload command reads them
+    (bot/engine.resolve_source; a bare PATH or URL is the workload's default engine): the entry's
+    patch is applied to that repository at REF (default: the engine's ref in the workload, else
+    HEAD). An entry of another engine than the one named is skipped, with the reason."""
+    wl = _workload_of(entry)
+    engines = wl.engines if wl else {}
+    name, source = resolve_source(entry.engine.source, engine, engines)
+    named = entry.engine.name if engine is None else (name if name in engines else (wl.default_engine if wl else ""))
+    if named != entry.engine.name:
+        return Tip(None, f"an entry of engine {entry.engine.name}; --engine {engine} is "
+                         f"{named or 'an engine no workload of the entry defines'}")
+    spec = engines.get(entry.engine.name)
+    want = ref or (spec.ref if spec else None)
+    key = (source, want, import_root_for(entry))
+    cache = {} if _cache is None else _cache
+    if key not in cache:
+        cache[key] = checkout_engine(source, want, key[2], entry.engine.name)
+    return Tip(cache[key])
 
 
 def check_sources(entry: Entry) -> Check:
@@ -113,9 +148,9 @@ def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: st
 
 
 def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_dir: Path,
-                     preset: str | None = None, log=None) -> list[Check]:
+                     preset: str | None = None, log=None, base_sha: str | None = None) -> list[Check]:
     """THE call site of the full validator (bot.validate, DESIGN decision 6) for a replayed entry:
-    one verdict per workload the entry names, base = the entry's engine base sha. On CPU the verdict
+    one verdict per workload the entry names, base = the entry's engine base sha (or the tip). On CPU the verdict
     is correctness and engagement (speed needs a GPU, DESIGN decision 7); on CUDA also end-to-end
     speed, eager and CUDA graph, with the validator's gates (slower / no-change reject)."""
     from bot.target import Target
@@ -137,7 +172,7 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
         opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log,
                        kernel_store=entry.path.parent)
         try:
-            v = validate(target, commit_sha, entry.engine.base_sha, opts)
+            v = validate(target, commit_sha, base_sha or entry.engine.base_sha, opts)
         except OptbotError as e:
             out.append(Check(f"validate:{wl_name}", False, f"validation could not run: {e}"))
             continue
@@ -155,31 +190,42 @@ class Prepared:
     checkout: object = None  # bot.engine.EngineCheckout, when the engine materialized
     commit_sha: str = ""  # the replayed commit, when the patch applied
     engine_root: str = ""
+    base_sha: str = ""  # what the patch was applied to and is validated against: the entry's base, or the tip
 
 
-def prepare_entry(entry: Entry, device: str) -> Prepared:
+def prepare_entry(entry: Entry, device: str, tip: Tip | None = None) -> Prepared:
     """schema, sources, patch: sequential and cheap (git worktrees of one repository are not
-    created concurrently)."""
+    created concurrently). With a tip (engine_tip), the patch goes onto the tip and the validator's
+    base is the tip; a skipped tip is one check that did not run."""
     result = EntryCheck(entry.id, device, [Check("schema", True, f"{entry.path / 'entry.yaml'} parses")])
+    if tip is not None and tip.checkout is None:
+        result.checks.append(Check("engine", None, f"not checked: {tip.skipped}"))
+        return Prepared(result)
     result.checks.append(check_sources(entry))
     import_root = import_root_for(entry)
-    try:
-        checkout = checkout_engine(entry.engine.source, entry.engine.base_sha, import_root, entry.engine.name)
-    except OptbotError as e:
-        result.checks.append(Check("patch", False, f"engine {entry.engine.source} @ {entry.engine.base_sha[:12]}: {e}"))
-        return Prepared(result)
+    if tip is not None:
+        checkout = tip.checkout
+    else:
+        try:
+            checkout = checkout_engine(entry.engine.source, entry.engine.base_sha, import_root, entry.engine.name)
+        except OptbotError as e:
+            result.checks.append(Check("patch", False, f"engine {entry.engine.source} @ {entry.engine.base_sha[:12]}: {e}",
+                                       {"status": "error"}))
+            return Prepared(result)
+    base = checkout.base_sha
     rr = apply_entry(checkout, entry, name=f"check-{entry.id}")
     from bot.knowledge.known import patch_sha256
 
     result.checks.append(Check("patch", rr.status == "applied", rr.reason,
-                               {"worktree": rr.worktree, "conflicts": rr.conflicts,
-                                "patch_sha256": patch_sha256(entry)}))
+                               {"status": rr.status, "worktree": rr.worktree, "conflicts": rr.conflicts,
+                                "patch_sha256": patch_sha256(entry), "engine": checkout.name, "at": base,
+                                "tip": tip is not None}))
     if rr.status != "applied":
-        return Prepared(result, checkout)
+        return Prepared(result, checkout, base_sha=base)
     from bot.engine import add_worktree
 
-    add_worktree(checkout, f"base-{entry.engine.base_sha[:12]}", entry.engine.base_sha)  # the validator's base side
-    return Prepared(result, checkout, rr.candidate.commit_sha, str(Path(rr.worktree) / import_root))
+    add_worktree(checkout, f"base-{base[:12]}", base)  # the validator's base side
+    return Prepared(result, checkout, rr.candidate.commit_sha, str(Path(rr.worktree) / import_root), base)
 
 
 def finish_entry(entry: Entry, prep: Prepared, device: str, work_dir: Path, run_kernels: bool = True,
@@ -194,7 +240,8 @@ def finish_entry(entry: Entry, prep: Prepared, device: str, work_dir: Path, run_
         result.checks.extend(run_kernel_tests(entry, prep.engine_root, prep.commit_sha, device,
                                               work_dir / entry.id, params=kernel_params))
     if run_validation:
-        result.checks.extend(_full_validation(entry, prep.checkout, prep.commit_sha, device, work_dir, preset, log))
+        result.checks.extend(_full_validation(entry, prep.checkout, prep.commit_sha, device, work_dir, preset, log,
+                                              prep.base_sha))
     return result
 
 
@@ -203,3 +250,57 @@ def check_entry(entry: Entry, device: str, work_dir: Path, run_kernels: bool = T
                 log=None) -> EntryCheck:
     return finish_entry(entry, prepare_entry(entry, device), device, work_dir, run_kernels, kernel_params,
                         run_validation, preset, log)
+
+
+# ------------------------------------------------------------------------------------------------
+# recording a check into the entry (store check --record, store record-bench, store check --propose)
+
+
+def set_status(entry: Entry, status: str) -> None:
+    """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
+    import re
+
+    f = entry.path / "entry.yaml"
+    f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
+
+
+def record_validation(entry: Entry, result: dict, command: str, source: str | None = None,
+                      lessons_dir: Path | None = None, log=print) -> bool:
+    """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
+    its environment), on CPU under correctness.cpu_validation (correctness and engagement only).
+    `result` is EntryCheck.to_json() or the same read from a store-check JSON file."""
+    from bot.knowledge.known import patch_sha256
+    from bot.knowledge.records import ValidationRecord, WorkloadVerdict, now, save_bench
+
+    checks = result["checks"]
+    verdicts = {c["name"].split(":", 1)[1]: WorkloadVerdict.from_verdict(c["details"]) for c in checks
+                if c["name"].startswith("validate:") and (c.get("details") or {}).get("status")}
+    if not verdicts:
+        return False
+    # the patch the verdict was made on, so a later run reuses it only for the same patch
+    # (bot/knowledge/known.py); results from before store check recorded it get today's file's hash
+    checked = next((c["details"].get("patch_sha256") for c in checks if c["name"] == "patch"), None)
+    for v in verdicts.values():
+        v.patch_sha256 = checked or patch_sha256(entry)
+        if not checked:
+            v.patch_sha256_from = "record time (the check's JSON did not carry it)"
+    bench = entry.bench()
+    rec = ValidationRecord(command=command, recorded_at=now(), device=result["device"], source=source,
+                           workloads=verdicts)
+    if result["device"].startswith("cuda"):
+        bench.gpu_section().validation = rec
+        if all(v.status == "accepted" for v in verdicts.values()):
+            set_status(entry, "validated-gpu")
+        from bot.hardware import hardware_name
+        from bot.knowledge.learn import check_lesson
+
+        for wl, v in verdicts.items():  # a GPU rejection is a caveat lesson; an acceptance clears it
+            hw = hardware_name("cuda", (v.env or {}).get("device_name", ""))
+            lesson = check_lesson(entry, wl, hw, v, rec.command, lessons_dir)
+            if lesson:
+                log(f"lesson {lesson}")
+    else:
+        bench.correctness_section().cpu_validation = rec
+    bench.entry = bench.entry or entry.id  # learn's generated entries may not name it yet
+    save_bench(entry.path, bench)
+    return True

@@ -27,7 +27,11 @@ from bot.knowledge import OPPORTUNITY_KINDS
 from bot.knowledge.location import locate
 from bot.knowledge.records import Bench, bench_file, load_bench
 
-STATUSES = ("candidate", "validated-cpu", "validated-gpu", "rejected")
+# retired: the nightly `store check --propose` found that the entry no longer applies to the engine's
+# tip, or no longer wins there and has no config space to re-tune (docs/store.md); replay skips it
+# and says why (entry.yaml `retired:`).
+STATUSES = ("candidate", "validated-cpu", "validated-gpu", "rejected", "retired")
+UNUSABLE = ("rejected", "retired")  # statuses replay, the agent's knowledge and find_entries leave out
 PROVENANCE_KINDS = ("authored", "generated")
 DTYPES = ("float32", "bfloat16", "float16")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -66,6 +70,15 @@ class Production:
 
 
 @dataclass(frozen=True)
+class Retirement:
+    """Why an entry was retired (entry.yaml `retired:`, required with status: retired)."""
+    reason: str  # e.g. "patch does not apply at 1a2b3c4d5e6f: conflicts in src/.../transformer_flux2.py"
+    engine_sha: str = ""  # the engine commit it was checked against
+    date: str = ""
+    by: str = ""  # the command that retired it
+
+
+@dataclass(frozen=True)
 class Entry:
     id: str
     title: str
@@ -83,6 +96,7 @@ class Entry:
     description: str = ""
     path: Path = Path()
     production: tuple[Production, ...] = ()
+    retired: Retirement | None = None
 
     @property
     def patch_path(self) -> Path:
@@ -150,7 +164,7 @@ def parse_entry(data: Any, file: Path) -> Entry:
     if not isinstance(data, dict):
         raise ConfigError(file, "(top level)", type(data).__name__, "a mapping of entry fields")
     known = {"id", "title", "pattern", "engine", "workloads", "shapes", "hardware", "dtype", "status",
-             "provenance", "kernels", "config_space", "description", "production"}
+             "provenance", "kernels", "config_space", "description", "production", "retired"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"a known field ({', '.join(sorted(known))})")
@@ -191,15 +205,24 @@ def parse_entry(data: Any, file: Path) -> Entry:
     cs = data.get("config_space") or {}
     if not isinstance(cs, dict) or not all(isinstance(v, list) and v for v in cs.values()):
         raise ConfigError(file, "config_space", cs, "a mapping name -> non-empty list of values")
+    status = _choice(data, "status", file, STATUSES)
+    retired = None
+    if status == "retired" or data.get("retired") is not None:
+        r = _req(data, "retired", file, typ=dict, expected="a mapping {reason, engine_sha, date, by} (status: retired)")
+        retired = Retirement(_req(r, "reason", file, "retired."), str(r.get("engine_sha", "")),
+                             str(r.get("date", "")), str(r.get("by", "")))
+        if status != "retired":
+            raise ConfigError(file, "status", status, "retired (the entry has a `retired:` reason)")
     return Entry(
         production=_production(data.get("production"), file),
         id=eid, title=str(data.get("title", eid)), pattern=pattern, engine=engine,
         workloads=_str_list(data, "workloads", file), shapes=tuple(shapes),
         hardware=_str_list(data, "hardware", file), dtypes=_str_list(data, "dtype", file, choices=DTYPES),
-        status=_choice(data, "status", file, STATUSES), provenance=provenance,
+        status=status, provenance=provenance,
         adds_kernels=_str_list(kernels, "adds", file, "kernels.", required=False),
         removes_kernels=_str_list(kernels, "removes", file, "kernels.", required=False),
         config_space=cs, description=str(data.get("description", "")).strip(), path=file.parent,
+        retired=retired,
     )
 
 
@@ -260,9 +283,9 @@ def get_entry(entry_id: str, root: Path | None = None) -> Entry:
 def find_entries(kind: str | None, engine: str | None = None, hardware: str | None = None,
                  root: Path | None = None, include_rejected: bool = False) -> list[Entry]:
     """Retrieval by pattern, engine and hardware (the replay generator's and the agent's query);
-    None asks nothing about that condition."""
+    None asks nothing about that condition. Rejected and retired entries only when asked for."""
     return [e for e in load_store(root) if e.matches(kind, engine, hardware)
-            and (include_rejected or e.status != "rejected")]
+            and (include_rejected or e.status not in UNUSABLE)]
 
 
 def patch_added_files(patch_text: str) -> list[str]:
