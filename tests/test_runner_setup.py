@@ -129,7 +129,7 @@ def test_cleanup_kills_the_stray_deletes_the_job_and_keeps_the_caches(tmp_path):
     d = _tree(tmp_path)
     p = _cleanup_in_namespace(d)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "killing stray processes of 4242" in p.stdout and "STRAY-ALIVE" not in p.stdout
+    assert "killing stray processes of 4242" in p.stdout and "STRAY-ALIVE" not in p.stdout, p.stdout + p.stderr
     # the previous job's work, _temp and registration are gone; a fresh copy of the release is there
     assert not (d["runner"] / "_work").exists() and not (d["runner"] / ".runner").exists()
     assert (d["runner"] / "bin" / "Runner.Listener").read_text() == "release\n"

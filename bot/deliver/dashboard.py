@@ -312,7 +312,8 @@ def section_of_run(res, run_id: str, pull_request: PullRequestRef, store_entries
         if v is not None and c.entry_id and not v.reused_from:
             fresh[c.entry_id] = v  # measured now: newer than anything recorded
     mine = sorted((e for e in store_entries if w in e.workloads), key=lambda e: e.id)
-    retired = [EntryRow(e.id, f"status retired: {e.title}") for e in mine if e.status == "retired"]
+    retired = [EntryRow(e.id, f"retired: {e.retired.reason}" if e.retired else f"status retired: {e.title}")
+               for e in mine if e.status == "retired"]
     held = []
     for e in mine:
         if e.id in fresh:

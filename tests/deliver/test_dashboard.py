@@ -239,16 +239,15 @@ def test_the_store_check_unticks_what_it_revalidated(standin, forge_env, cli_run
 
 
 def test_retired_and_held_entries_are_listed(standin, forge_env, monkeypatch):
-    """`retired` is the status the nightly store check adds (another part of issue 15): the store's
-    parser accepts it here as it will then; held comes from a recorded verdict in bench.json."""
-    import bot.knowledge.store as store
-
+    """`retired` is the status the nightly store check gives (entry.yaml `retired:` says why); held
+    comes from a recorded verdict in bench.json."""
     env = forge_env
     know = _with_entry(env)
     shutil.copytree(know / "kernel_store" / ENTRY, know / "kernel_store" / "flux2-old")
     y = know / "kernel_store" / "flux2-old" / "entry.yaml"
-    y.write_text(y.read_text().replace(f"id: {ENTRY}", "id: flux2-old").replace("status: validated-cpu", "status: retired"))
-    monkeypatch.setattr(store, "STATUSES", (*store.STATUSES, "retired"))
+    y.write_text(y.read_text().replace(f"id: {ENTRY}", "id: flux2-old").replace("status: validated-cpu", "status: retired")
+                 + "retired:\n  reason: patch does not apply at 0123456789ab\n  engine_sha: 0123456789ab0123456789ab0123456789ab0123\n"
+                   "  date: '2026-12-01'\n  by: optbot store check --propose\n")
     bench = load_bench(know / "kernel_store" / ENTRY)
     bench.correctness_section().cpu_validation = ValidationRecord(
         command="optbot store check", recorded_at="2026-12-01T00:00:00Z", device="cpu",
@@ -256,7 +255,7 @@ def test_retired_and_held_entries_are_listed(standin, forge_env, monkeypatch):
     save_bench(know / "kernel_store" / ENTRY, bench)
     _run(env, "flux2")
     flux = _section(_ours(standin)[0]["body"], "flux2")
-    assert "**Retired entries:**\n- `flux2-old`: status retired:" in flux
+    assert "**Retired entries:**\n- `flux2-old`: retired: patch does not apply at 0123456789ab" in flux
     assert (f"**Held for review:**\n- `{ENTRY}`: cpu verdict held, recorded 2026-12-01T00:00:00Z by "
             f"'optbot store check': timings the clock contradicts") in flux
     assert "- [ ] re-validate flux2-old <!-- optbot-request: revalidate flux2-old -->" in flux
