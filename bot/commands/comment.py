@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import write_json
+from bot.commands.common import github_option, write_json
 from bot.errors import OptbotError
 
 FILE = click.Path(dir_okay=False, path_type=Path)
@@ -22,8 +22,7 @@ FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--run-failed", is_flag=True,
               help="Only react 😕 on the event's comment: the workflow's step after an optimize run that failed, "
                    "timed out or was cancelled, so the pull request is not left looking busy.")
-@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
-              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@github_option("github-api-url")
 @click.option("--json", "json_path", type=FILE, default=None, help="Also write the outcome as JSON here.")
 def command(event_path, request_path, github_output, run_failed, github_api_url, json_path):
     """Answer the `/optimize` comment of a GitHub issue_comment EVENT; never run anything.

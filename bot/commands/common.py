@@ -66,6 +66,29 @@ def knowledge_options(store: bool = False):
     return deco
 
 
+# The GitHub options every delivering command shares: one name, one environment variable each, so a
+# workflow sets them once in env: for all the commands of a job.
+_GITHUB = {  # option: (envvar, metavar, help when the command has nothing more specific to say)
+    "repo": ("OPTBOT_ENGINE_REPO", "OWNER/NAME", "The engine's GitHub repository."),
+    "knowledge-repo": ("OPTBOT_KNOWLEDGE_REPO", "OWNER/NAME",
+                       "The bot's GitHub repository, for the knowledge PR (kernel_store + lessons)."),
+    "engine-remote": ("OPTBOT_ENGINE_REMOTE", "URL|NAME",
+                      "Git remote the optimization branch is pushed to (default: the engine's origin)."),
+    "knowledge-remote": ("OPTBOT_KNOWLEDGE_REMOTE", "URL|NAME",
+                         "Git remote the knowledge branch is pushed to (default: the knowledge repository's origin)."),
+    "github-api-url": ("OPTBOT_GITHUB_API_URL", "URL", "GitHub API base URL; for GitHub Enterprise e.g. "
+                                                       "https://ghe.example.com/api/v3."),
+}
+
+
+def github_option(name: str, help: str | None = None, **kw):
+    """--repo, --knowledge-repo, --engine-remote, --knowledge-remote or --github-api-url, each with
+    its $OPTBOT_... variable (named in the help)."""
+    env, metavar, default_help = _GITHUB[name]
+    return click.option(f"--{name}", envvar=env, metavar=metavar, default=None, show_envvar=True,
+                        help=help or default_help, **kw)
+
+
 def command_line() -> str:
     return "optbot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 

@@ -8,15 +8,13 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import knowledge_options, write_json
+from bot.commands.common import github_option, knowledge_options, write_json
 from bot.deliver import dashboard as dash
 from bot.errors import OptbotError
 
-_repo_opt = click.option("--repo", metavar="OWNER/NAME", default=None,
-                         help="The engine's GitHub repository (needs $OPTBOT_GITHUB_TOKEN). Without it: the local "
+_repo_opt = github_option("repo", "The engine's GitHub repository (needs $OPTBOT_GITHUB_TOKEN). Without it: the local "
                               "dashboard, $OPTBOT_RUNS_DIR/dashboard.md.")
-_api_opt = click.option("--github-api-url", default=None, envvar="OPTBOT_GITHUB_API_URL",
-                        help="GitHub API base URL (GitHub Enterprise: https://HOST/api/v3).")
+_api_opt = github_option("github-api-url")
 
 
 def _forge(repo: str | None, api_url: str | None):

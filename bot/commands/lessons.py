@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import knowledge_options
+from bot.commands.common import github_option, knowledge_options
 from bot.knowledge import OPPORTUNITY_KINDS
 from bot.knowledge.lessons import get_lesson, load_lessons, search
 
@@ -68,14 +68,10 @@ def search_cmd(knowledge, query, pattern, engine, hardware, kind):
 
 @command.command("review")
 @_dir_opt
-@click.option("--repo", required=True, metavar="OWNER/NAME", help="The engine repository whose pull requests the bot opened.")
-@click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", default=None, metavar="OWNER/NAME",
-              help="GitHub repository of the knowledge, for its pull request (also $OPTBOT_KNOWLEDGE_REPO); "
-                   "without it the branch stays local.")
-@click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
-              help="Where to push the branch (also $OPTBOT_KNOWLEDGE_REMOTE). Default: the knowledge repository's origin.")
-@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
-              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@github_option("repo", "The engine repository whose pull requests the bot opened.", required=True)
+@github_option("knowledge-repo", "GitHub repository of the knowledge, for its pull request; without it the branch stays local.")
+@github_option("knowledge-remote")
+@github_option("github-api-url")
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
               help="Read at most this many of the repository's newest pull requests.")
 @click.option("--dry-run", is_flag=True, help="Read GitHub, commit the branch locally, push nothing, open no pull request.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import KNOWLEDGE_PATH_HELP, command_line, workload_options, write_json
+from bot.commands.common import KNOWLEDGE_PATH_HELP, command_line, github_option, workload_options, write_json
 from bot.errors import OptbotError
 
 BUDGET_TIME = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -62,17 +62,12 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="Validate every candidate on the GPU, even where the store holds a verdict recorded for the "
                    "same patch, base, workload, preset, dtype, hardware, torch and triton (default: reuse it; "
                    "skip known-rejected entries). The delivered stack is always validated fresh.")
-@click.option("--repo", envvar="OPTBOT_ENGINE_REPO", metavar="OWNER/NAME", default=None,
-              help="The engine's GitHub repository (where the engine PR opens and the trigger PR lives).")
-@click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
-              help="The bot's GitHub repository, for the knowledge PR (kernel_store + lessons).")
+@github_option("repo", "The engine\'s GitHub repository (where the engine PR opens and the trigger PR lives).")
+@github_option("knowledge-repo")
 @click.option("--knowledge-path", type=click.Path(file_okay=False), default=None, help=KNOWLEDGE_PATH_HELP)
-@click.option("--engine-remote", envvar="OPTBOT_ENGINE_REMOTE", default=None,
-              help="Git remote (URL or name) the optimization branch is pushed to (default: the engine's origin).")
-@click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
-              help="Git remote the knowledge branch is pushed to (default: the knowledge repository's origin).")
-@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
-              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@github_option("engine-remote")
+@github_option("knowledge-remote")
+@github_option("github-api-url")
 @click.option("--trigger-pr", type=int, default=None, help="PR number whose comment triggered this run (reply goes there).")
 @click.option("--trigger-comment", type=int, default=None, help="Id of the triggering comment (reactions go there).")
 @click.option("--request", "request_path", type=click.Path(dir_okay=False, path_type=Path), default=None,

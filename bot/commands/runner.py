@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import write_json
+from bot.commands.common import github_option, write_json
 from bot.errors import OptbotError
 
 FILE = click.Path(dir_okay=False, path_type=Path)
@@ -96,8 +96,7 @@ def labels(indices):
 @click.option("--token-file", type=FILE, default=TOKEN_FILE, show_default=True,
               help="The operator's GitHub token, in a file only root may read.")
 @click.option("--remove", is_flag=True, help="A remove token (config.sh remove) instead of a registration token.")
-@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
-              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@github_option("github-api-url")
 def token(url, token_file, remove, github_api_url):
     """Print a one-hour runner registration token for URL on stdout (nothing else there), asked of
     GitHub's API with the operator's token from --token-file; its expiry goes to stderr.

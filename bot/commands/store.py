@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import command_line, knowledge_options, write_json
+from bot.commands.common import command_line, github_option, knowledge_options, write_json
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
@@ -101,14 +101,10 @@ def show_cmd(knowledge, entry_id):
                    "retired), changed environments re-recorded. Without a GitHub token (or with --dry-run): a "
                    "local branch and the PR text in the run directory.")
 @click.option("--dry-run", is_flag=True, help="With --propose: no push, no pull request (local branch + text).")
-@click.option("--repo", envvar="OPTBOT_ENGINE_REPO", metavar="OWNER/NAME", default=None,
-              help="With --propose: the engine's GitHub repository (default: the knowledge repository).")
-@click.option("--knowledge-repo", envvar="OPTBOT_KNOWLEDGE_REPO", metavar="OWNER/NAME", default=None,
-              help="With --propose: the GitHub repository of the knowledge (where the pull request opens).")
-@click.option("--knowledge-remote", envvar="OPTBOT_KNOWLEDGE_REMOTE", default=None,
-              help="Git remote the proposal's branch is pushed to (default: the knowledge repository's origin).")
-@click.option("--github-api-url", envvar="OPTBOT_GITHUB_API_URL", default=None,
-              help="GitHub API base URL; for GitHub Enterprise e.g. https://ghe.example.com/api/v3.")
+@github_option("repo", "With --propose: the engine's GitHub repository (default: the knowledge repository).")
+@github_option("knowledge-repo", "With --propose: the GitHub repository of the knowledge (where the pull request opens).")
+@github_option("knowledge-remote", "Git remote the proposal's branch is pushed to (default: the knowledge repository's origin).")
+@github_option("github-api-url")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernels, no_validate, record, propose,
               dry_run, repo, knowledge_repo, knowledge_remote, github_api_url, json_path):
