@@ -346,8 +346,8 @@ def _check_layout(d: Path, r: ShardResult) -> None:
     extra = sorted(str(e) for e in entries if e not in want)
     links = sorted(str(e) for e in entries if e.is_symlink())
     if links or extra:
-        raise OptbotError(f"{d / SHARD}: the shard directory holds {'links' if links else 'files'} it does not name: "
-                          f"{', '.join((links or extra)[:5])}")
+        what = "links (refused: a result is regular files)" if links else "files shard.json does not name"
+        raise OptbotError(f"{d / SHARD}: the shard directory holds {what}: {', '.join((links or extra)[:5])}")
 
 
 def _verdict(f: Path, c: Planned, p: ShardPlan) -> Verdict:
