@@ -3,7 +3,9 @@
     /optimize <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] [--engine NAME]
 
 `--gpus N` is one host's local pool; `--shards N` (2 and more) fans the validation out over N GPU
-runners of the workflow's matrix (docs/optimize.md, Fan-out). A first line that does not start with the ASCII characters `/optimize` is no command (ignored);
+runners of the workflow's matrix (docs/optimize.md, Fan-out).
+
+A first line that does not start with the ASCII characters `/optimize` is no command (ignored);
 one that does but is not exactly this grammar gets the help text. The comment stays data: the
 line is split on ASCII spaces and tabs only, every word must match a narrow ASCII pattern, and
 names must be in optbot's own lists (its workloads, their engines), so look-alike characters,

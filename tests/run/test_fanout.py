@@ -249,3 +249,16 @@ def test_bad_shard_specs_are_clear_errors():
     for bad in ("0/2", "3/2", "1", "1/0", "a/b", "1/2/3", " /2"):
         with pytest.raises(OptbotError, match="--shard"):
             parse_shard(bad)
+
+
+def test_strict_parsing_takes_each_scalar_as_its_type_only():
+    """What merge reads from a shard is parsed strictly; the run directory's own files as before."""
+    from bot.jsonable import from_json
+    from bot.run.fanout import ShardResult
+
+    good = {"plan_id": "a" * 32, "run_id": "r", "shard": 1, "shards": 2, "candidates": ["c1"], "seconds": 3}
+    assert from_json(ShardResult, good, strict=True).seconds == 3.0
+    for key, bad in (("shard", True), ("shard", "1"), ("seconds", "fast"), ("candidates", [1]), ("env", [])):
+        with pytest.raises(TypeError, match=key):
+            from_json(ShardResult, {**good, key: bad}, strict=True)
+    assert from_json(ShardResult, {**good, "shard": "1"}).shard == "1"  # not strict: unchanged behaviour
