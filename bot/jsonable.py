@@ -34,14 +34,16 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def from_json(tp: Any, data: Any) -> Any:
-    """``data`` (as ``to_json`` wrote it) as an instance of type ``tp``."""
+def from_json(tp: Any, data: Any, strict: bool = False) -> Any:
+    """``data`` (as ``to_json`` wrote it) as an instance of type ``tp``. ``strict``: also every scalar
+    must be of its hinted type (str, int, float, bool), for input another machine wrote (a fan-out
+    shard's results, bot/run/fanout.py); the run directory's own files are read without it."""
     if data is None or tp is Any:
         return data
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return from_json(args[0], data) if len(args) == 1 else data
+        return from_json(args[0], data, strict) if len(args) == 1 else data
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
@@ -53,7 +55,7 @@ def from_json(tp: Any, data: Any) -> Any:
         out = {}
         for k, v in data.items():
             try:
-                out[k] = from_json(hints[k], v)
+                out[k] = from_json(hints[k], v, strict)
             except TypeError as e:  # say where: "steps: expected an object, got list"
                 raise TypeError(f"{k}: {e}") from None
         return tp(**out)
@@ -61,17 +63,23 @@ def from_json(tp: Any, data: Any) -> Any:
         if not isinstance(data, list):
             raise TypeError(f"expected a list, got {type(data).__name__}")
         args = typing.get_args(tp)
-        items = [from_json(args[0] if args else Any, v) for v in data]
+        items = [from_json(args[0] if args else Any, v, strict) for v in data]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(data, dict):
             raise TypeError(f"expected an object, got {type(data).__name__}")
         _, val = typing.get_args(tp) or (str, Any)
-        return {k: from_json(val, v) for k, v in data.items()}
+        return {k: from_json(val, v, strict) for k, v in data.items()}
     if tp is Path:
+        if strict and not isinstance(data, str):
+            raise TypeError(f"expected a path, got {type(data).__name__}")
         return Path(data)
-    if tp is float and isinstance(data, int):
+    if tp is float and isinstance(data, int) and not (strict and isinstance(data, bool)):
         return float(data)
+    if strict and tp in (str, int, float, bool) and (not isinstance(data, tp) or (tp is int and isinstance(data, bool))):
+        raise TypeError(f"expected {tp.__name__}, got {type(data).__name__}")
+    if strict and tp in (dict, list) and not isinstance(data, tp):
+        raise TypeError(f"expected {'an object' if tp is dict else 'a list'}, got {type(data).__name__}")
     return data
 
 

@@ -17,8 +17,9 @@ FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--request", "request_path", type=FILE, default=None,
               help="Write the accepted run's request here (JSON), for `optbot optimize --request`.")
 @click.option("--github-output", "github_output", type=FILE, default=None,
-              help="Append status=, and for an accepted run workload=, sha= and request= (the request as one "
-                   "line of JSON), to this file (in GitHub Actions: $GITHUB_OUTPUT).")
+              help="Append status=, and for an accepted run workload=, sha=, request= (the request as one "
+                   "line of JSON) and shards= (a checked number: 1 runs on one host, more fan out), to this file "
+                   "(in GitHub Actions: $GITHUB_OUTPUT).")
 @click.option("--run-failed", is_flag=True,
               help="Only react 😕 on the event's comment: the workflow's step after an optimize run that failed, "
                    "timed out or was cancelled, so the pull request is not left looking busy.")
@@ -29,7 +30,7 @@ def command(event_path, request_path, github_output, run_failed, github_api_url,
 
     \b
     The comment's first line must be exactly
-      /optimize <workload> [--preset tiny|full] [--gpus N] [--budget 30m|2h|1h30m] [--engine NAME]
+      /optimize <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] [--engine NAME]
     with a workload of optbot's and an engine that workload defines. In order:
       - ignored, nothing posted, exit 0: actions other than `created` (edits, deletions), comments
         by bot accounts, comments whose first line does not start with /optimize;
@@ -77,7 +78,8 @@ def command(event_path, request_path, github_output, run_failed, github_api_url,
         lines = [f"status={outcome.status}"]
         if outcome.request is not None:
             r = outcome.request
-            lines += [f"workload={r.command.workload}", f"sha={r.head_sha}", f"request={r.line()}"]
+            lines += [f"workload={r.command.workload}", f"sha={r.head_sha}", f"request={r.line()}",
+                      f"shards={r.command.shards}"]
         with open(github_output, "a") as f:  # appended: Actions collects every step's outputs in one file
             f.write("".join(line + "\n" for line in lines))
     write_json(json_path, to_json(outcome), quiet=True)

@@ -52,6 +52,11 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
                    "candidate's validation, the stack's validation or its ablation; work in flight finishes. "
                    "What was reached is kept; continue with --resume RUN_ID (also allowed with --resume). "
                    "Exit status 75 when it paused. For runners with a job time limit.")
+@click.option("--stop-after", "stop_after", metavar="STEP", default=None,
+              type=click.Choice(["checkout", "baseline", "profile", "analyze", "generate", "validate", "combine",
+                                 "learn"]),
+              help="Stop (paused, exit 75) once STEP is recorded; --resume RUN_ID goes on. A fan-out plan stops "
+                   "after generate (`optbot shard --help`).")
 @click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
 @click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
@@ -74,7 +79,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="A request `optbot comment` wrote for an accepted /optimize comment: it decides the ref (the pull "
                    "request's head SHA at comment time), preset, GPUs, budget, --repo and the trigger; --engine "
                    "then names the PATH where that engine's repository is checked out.")
-def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, pause_after, dry_run, iters,
+def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, pause_after, stop_after, dry_run,
+            iters,
             generators,
             ablation_rounds, revalidate, repo,
             knowledge_repo, knowledge_path, engine_remote, knowledge_remote, github_api_url, trigger_pr,
@@ -110,6 +116,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
       GITHUB_TOKEN=... optbot optimize flux2 --repo team/sglang --knowledge-repo team/optbot \\
           --trigger-pr 42 --trigger-comment 1234567
       optbot optimize flux2 --request request.json --engine ./engine   # a run `optbot comment` accepted
+      optbot optimize flux2 --stop-after generate          # exit 75; then `optbot shard plan RUN_ID ...`
     """
     from bot.knowledge.location import Knowledge, locate
     from bot.run.orchestrator import run_optimize
@@ -139,7 +146,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
             raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
         recorded = saved.options.knowledge_path
         (Knowledge.at(recorded, f"recorded by run {resume}") if recorded else locate()).say()
-        state = run_optimize(resume=resume, pause_after_s=pause_s)
+        state = run_optimize(resume=resume, pause_after_s=pause_s, stop_after=stop_after)
     else:
         # decided once, and recorded as the run's knowledge path: a resumed run reads and writes the
         # same knowledge wherever it is resumed from
@@ -150,7 +157,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
                        github_api_url=github_api_url, iters=iters, command=command_line(),
                        generators=gens, revalidate=revalidate, ablation_rounds=ablation_rounds)
-        state = run_optimize(opts, pause_after_s=pause_s)
+        state = run_optimize(opts, pause_after_s=pause_s, stop_after=stop_after)
     if json_path is not None:
         from bot.jsonable import to_json
         from bot.run.state import STEPS

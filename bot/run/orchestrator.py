@@ -35,10 +35,13 @@ def default_steps() -> dict[str, Callable[[RunContext], Any]]:
 
 def run_optimize(options: RunOptions | None = None, resume: str | None = None, steps: StepFns | None = None,
                  console: Console | None = None, pause_after_s: float | None = None,
-                 validate: Callable | None = None, ablate: Callable | None = None) -> RunState:
+                 validate: Callable | None = None, ablate: Callable | None = None,
+                 stop_after: str | None = None) -> RunState:
     """One attempt of a run (a new one, or `resume` = RUN_ID continued). With `pause_after_s` the
     attempt stops at the first safe point after that many seconds (state.paused; --resume goes on):
-    a runner with a job time limit splits a long run into attempts without losing work.
+    a runner with a job time limit splits a long run into attempts without losing work. With
+    `stop_after` = a step, the attempt pauses the same way once that step is recorded (a fan-out
+    plan stops after generate, bot/run/fanout.py).
     `steps`, `validate` and `ablate` replace the real ones (tests of the orchestration only)."""
     started = time.time()
     console = console or Console(stderr=True)
@@ -76,6 +79,8 @@ def run_optimize(options: RunOptions | None = None, resume: str | None = None, s
     _react(ctx, "eyes", console)
     for i, step in enumerate(STEPS, 1):
         if state.is_done(step):
+            if step == stop_after:  # recorded by an earlier attempt: this one stops before going further
+                return _stopped(state, step, console)
             continue
         ctx.steps_done = list(state.steps.values())
         t0 = time.monotonic()
@@ -112,10 +117,21 @@ def run_optimize(options: RunOptions | None = None, resume: str | None = None, s
         console.print(f"[{i}/{len(STEPS)}] {step}: {status} in {secs:.1f} s"
                       + (f" ({gpu_s:.1f} GPU-s)" if gpu_s else "") + f" — {summary}")
         maybe_abort(step)
+        if step == stop_after:
+            return _stopped(state, step, console)
     state.finished = True
     state.save()
     _react(ctx, "rocket", console)
     print_summary(state, console)
+    return state
+
+
+def _stopped(state: RunState, step: str, console: Console) -> RunState:
+    """--stop-after: paused, as --pause-after pauses, right after `step`."""
+    state.paused = True
+    state.save()
+    console.print(f"stopped after {step} (--stop-after); what was reached is kept. Continue with: "
+                  f"optbot optimize {state.workload} --resume {state.run_id}")
     return state
 
 

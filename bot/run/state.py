@@ -76,22 +76,27 @@ class RunState:
     # ---------------------------------------------------------------- persistence
     @property
     def run_dir(self) -> Path:
-        return runs_dir() / self.run_id
+        # a copy of a run directory outside runs_dir() (a fan-out shard's, bot/run/fanout.py) is
+        # read in place: load(run_id, at=DIR)
+        return self.__dict__.get("_at") or runs_dir() / self.run_id
 
     def save(self) -> None:
         write_json_atomic(self.run_dir / "state.json", self)
 
     @classmethod
-    def load(cls, run_id: str) -> "RunState":
-        path = runs_dir() / run_id / "state.json"
+    def load(cls, run_id: str, at: Path | None = None) -> "RunState":
+        path = (at or runs_dir() / run_id) / "state.json"
         if not path.is_file():
             known = sorted(p.name for p in runs_dir().glob("*-optimize-*")) if runs_dir().is_dir() else []
             hint = f"; known optimize runs: {', '.join(known[-5:])}" if known else ""
             raise OptbotError(f"--resume {run_id}: no run state at {path}{hint}")
         try:
-            return from_json(cls, json.loads(path.read_text()))
+            state = from_json(cls, json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise OptbotError(f"{path}: not a run state written by this optbot ({e})") from None
+        if at is not None:
+            state.__dict__["_at"] = at
+        return state
 
     # ---------------------------------------------------------------- steps
     def is_done(self, step: str) -> bool:
@@ -134,7 +139,7 @@ class RunState:
         rec = self.steps.get(step)
         if rec is None or not rec.result_file or not self.is_done(step):
             return None
-        path = Path(rec.result_file)
+        path = self.run_dir / f"{step}.json"  # where record() wrote it, wherever the directory is now
         if not path.is_file():
             raise OptbotError(f"{path}: the {step} step's result is missing (state.json records the step as "
                               f"{rec.status}); the run directory is incomplete")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bot.generate.candidate import Candidate
 from bot.knowledge.known import KnownVerdict
@@ -35,6 +36,15 @@ def run(ctx: RunContext) -> Result:
     cands = gen.candidates if gen else []
     if not cands:
         return Result("skipped", "no candidates to validate")
+    verdicts = validate_candidates(ctx, cands)
+    n_ok = sum(v.accepted for v in verdicts.values())
+    return Result("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+
+
+def validate_candidates(ctx: RunContext, cands: list[Candidate]) -> dict[str, Verdict]:
+    """Candidate id -> its verdict, each measured one checkpointed as soon as it is reached. The
+    step runs it over all the run's candidates; a fan-out shard over its own (bot/run/fanout.py)."""
+    gen = ctx.results.generate
     t = ctx.target
     gpus = max(1, ctx.options.gpus)
     devices = [f"cuda:{i}" for i in range(gpus)] if ctx.on_cuda and gpus > 1 else [t.device]
@@ -44,7 +54,7 @@ def run(ctx: RunContext) -> Result:
         if known is not None and known.status == "accepted":
             return reused_verdict(ctx, c, known)
         done = load_checkpoint(ctx.run_dir, c.id, c.commit_sha)
-        if done is not None:  # a resumed run: this candidate's verdict was reached before the stop
+        if done is not None:  # a resumed run (or merged shards): this candidate's verdict was reached before
             return done
         if ctx.budget.exhausted():
             return dataclasses.replace(_blank(ctx, c), summary="wall-time budget spent before this candidate was "
@@ -54,9 +64,7 @@ def run(ctx: RunContext) -> Result:
         save_checkpoint(ctx.run_dir, c.id, c.commit_sha, v)
         return v
 
-    verdicts = dict(zip((c.id for c in cands), map_on_lanes(one, cands, devices)))
-    n_ok = sum(v.accepted for v in verdicts.values())
-    return Result("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+    return dict(zip((c.id for c in cands), map_on_lanes(one, cands, devices)))
 
 
 def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
@@ -73,7 +81,7 @@ def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
         # candidate of the run: one set of fresh seeds per run, one base process. The candidate's
         # timeout is explicit: the adaptive one (5x the cached base job) is too short for a stack
         # whose Triton kernels all run in the interpreter.
-        seeds, weight_seed = run_seeds(ctx)
+        seeds, weight_seed = run_seeds(ctx.run_dir)
         kw = dict(speed=False, seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache",
                   timeout_s=900)
     # an Optbot-Entry's kernel tests come from the run's knowledge (bot/knowledge/location.py)
@@ -82,12 +90,13 @@ def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
     return ctx.validate(t, ref, t.checkout.base_sha, opts)
 
 
-def run_seeds(ctx: RunContext) -> tuple[list[int], int]:
+def run_seeds(run_dir: Path) -> tuple[list[int], int]:
     """Fresh random seeds, drawn once per run and kept in the run directory (a resumed run reuses
-    them, so its cached base outputs stay valid)."""
+    them, so its cached base outputs stay valid; a fan-out plan draws them, so that every shard
+    and the stack use the same)."""
     from bot.validate import fresh_seeds
 
-    f = ctx.run_dir / "validate" / "seeds.json"
+    f = run_dir / "validate" / "seeds.json"
     if f.is_file():
         d = json.loads(f.read_text())
         return d["seeds"], d["weight_seed"]

@@ -1,6 +1,9 @@
 """The one grammar of `/optimize` comments, read from the comment's first line only:
 
-    /optimize <workload> [--preset tiny|full] [--gpus N] [--budget 30m|2h|1h30m] [--engine NAME]
+    /optimize <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] [--engine NAME]
+
+`--gpus N` is one host's local pool; `--shards N` (2 and more) fans the validation out over N GPU
+runners of the workflow's matrix (docs/optimize.md, Fan-out).
 
 A first line that does not start with the ASCII characters `/optimize` is no command (ignored);
 one that does but is not exactly this grammar gets the help text. The comment stays data: the
@@ -19,8 +22,9 @@ from bot.workload import PRESETS, available_workloads, load_workload
 COMMAND = "/optimize"
 MAX_LINE = 200  # characters of the first line; the grammar's longest line is far shorter
 MAX_GPUS = 8  # one host's GPUs
+MAX_SHARDS = 8  # runners of one fan-out (.github/workflows/optimize.yml's matrix); 1 = one host
 MAX_BUDGET_S = 5 * 3600  # under the workflow's job time limit (bot/trigger/dispatch.RUN_WINDOW_S)
-OPTIONS = ("--preset", "--gpus", "--budget", "--engine")
+OPTIONS = ("--preset", "--gpus", "--shards", "--budget", "--engine")
 # [0-9], not \d: \d and int() also take other scripts' digits ("٣")
 WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GPUS = re.compile(r"[1-9][0-9]?")
@@ -36,6 +40,7 @@ class OptimizeCommand:
     gpus: int = 1
     budget_s: float | None = None
     engine: str | None = None  # a name the workload defines, never a path or URL
+    shards: int = 1  # GPU runners the validation fans out over; 1: the whole run on one host
 
 
 @dataclass(frozen=True)
@@ -83,12 +88,15 @@ def parse(body: str) -> Parsed:
     gpus = given.get("--gpus", "1")
     if not GPUS.fullmatch(gpus):
         return Parsed(None, f"--gpus takes a whole number from 1 to {MAX_GPUS}")
+    shards = given.get("--shards", "1")
+    if not GPUS.fullmatch(shards):
+        return Parsed(None, f"--shards takes a whole number from 1 to {MAX_SHARDS}")
     budget_s = None
     if "--budget" in given:
         budget_s = parse_budget(given["--budget"])
         if budget_s is None:
             return Parsed(None, "--budget takes a wall time like 30m, 2h or 1h30m")
-    cmd = OptimizeCommand(words[1], given.get("--preset"), int(gpus), budget_s, given.get("--engine"))
+    cmd = OptimizeCommand(words[1], given.get("--preset"), int(gpus), budget_s, given.get("--engine"), int(shards))
     problem = check(cmd)
     return Parsed(None if problem else cmd, problem)
 
@@ -113,6 +121,8 @@ def check(cmd: OptimizeCommand) -> str:
         return f"--preset takes one of {', '.join(sorted(wl.presets))}"
     if not (type(cmd.gpus) is int and 1 <= cmd.gpus <= MAX_GPUS):
         return f"--gpus takes a whole number from 1 to {MAX_GPUS}"
+    if not (type(cmd.shards) is int and 1 <= cmd.shards <= MAX_SHARDS):
+        return f"--shards takes a whole number from 1 to {MAX_SHARDS}"
     if cmd.budget_s is not None and not (type(cmd.budget_s) in (int, float) and 0 < cmd.budget_s <= MAX_BUDGET_S):
         return f"--budget is more than 0 and at most {MAX_BUDGET_S // 3600}h"
     if cmd.engine is not None and not (isinstance(cmd.engine, str) and cmd.engine in wl.engines):
@@ -124,14 +134,16 @@ def help_text(problem: str) -> str:
     """The reply to an `/optimize` comment optbot did not understand (markdown)."""
     lines = [f"**optbot** did not start a run: {problem}.", "",
              "On the first line of a comment on a pull request:", "",
-             "```", f"{COMMAND} <workload> [--preset tiny|full] [--gpus N] [--budget 30m|2h|1h30m] [--engine NAME]",
+             "```", f"{COMMAND} <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] "
+                    "[--engine NAME]",
              "```", ""]
     for name in available_workloads():
         wl = load_workload(name)
         lines.append(f"- `{name}`: engines {', '.join(f'`{e}`' for e in sorted(wl.engines))} "
                      f"(default `{wl.default_engine}`)")
     lines += [f"- `--preset`: `tiny` or `full` (default: `full` on a GPU runner); `--gpus`: 1 to {MAX_GPUS} "
-              f"(default 1); `--budget`: wall time, at most {MAX_BUDGET_S // 3600}h", "",
+              f"GPUs of one runner (default 1); `--shards`: 1 to {MAX_SHARDS} GPU runners the validation is "
+              f"spread over (default 1); `--budget`: wall time, at most {MAX_BUDGET_S // 3600}h", "",
               "The run measures the pull request's head commit as it was when the comment was made. "
               "People with write, maintain or admin permission on the repository can start runs."]
     return "\n".join(lines)

@@ -88,9 +88,29 @@ def test_an_accepted_comment_records_the_head_sha_from_the_api(pr, standin, tmp_
     lines = out.read_text().splitlines()
     assert lines[:3] == ["status=dispatched", "workload=flux2", f"sha={pr['sha']}"]
     assert lines[3].startswith("request=") and json.loads(lines[3][len("request="):])["head_sha"] == pr["sha"]
+    assert lines[4:] == ["shards=1"]  # one host: the workflow's optimize job, --gpus 2 its local pool
     # a push after the comment changes nothing of what was recorded
     standin.set_head_sha(REPO, 1, "f" * 40)
     assert load_request(d["request_file"]).head_sha == pr["sha"]
+
+
+def test_shards_fan_the_validation_out_over_runners(pr, standin, tmp_path):
+    """`--shards N` reaches the workflow as the checked number only (its matrix comes from the plan)."""
+    out = tmp_path / "gh-output"
+    ev, _ = comment(standin, tmp_path, "/optimize flux2 --gpus 2 --shards 3")
+    d = answer(ev, tmp_path, "--github-output", str(out))
+    req = load_request(d["request_file"])
+    assert (req.command.gpus, req.command.shards) == (2, 3)
+    assert out.read_text().splitlines()[-1] == "shards=3"
+
+
+@pytest.mark.parametrize("line, shards", [("/optimize flux2", 1), ("/optimize flux2 --shards 1", 1),
+                                          ("/optimize flux2 --shards 8 --gpus 8", 8),
+                                          ("/optimize qwen-image --budget 2h --shards 2", 2)])
+def test_the_grammar_takes_a_shard_count(line, shards):
+    from bot.trigger.grammar import parse
+
+    assert parse(line).command.shards == shards
 
 
 @pytest.mark.parametrize("role", ["admin", "maintain", "write"])
@@ -185,10 +205,13 @@ HOSTILE = [
     "/optimize flux2 --budget 99h", "/optimize flux2 --budget 0m", "/optimize flux2 --budget $5",
     "/optimize flux2 --gpus", "/optimize flux2 --resume x", "/optimize flux2 please",
     "/optimize qwen-image --engine nosuch",
+    "/optimize flux2 --shards 0", "/optimize flux2 --shards 9", "/optimize flux2 --shards 2 --shards 3",
+    "/optimize flux2 --shards", "/optimize flux2 --shards two", "/optimize flux2 --shards 02",
+    "/optimize flux2 --shards ٢", "/optimize flux2 --shards=2",
 ]
 
 
-ECHO = ("touch", "$(", "`id`", "nproc", "evil", "passwd", "\u00a0", "\u2028", "\x1b", "\x00", "\u0663", "aaaa",
+ECHO = ("two", "٢", "touch", "$(", "`id`", "nproc", "evil", "passwd", "\u00a0", "\u2028", "\x1b", "\x00", "\u0663", "aaaa",
         "nosuch", "please", "huge", "resume", "1_0", "0x2", "fl\u0445x2")
 
 
@@ -308,6 +331,8 @@ def test_a_failed_run_gets_confused(pr, standin, tmp_path):
     (lambda r: r.update(head_sha="HEAD"), "head_sha"),
     (lambda r: r["command"].update(workload="../x"), "unknown workload"),
     (lambda r: r["command"].update(gpus="8; rm -rf /"), "--gpus"),
+    (lambda r: r["command"].update(shards=64), "--shards"),
+    (lambda r: r["command"].update(shards=True), "--shards"),
     (lambda r: r["command"].update(engine="https://evil.example/e.git"), "--engine"),
     (lambda r: r["command"].update(budget_s=10 ** 9), "--budget"),
     (lambda r: r.update(version=2), "version"),
