@@ -229,7 +229,7 @@ def test_every_action_is_pinned_by_commit_sha():
 
 SCHEDULED = ROOT / ".github" / "workflows" / "scheduled.yml"
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-GPU_JOBS = ("store-check", "optimize")
+SCHEDULED_GPU_JOBS = ("store-check", "optimize")
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +273,11 @@ def test_scheduled_triggers_a_nightly_and_a_weekly_cron_and_dispatch(sched):
     jobs = sched["jobs"]
     assert f"github.event.schedule == '{nightly}'" in jobs["store-check"]["if"]
     assert weekly not in jobs["store-check"]["if"]
-    assert f"github.event.schedule == '{weekly}'" in jobs["workloads"]["if"] and nightly not in jobs["workloads"]["if"]
+    steps = {s.get("id"): s for s in jobs["requests"]["steps"]}
+    assert f"github.event.schedule == '{weekly}'" in steps["list"]["if"] and nightly not in steps["list"]["if"]
+    assert f"github.event.schedule == '{nightly}'" in steps["dashboard"]["if"] and weekly not in steps["dashboard"]["if"]
     assert on["workflow_dispatch"]["inputs"]["job"]["options"] == ["store-check", "optimize"]
-    for name in ("store-check", "workloads"):  # a dispatch measures the default branch only
+    for name in ("store-check", "requests"):  # a dispatch measures the default branch only
         assert "github.event.repository.default_branch" in jobs[name]["if"], name
 
 
@@ -307,24 +309,34 @@ def test_scheduled_pins_permissions_secrets_and_checkouts(sched):
             assert "secrets." not in str(s.get("with", {})), (name, s.get("name"))
             if "secrets." in str(s.get("env", {})):
                 holders.append((name, s["run"]))
-    assert [n for n, _ in holders] == ["store-check", "optimize"]
-    assert "-m bot store check" in holders[0][1] and "-m bot optimize" in holders[1][1]
+    # the dashboard's read-back; the store check, its unticking, lessons from review; the optimize run
+    assert [n for n, _ in holders] == ["requests", "store-check", "store-check", "store-check", "optimize"]
+    commands = ["-m bot dashboard requests", "-m bot store check", '-m bot dashboard "done"', "-m bot lessons review",
+                "-m bot optimize"]
+    assert all(c in run for c, (_, run) in zip(commands, holders)), holders
 
 
 def test_scheduled_gpu_jobs_runners_and_concurrency(sched):
     jobs = sched["jobs"]
-    for name in GPU_JOBS:
+    for name in SCHEDULED_GPU_JOBS:
         job = jobs[name]
         assert job["runs-on"] == ["self-hosted", "gpu"], name
         assert job["concurrency"]["cancel-in-progress"] is False and "github.repository" in job["concurrency"]["group"]
-    assert jobs["workloads"]["runs-on"] == "ubuntu-latest"
+    assert jobs["requests"]["runs-on"] == "ubuntu-latest"
     assert "matrix.workload" in jobs["optimize"]["concurrency"]["group"]
     assert jobs["optimize"]["timeout-minutes"] * 60 <= RUN_WINDOW_S
-    assert jobs["optimize"]["needs"] == "workloads"
-    assert jobs["optimize"]["strategy"]["matrix"]["workload"] == "${{ fromJSON(needs.workloads.outputs.workloads) }}"
-    assert jobs["workloads"]["outputs"]["workloads"] == "${{ steps.list.outputs.workloads }}"
-    listing = next(s for s in jobs["workloads"]["steps"] if s.get("id") == "list")
+    assert jobs["optimize"]["needs"] == "requests" and jobs["store-check"]["needs"] == "requests"
+    assert "!cancelled()" in jobs["store-check"]["if"]  # a failed dashboard read does not skip the check
+    assert "'[]'" in jobs["optimize"]["if"]  # no ticked re-run: no empty matrix
+    assert jobs["optimize"]["strategy"]["matrix"]["workload"] == "${{ fromJSON(needs.requests.outputs.workloads) }}"
+    assert jobs["requests"]["outputs"]["workloads"] == \
+        "${{ steps.list.outputs.workloads || steps.dashboard.outputs.rerun }}"
+    listing = next(s for s in jobs["requests"]["steps"] if s.get("id") == "list")
     assert '-m bot workloads --github-output "$GITHUB_OUTPUT"' in listing["run"]
+    board = next(s for s in jobs["requests"]["steps"] if s.get("id") == "dashboard")
+    assert '-m bot dashboard requests --github-output "$GITHUB_OUTPUT"' in board["run"]
+    untick = next(s for s in jobs["store-check"]["steps"] if "dashboard" in s.get("run", ""))
+    assert untick["env"]["REVALIDATED"] == "${{ needs.requests.outputs.revalidate_ids }}"
     check = next(s["run"] for s in jobs["store-check"]["steps"] if "store check" in s.get("run", ""))
     assert "--propose" in check and "--device cuda" in check and '--engine "$engine"' in check
 
@@ -360,9 +372,34 @@ def test_the_scripts_name_the_engine_checkout(sched, tmp_path, engine_var, expec
     ws = str(tmp_path / "ws")
     env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "GITHUB_WORKSPACE": ws,
            "OPTBOT_ENGINE": engine_var, "WORKLOAD": "flux2"}
-    for job in GPU_JOBS:
+    for job in SCHEDULED_GPU_JOBS:
         run = next(s["run"] for s in sched["jobs"][job]["steps"] if "-m bot" in s.get("run", ""))
         p = subprocess.run(["bash", "-euo", "pipefail", "-c", run], env=env, capture_output=True, text=True, timeout=30)
         assert p.returncode == 0, p.stderr
         argv = json.loads(p.stdout)
         assert argv[argv.index("--engine") + 1] == expected.format(ws=ws), (job, argv)
+
+
+def test_the_untick_script_passes_each_id_as_one_argument(sched, tmp_path):
+    """The re-validate ids reach `optbot dashboard done` as arguments, one --revalidated each; even
+    a value that is not what `dashboard requests` writes (it writes checked store ids) stays words."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    shim.chmod(0o755)
+    run = next(s["run"] for s in sched["jobs"]["store-check"]["steps"] if "dashboard" in s.get("run", ""))
+    for ids, expected in [("flux2-swiglu qwen-image-absorb-bias", ["flux2-swiglu", "qwen-image-absorb-bias"]),
+                          ("a;touch pwned $(id) `id`", ["a;touch", "pwned", "$(id)", "`id`"])]:
+        env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "REVALIDATED": ids}
+        p = subprocess.run(["bash", "-euo", "pipefail", "-c", run], env=env, capture_output=True, text=True,
+                           timeout=30, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        argv = json.loads(p.stdout)
+        assert argv[:4] == ["-m", "bot", "dashboard", "done"]
+        assert argv[4:] == [x for i in expected for x in ("--revalidated", i)], argv
+        assert not (tmp_path / "pwned").exists()
