@@ -128,3 +128,14 @@ def forge_env(tmp_path, standin, monkeypatch):
     monkeypatch.delenv("OPTBOT_ABORT_AFTER", raising=False)
     return {"engine": engine, "engine_bare": engine_bare, "knowledge": know, "knowledge_bare": know_bare,
             "trigger_pr": trig, "trigger_comment": comment, "tmp": tmp_path}
+
+
+@pytest.fixture
+def pr(forge_env, standin):
+    """The stand-in's pull request #1 of team/engine, its head at the engine's commit, and a
+    maintainer with write permission (the /optimize comment tests)."""
+    env = forge_env
+    env["sha"] = env["engine"].head.commit.hexsha
+    standin.set_head_sha("team/engine", env["trigger_pr"], env["sha"])
+    standin.set_permission("team/engine", "maintainer", "write")
+    return env

@@ -25,17 +25,6 @@ EVENTS = Path(__file__).parent / "events"
 REPO = "team/engine"
 
 
-@pytest.fixture
-def pr(forge_env, standin, tmp_path):
-    """The stand-in's pull request #1 of team/engine, its head at the engine's commit, and a
-    maintainer with write permission."""
-    env = forge_env
-    env["sha"] = env["engine"].head.commit.hexsha
-    standin.set_head_sha(REPO, env["trigger_pr"], env["sha"])
-    standin.set_permission(REPO, "maintainer", "write")
-    return env
-
-
 def comment(standin, tmp_path, body: str, number: int = 1, user: str = "maintainer",
             fixture: str = "created_on_pull_request.json") -> tuple[Path, int]:
     """A comment by `user` made in the stand-in, and its event payload as Actions would write it."""
