@@ -403,3 +403,17 @@ def test_the_untick_script_passes_each_id_as_one_argument(sched, tmp_path):
         assert argv[:4] == ["-m", "bot", "dashboard", "done"]
         assert argv[4:] == [x for i in expected for x in ("--revalidated", i)], argv
         assert not (tmp_path / "pwned").exists()
+
+
+def test_a_step_output_is_one_line(tmp_path):
+    """Every command's --github-output goes through one writer, which refuses a value that would
+    start an output of its own (a newline) instead of writing it."""
+    from bot.commands.common import write_github_output
+    from bot.errors import OptbotError
+
+    out = tmp_path / "github_output"
+    write_github_output(out, {"workloads": '["flux2"]', "shards": 2})
+    for bad in ({"workload": "flux2\nrequest={}"}, {"sha": "a\rb"}, {"bad name": "x"}):
+        with pytest.raises(OptbotError, match="not one NAME=VALUE line"):
+            write_github_output(out, bad)
+    assert out.read_text() == 'workloads=["flux2"]\nshards=2\n'

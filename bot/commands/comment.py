@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import github_option, write_json
+from bot.commands.common import github_option, write_github_output, write_json
 from bot.errors import OptbotError
 
 FILE = click.Path(dir_okay=False, path_type=Path)
@@ -16,7 +16,7 @@ FILE = click.Path(dir_okay=False, path_type=Path)
               help="The issue_comment event payload (in GitHub Actions: $GITHUB_EVENT_PATH).")
 @click.option("--request", "request_path", type=FILE, default=None,
               help="Write the accepted run's request here (JSON), for `optbot optimize --request`.")
-@click.option("--github-output", "github_output", type=FILE, default=None,
+@click.option("--github-output", "github_output", type=FILE, default=None,  # its own help: what each output holds
               help="Append status=, and for an accepted run workload=, sha=, request= (the request as one "
                    "line of JSON) and shards= (a checked number: 1 runs on one host, more fan out), to this file "
                    "(in GitHub Actions: $GITHUB_OUTPUT).")
@@ -74,14 +74,11 @@ def command(event_path, request_path, github_output, run_failed, github_api_url,
     click.echo(f"optbot comment: {outcome.status}: {outcome.note}" + (f" ({outcome.reply_url})" if outcome.reply_url else ""))
     if outcome.request is not None and request_path is not None:
         outcome.request.write(request_path)
-    if github_output is not None:
-        lines = [f"status={outcome.status}"]
-        if outcome.request is not None:
-            r = outcome.request
-            lines += [f"workload={r.command.workload}", f"sha={r.head_sha}", f"request={r.line()}",
-                      f"shards={r.command.shards}"]
-        with open(github_output, "a") as f:  # appended: Actions collects every step's outputs in one file
-            f.write("".join(line + "\n" for line in lines))
+    outputs = {"status": outcome.status}
+    if outcome.request is not None:
+        r = outcome.request
+        outputs.update(workload=r.command.workload, sha=r.head_sha, request=r.line(), shards=r.command.shards)
+    write_github_output(github_output, outputs)
     write_json(json_path, to_json(outcome), quiet=True)
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
 
 import click
+
+from bot.errors import OptbotError
 
 
 def workload_options(f):
@@ -87,6 +90,30 @@ def github_option(name: str, help: str | None = None, **kw):
     env, metavar, default_help = _GITHUB[name]
     return click.option(f"--{name}", envvar=env, metavar=metavar, default=None, show_envvar=True,
                         help=help or default_help, **kw)
+
+
+def github_output_option(what: str):
+    """--github-output FILE: the step outputs a workflow reads (in GitHub Actions: $GITHUB_OUTPUT)."""
+    return click.option("--github-output", "github_output", type=click.Path(dir_okay=False, path_type=Path),
+                        default=None, help=f"Append {what} to this file (in GitHub Actions: $GITHUB_OUTPUT).")
+
+
+OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def write_github_output(path: Path | None, outputs: dict[str, object]) -> None:
+    """Append NAME=VALUE lines (Actions collects every step's outputs in one file). A value must be
+    one line: a newline in it would start an output of its own, so it is refused, not written."""
+    if path is None:
+        return
+    lines = []
+    for name, value in outputs.items():
+        value = str(value)
+        if not OUTPUT_NAME.fullmatch(name) or "\n" in value or "\r" in value:
+            raise OptbotError(f"--github-output: output {name!r} = {value[:60]!r} is not one NAME=VALUE line")
+        lines.append(f"{name}={value}\n")
+    with open(path, "a") as f:
+        f.write("".join(lines))
 
 
 def command_line() -> str:

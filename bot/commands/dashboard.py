@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import github_option, knowledge_options, write_json
+from bot.commands.common import github_option, github_output_option, knowledge_options, write_github_output, write_json
 from bot.deliver import dashboard as dash
 from bot.errors import OptbotError
 
@@ -75,20 +75,19 @@ def show_cmd(repo, github_api_url):
     click.echo(found.body.replace("\r\n", "\n").rstrip("\n"))
 
 
-def _outputs(req: dash.Requests) -> str:
+def _outputs(req: dash.Requests) -> dict[str, str]:
     """GitHub Actions step outputs: only names optbot checked (workloads it has, store entry ids)."""
     j = lambda xs: json.dumps(xs, separators=(",", ":"))  # noqa: E731
-    return (f"rerun={j(req.rerun)}\nrevalidate={j(req.revalidate)}\nrevalidate_ids={' '.join(req.revalidate)}\n"
-            f"refused={len(req.refused)}\n")
+    return {"rerun": j(req.rerun), "revalidate": j(req.revalidate), "revalidate_ids": " ".join(req.revalidate),
+            "refused": str(len(req.refused))}
 
 
 @command.command("requests")
 @_repo_opt
 @_api_opt
 @knowledge_options(store=True)
-@click.option("--github-output", "github_output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Append the requests as step outputs (rerun, revalidate: JSON lists; revalidate_ids: space "
-                   "separated; refused: a count) to this file, e.g. \"$GITHUB_OUTPUT\".")
+@github_output_option("the requests as step outputs (rerun, revalidate: JSON lists; revalidate_ids: space "
+                      "separated; refused: a count)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the typed requests (and what was refused, and why) as JSON.")
 def requests_cmd(repo, github_api_url, knowledge, github_output, json_path):
@@ -116,9 +115,7 @@ def requests_cmd(repo, github_api_url, knowledge, github_output, json_path):
         click.echo(f"refused in section {r.section}: {r.request}: {r.reason}")
     if not (req.rerun or req.revalidate or req.refused):
         click.echo("no ticked box")
-    if github_output is not None:
-        with open(github_output, "a") as f:
-            f.write(_outputs(req))
+    write_github_output(github_output, _outputs(req))
     write_json(json_path, dataclasses.asdict(req))
 
 

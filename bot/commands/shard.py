@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import write_json
+from bot.commands.common import github_output_option, write_github_output, write_json
 from bot.trigger.grammar import MAX_SHARDS
 
 DIR = click.Path(file_okay=False, path_type=Path)
@@ -36,9 +36,7 @@ def command():
 @click.option("--shards", type=click.IntRange(1, MAX_SHARDS), required=True,
               help=f"At most this many shards (1 to {MAX_SHARDS}); never more than candidates to validate.")
 @click.option("--out", type=DIR, required=True, help="A new directory for the plan (an artifact for every shard).")
-@click.option("--github-output", "github_output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Append run_id=, shards=N and matrix=[1,...,N] (JSON) to this file (in GitHub Actions: "
-                   "$GITHUB_OUTPUT).")
+@github_output_option("run_id=, shards=N and matrix=[1,...,N] (JSON)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the plan as JSON here.")
 def plan_cmd(run_id, shards, out, github_output, json_path):
@@ -65,9 +63,8 @@ def plan_cmd(run_id, shards, out, github_output, json_path):
     for cid, why in p.not_sharded.items():
         click.echo(f"not sharded: {cid}: {why}")
     click.echo(f"plan {p.plan_id} of run {p.run_id}: {len(p.candidates)} candidate(s) over {p.shards} shard(s) in {out}")
-    if github_output is not None:
-        with open(github_output, "a") as f:  # appended: Actions collects every step's outputs in one file
-            f.write(f"run_id={p.run_id}\nshards={p.shards}\nmatrix={json.dumps(list(range(1, p.shards + 1)))}\n")
+    write_github_output(github_output, {"run_id": p.run_id, "shards": p.shards,
+                                        "matrix": json.dumps(list(range(1, p.shards + 1)))})
     write_json(json_path, to_json(p), quiet=True)
 
 

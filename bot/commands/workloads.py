@@ -6,13 +6,12 @@ from pathlib import Path
 
 import click
 
-from bot.commands.common import write_json
+from bot.commands.common import github_output_option, write_github_output, write_json
 
 
 @click.command("workloads")
-@click.option("--github-output", "github_output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Append `workloads=<JSON list of names>` to this file (in GitHub Actions: $GITHUB_OUTPUT), "
-                   "for a job matrix: `matrix: {workload: ${{ fromJSON(needs.JOB.outputs.workloads) }}}`.")
+@github_output_option("`workloads=<JSON list of names>`, for a job matrix: "
+                      "`matrix: {workload: ${{ fromJSON(needs.JOB.outputs.workloads) }}}`")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the list (name, file, engines, default engine) as JSON to this path.")
 def command(github_output, json_path):
@@ -32,7 +31,5 @@ def command(github_output, json_path):
         rows.append({"name": wl.name, "file": wl.file, "default_engine": wl.default_engine,
                      "engines": sorted(wl.engines)})
         click.echo(f"{wl.name:16} {wl.default_engine:10} {','.join(sorted(wl.engines)):20} {wl.file}")
-    if github_output is not None:
-        with open(github_output, "a") as f:  # appended: Actions collects every step's outputs in one file
-            f.write(f"workloads={json.dumps([r['name'] for r in rows])}\n")
+    write_github_output(github_output, {"workloads": json.dumps([r["name"] for r in rows])})
     write_json(json_path, {"workloads": rows}, quiet=True)
