@@ -8,7 +8,10 @@ as strided views of one fused projection):
     run it, compare with the unfused torch reference (rel L2), report ok | wrong | crash + error.
 
 Variants: `slices` (the patch as it is), `whole` (one output per tensor, cat afterwards),
-`contig` (x made contiguous first). A crash poisons the CUDA context, so every (variant, mode)
+`contig` (x made contiguous first), `triton_op` and `custom_op` (the joint [txt, img] output made
+inside one registered op: torch.library.triton_op, which inductor sees into, or custom_op with a
+fake, which it does not). `--only V,...` runs some; `--dump` also writes inductor's output code of
+each variant's compile mode. A crash poisons the CUDA context, so every (variant, mode)
 runs in its own process. Usage: python benchmarks/gpu_qknorm_compile_graph.py OUT_DIR
 """
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernel_store" / "flux2-qk-rmsnorm-rope"
-VARIANTS = ("slices", "whole", "contig")
+VARIANTS = ("slices", "whole", "contig", "triton_op", "custom_op")
 MODES = ("eager", "graph", "compile", "compile+graph")
+STAGE = ["set-up"]  # where a crash happened
 
 
 def one(variant: str, mode: str) -> dict:
@@ -48,7 +52,12 @@ def one(variant: str, mode: str) -> dict:
         q, k, v = p(x).chunk(3, dim=-1)  # strided views of one fused projection
         return q.unflatten(-1, (H, D)), k.unflatten(-1, (H, D)), v.unflatten(-1, (H, D))
 
+    if variant in ("triton_op", "custom_op"):
+        joint = _registered(variant)
+
     def fused(x, ex, w, ew):
+        if variant in ("triton_op", "custom_op"):
+            return joint(x, ex, w, ew, cos, sin, 1e-6)
         if variant == "contig":
             x, ex = x.contiguous(), ex.contiguous()
         if variant == "whole":
@@ -79,6 +88,7 @@ def one(variant: str, mode: str) -> dict:
     with torch.no_grad():
         want = unfused(img, txt)
         if "graph" in mode:
+            STAGE[0] = "warm-up on a side stream"
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
@@ -87,17 +97,68 @@ def one(variant: str, mode: str) -> dict:
             torch.cuda.current_stream().wait_stream(s)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
+            STAGE[0] = "capture"
             with torch.cuda.graph(g):
                 static = fn(img, txt)
+            torch.cuda.synchronize()
+            STAGE[0] = "replay"
             for _ in range(3):
                 g.replay()
+                torch.cuda.synchronize()
             got = static
         else:
+            STAGE[0] = "run"
             got = fn(img, txt)
         torch.cuda.synchronize()
+    STAGE[0] = "compare"
     rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
     return {"variant": variant, "mode": mode, "status": "ok" if rel < 0.02 else "wrong", "rel_l2": rel,
             "kernel_path": last_path()}
+
+
+def _registered(kind: str):
+    """The joint [txt, img] QK norm + RoPE as one registered op that allocates its own output."""
+    import torch
+    import triton
+    from torch.library import custom_op, triton_op, wrap_triton
+
+    from qk_norm_rope import _qk_rmsnorm_rope_kernel, qk_rmsnorm_rope
+
+    def launch(launcher, x, w, cos, sin, eps, out):
+        B, S, H, D = x.shape
+        launcher[(triton.cdiv(B * S * H, 16),)](
+            x, w, cos, sin, out, B * S * H, S, H, x.stride(0), x.stride(1), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), cos.stride(0), eps,
+            HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_M=16, HAS_W=True, ROUND=True, num_warps=4)
+
+    def shape(x, ex):
+        return (x.shape[0], ex.shape[1] + x.shape[1], x.shape[2], x.shape[3])
+
+    if kind == "triton_op":
+        @triton_op("optbot_probe::qk_joint_triton", mutates_args={})
+        def joint(x: torch.Tensor, ex: torch.Tensor, w: torch.Tensor, ew: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, eps: float) -> torch.Tensor:
+            st = ex.shape[1]
+            out = x.new_empty(shape(x, ex))
+            launch(wrap_triton(_qk_rmsnorm_rope_kernel), ex, ew, cos[:st].contiguous(), sin[:st].contiguous(), eps, out[:, :st])
+            launch(wrap_triton(_qk_rmsnorm_rope_kernel), x, w, cos[st:].contiguous(), sin[st:].contiguous(), eps, out[:, st:])
+            return out
+        return joint
+
+    @custom_op("optbot_probe::qk_joint_custom", mutates_args=())
+    def joint(x: torch.Tensor, ex: torch.Tensor, w: torch.Tensor, ew: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor, eps: float) -> torch.Tensor:
+        st = ex.shape[1]
+        out = x.new_empty(shape(x, ex))
+        qk_rmsnorm_rope(ex, ew, cos[:st], sin[:st], eps, out=out[:, :st])
+        qk_rmsnorm_rope(x, w, cos[st:], sin[st:], eps, out=out[:, st:])
+        return out
+
+    @joint.register_fake
+    def _(x, ex, w, ew, cos, sin, eps):
+        return x.new_empty(shape(x, ex))
+
+    return joint
 
 
 def main() -> int:
@@ -106,15 +167,24 @@ def main() -> int:
             print("RESULT " + json.dumps(one(sys.argv[2], sys.argv[3])))
         except Exception as e:  # the crash is the result
             print("RESULT " + json.dumps({"variant": sys.argv[2], "mode": sys.argv[3], "status": "crash",
+                                          "stage": STAGE[0],
                                           "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}))
         return 0
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "results" / "qknorm-compile-graph"
+    args = sys.argv[1:]
+    dump = "--dump" in args
+    only = VARIANTS
+    if "--only" in args:
+        only = tuple(args[args.index("--only") + 1].split(","))
+        del args[args.index("--only"):args.index("--only") + 2]
+    args = [a for a in args if a != "--dump"]
+    out = Path(args[0]) if args else ROOT / "benchmarks" / "results" / "qknorm-compile-graph"
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for variant in VARIANTS:
+    for variant in only:
         for mode in MODES:
-            for blocking in ("0", "1") if mode == "compile+graph" else ("0",):
-                env = {**os.environ, "CUDA_LAUNCH_BLOCKING": blocking, "TORCH_LOGS": "graph_breaks"}
+            for blocking in ("0", "1") if mode == "compile+graph" and not dump else ("0",):
+                logs = "graph_breaks,output_code" if dump and mode == "compile" else "graph_breaks"
+                env = {**os.environ, "CUDA_LAUNCH_BLOCKING": blocking, "TORCH_LOGS": logs}
                 p = subprocess.run([sys.executable, __file__, "--one", variant, mode], capture_output=True,
                                    text=True, env=env, timeout=600)
                 line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -123,6 +193,8 @@ def main() -> int:
                 row["cuda_launch_blocking"] = blocking
                 row["graph_breaks"] = sum("Graph break" in ln for ln in p.stderr.splitlines())
                 rows.append(row)
+                if dump and mode == "compile":
+                    (out / f"output-code-{variant}.txt").write_text(p.stderr)
                 with open(out / "logs.txt", "a") as f:  # one file: a call brings back only a few
                     f.write(f"===== {variant} {mode} CUDA_LAUNCH_BLOCKING={blocking}\n{p.stdout[-3000:]}\n"
                             f"--- stderr ---\n{p.stderr[-8000:]}\n")
