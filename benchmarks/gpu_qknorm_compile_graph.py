@@ -14,7 +14,6 @@ fake, which it does not). `--only V,...` runs some; `--dump` also writes inducto
 each variant's compile mode. A crash poisons the CUDA context, so every (variant, mode)
 runs in its own process. Usage: python benchmarks/gpu_qknorm_compile_graph.py OUT_DIR
 """
-from __future__ import annotations
 
 import json
 import os
