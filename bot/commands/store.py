@@ -259,7 +259,25 @@ def _propose(knowledge, entries, prepared, results, tips, run_dir: Path, device:
     publish(p, staging, knowledge, forge, log=_err)
     click.echo(f"proposal: {p.pr.action} {p.pr.url} {p.pr.note}".rstrip()
                + (f" (branch {p.branch}, {len(p.files)} files)" if p.files else ""))
+    _dashboard(forge, p, bool(o["repo"]))
     return p
+
+
+def _dashboard(forge, p, engine_repo: bool) -> None:
+    """The store check's section of the dashboard; on GitHub only with the engine repository
+    (--repo: the dashboard is its issue). A failure there is a line, the proposal stands."""
+    from bot.deliver import dashboard
+    from bot.deliver.github import GitHubForge
+
+    if isinstance(forge, GitHubForge) and not engine_repo:
+        click.echo("dashboard: not updated (no --repo / $OPTBOT_ENGINE_REPO: the engine repository holds it)", err=True)
+        return
+    try:
+        ref = dashboard.update(forge, dashboard.store_check_of(p, _now()))
+    except OptbotError as e:
+        click.echo(f"dashboard: not updated: {e}", err=True)
+        return
+    click.echo(f"dashboard: {ref.action} {ref.url} {ref.note}".rstrip())
 
 
 def _err(msg: str) -> None:

@@ -9,7 +9,10 @@ The issue's body is the bot's text in sections, one per workload, between two hi
     - [ ] re-validate flux2-merge-qkv <!-- optbot-request: revalidate flux2-merge-qkv -->
     <!-- optbot-dashboard-section-end: flux2 -->
 
-A run rewrites only its own workload's section (``upsert``); every other byte of the body, other
+The nightly store check keeps a section of its own, ``STORE_SECTION`` (no workload has that name):
+what the last check found for every entry, and where its proposal went (``StoreCheck``).
+
+A run rewrites only its own section (``upsert``); every other byte of the body, other
 sections and whatever a person wrote outside them, is kept. A box a maintainer ticks asks the next
 run for that work; ``read_requests`` reads the ticked boxes back as typed requests, taking each
 name from the box's marker (never from the text beside it) and keeping only names optbot knows.
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from bot.deliver.pull_request import PullRequestRef
 
 MARKER = "<!-- optbot-dashboard -->"
+STORE_SECTION = "store-check"  # the nightly `optbot store check --propose`'s section
 TITLE = "optbot dashboard"
 KINDS = ("rerun", "revalidate")
 MAX_ROWS = 30  # candidates listed per section
@@ -33,7 +37,8 @@ NAME = r"[a-z0-9][a-z0-9._-]*"  # workload and entry names as optbot spells them
 _START = re.compile(rf"^<!-- optbot-dashboard-section: ({NAME}) -->\r?$", re.M)
 _BOX = re.compile(r"^- \[([ xX])\] [^\r\n]*?<!-- optbot-request: ([^\r\n]*?) -->\r?$", re.M)
 HEADER = (f"{MARKER}\n# {TITLE}\n\n"
-          "Kept up to date by optbot: every `optbot optimize` run rewrites its workload's section below. "
+          "Kept up to date by optbot: every `optbot optimize` run rewrites its workload's section below, the "
+          "nightly store check its own. "
           "Tick a box to ask for the work it names: the nightly run reads ticked boxes, and the run that did "
           "the work unticks its box. Text you write outside the sections is kept.\n")
 
@@ -78,6 +83,40 @@ class Section:
     held: list[EntryRow] = field(default_factory=list)
     entries: list[str] = field(default_factory=list)  # the workload's store entries: a re-validate box each
     done: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) this run did: unticked
+
+    @property
+    def name(self) -> str:
+        return self.workload
+
+    def render(self, keep_ticked: set[tuple[str, str]] = frozenset()) -> str:
+        return render_section(self, keep_ticked)
+
+
+@dataclass
+class StoreCheckRow:
+    entry: str
+    outcome: str  # holds | environment-changed | no-longer-applies | no-longer-wins | needs-a-person | not-checked
+    action: str  # what was done or proposed: none | re-recorded | re-tuned ... | retired
+    why: str
+    measured_on: str
+
+
+@dataclass
+class StoreCheck:
+    """The nightly store check's section, from its proposal (bot/knowledge/upkeep.Proposal)."""
+    when: str
+    engine: str
+    tip: str
+    device: str
+    command: str
+    pull_request: PullRequestRef  # the proposal's knowledge PR
+    rows: list[StoreCheckRow] = field(default_factory=list)
+    done: list[tuple[str, str]] = field(default_factory=list)  # every entry checked: its re-validate box
+
+    name = STORE_SECTION
+
+    def render(self, keep_ticked: set[tuple[str, str]] = frozenset()) -> str:
+        return render_store_check(self, keep_ticked)
 
 
 @dataclass
@@ -292,6 +331,39 @@ def render_section(s: Section, keep_ticked: set[tuple[str, str]] = frozenset()) 
     return "\n".join(lines) + "\n"
 
 
+def render_store_check(s: StoreCheck, keep_ticked: set[tuple[str, str]] = frozenset()) -> str:
+    """The nightly store check's section, markers included; its re-validate boxes unticked for
+    every entry it checked (``s.done``)."""
+    still = set(keep_ticked) - set(s.done)
+    n = STORE_SECTION
+    at = f" at `{s.tip[:12]}`" if s.tip else ""
+    lines = [f"<!-- optbot-dashboard-section: {n} -->", "## nightly store check", "",
+             f"Last check {_cell(s.when)}: every entry against `{_cell(s.engine)}`{at}, on "
+             f"{_cell(s.device)} (`{_cell(s.command, 200)}`).", "",
+             f"**Proposal:** {_pr_line(s.pull_request)}", ""]
+    if s.rows:
+        lines += ["| entry | outcome | action | why | measured on |", "|---|---|---|---|---|"]
+        lines += [f"| {_cell(r.entry)} | {_cell(r.outcome)} | {_cell(r.action)} | {_cell(r.why, 240)} | "
+                  f"{_cell(r.measured_on)} |" for r in s.rows[:MAX_ROWS]]
+        if len(s.rows) > MAX_ROWS:
+            lines += ["", f"... and {len(s.rows) - MAX_ROWS} more entries: see the proposal."]
+    else:
+        lines.append("No entry was checked.")
+    lines += ["", "**Requests** (tick a box; the next nightly check re-validates every entry and unticks it):", ""]
+    lines += [f"- [{'x' if ('revalidate', r.entry) in still else ' '}] re-validate {r.entry} "
+              f"<!-- optbot-request: revalidate {r.entry} -->" for r in s.rows]
+    lines.append(f"<!-- optbot-dashboard-section-end: {n} -->")
+    return "\n".join(lines) + "\n"
+
+
+def store_check_of(proposal, when: str) -> StoreCheck:
+    """The section of one nightly check: ``proposal`` its bot/knowledge/upkeep.Proposal, published."""
+    rows = [StoreCheckRow(d.entry_id, d.outcome, d.done or d.action, d.why, d.measured_on) for d in proposal.decisions]
+    return StoreCheck(when, proposal.engine, proposal.tip, proposal.device, proposal.command,
+                      proposal.pr or PullRequestRef("none"), rows,
+                      [("revalidate", d.entry_id) for d in proposal.decisions if d.outcome != "not-checked"])
+
+
 # ------------------------------------------------------------------------------------------------
 # from a run, to a forge
 
@@ -348,14 +420,15 @@ def _recorded_hold(entry, workload: str) -> str:
     return ""
 
 
-def update(forge, section: Section) -> PullRequestRef:
-    """Rewrite ``section``'s part of the forge's dashboard, keeping every other byte."""
+def update(forge, section: Section | StoreCheck) -> PullRequestRef:
+    """Rewrite ``section``'s part of the forge's dashboard (a workload's, or the store check's),
+    keeping every other byte."""
     found = forge.dashboard()
     if found is not None and not found.open:
         return PullRequestRef("closed-by-person", found.number, found.url,
                               f"dashboard issue #{found.number} was closed by a person; the bot does not reopen it")
     before = found.body if found else None
-    body = upsert(before, render_section(section, ticked(before, section.workload)), section.workload)
+    body = upsert(before, section.render(ticked(before, section.name)), section.name)
     return forge.write_dashboard(body)
 
 

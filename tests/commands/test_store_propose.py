@@ -106,6 +106,9 @@ def test_local_forge_retires_the_entry_that_no_longer_applies(cli_runner, nightl
     assert f"| `{GONE}` |" in body and f"| `{KEPT}` |" in body and "| retired |" in body
     assert "Measured on: **cpu**." in body and "no entry is called slower from CPU timings" in body
     assert nightly["tip"] in body
+    # and the local dashboard holds the night's section
+    board = (nightly["tmp"] / "runs" / "dashboard.md").read_text()
+    assert "<!-- optbot-dashboard-section: store-check -->" in board and f"| {GONE} | no-longer-applies | retired |" in board
 
 
 def test_a_retired_entry_is_skipped_by_the_next_check_and_by_replay(cli_runner, nightly, diffusers_engine, tmp_path):
@@ -156,6 +159,35 @@ def test_two_nights_one_pull_request_and_a_closed_one_stays_closed(cli_runner, n
     pulls = gh.pulls("team/optbot")
     assert len(pulls) == 1 and pulls[0]["state"] == "closed"  # not reopened
     assert not [m for m, p in gh.requests if m == "POST" and p.endswith("/pulls")][1:]  # one create, ever
+
+
+def test_each_night_rewrites_the_store_check_section_of_the_one_dashboard(cli_runner, nightly, gh):
+    """The nightly check keeps its own section of the engine repository's dashboard: every entry's
+    outcome and the proposal; two nights leave one issue, and a re-validate box a maintainer ticked
+    there is unticked by the night that re-validated the entry."""
+    gh.add_repo("team/engine", None)
+    args = ("--knowledge-repo", "team/optbot", "--repo", "team/engine")
+    first, r = _check(cli_runner, nightly, *args)
+    assert "dashboard: opened" in r.stdout, r.output
+    (issue,) = gh.issues("team/engine")
+    body = issue["body"]
+    section = body[body.index("<!-- optbot-dashboard-section: store-check -->"):]
+    assert f"| {GONE} | no-longer-applies | retired |" in section and f"| {KEPT} | holds | none |" in section
+    assert f"#{first['proposal']['pr']['number']}" in section and nightly["tip"][:12] in section
+    assert f"- [ ] re-validate {KEPT} <!-- optbot-request: revalidate {KEPT} -->" in section
+    # a maintainer ticks the box in GitHub's editor (\r\n line ends) and writes a note outside the sections
+    ticked = body.replace(f"- [ ] re-validate {KEPT}", f"- [x] re-validate {KEPT}").replace("\n", "\r\n")
+    gh.edit_issue("team/engine", issue["number"], ticked + "\r\nnote from a maintainer\r\n")
+    second, r = _check(cli_runner, nightly, *args)
+    assert "dashboard: updated" in r.stdout, r.output
+    (issue,) = gh.issues("team/engine")  # still the one issue
+    assert f"- [ ] re-validate {KEPT} <!-- optbot-request: revalidate {KEPT} -->" in issue["body"]
+    assert "note from a maintainer" in issue["body"]
+
+
+def test_without_the_engine_repository_the_dashboard_is_left_alone(cli_runner, nightly, gh):
+    _, r = _check(cli_runner, nightly, "--knowledge-repo", "team/optbot")
+    assert "dashboard: not updated (no --repo" in r.stderr and gh.issues("team/optbot") == []
 
 
 def test_nothing_to_propose_opens_nothing(cli_runner, nightly, gh):
