@@ -307,7 +307,7 @@ def _record_correctness(entry, result) -> None:
             d = c.details
             tests[c.name.split(":", 1)[1]] = {
                 "passed": c.ok, "interpret": d.get("interpret"),
-                "cases": [{k: case[k] for k in ("shape", "dtype", "seed", "atol", "rtol", "max_abs", "max_rel", "path", "passed")}
+                "cases": [{k: case.get(k, "eager" if k == "mode" else None) for k in ("mode", "shape", "dtype", "seed", "atol", "rtol", "max_abs", "max_rel", "path", "passed")}
                           for case in d["cases"]],
                 "micro": d.get("micro"), "env": d.get("env")}
     if not tests:

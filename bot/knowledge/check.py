@@ -134,9 +134,11 @@ def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: st
         paths = sorted({str(c["path"]) for c in r["cases"]})
         if bad:
             c = bad[0]
-            reason = f"{len(bad)}/{len(r['cases'])} cases failed; first: shape {c['shape']} {c['dtype']} seed {c['seed']}: {c['reason']}"
+            reason = (f"{len(bad)}/{len(r['cases'])} cases failed; first: {c.get('mode', 'eager')} shape {c['shape']} "
+                      f"{c['dtype']} seed {c['seed']}: {c['reason']}")
         else:
-            reason = (f"{len(r['cases'])} cases passed on {device}"
+            modes = sorted({c.get("mode", "eager") for c in r["cases"]}, key=lambda m: (m != "eager", m))
+            reason = (f"{len(r['cases'])} cases passed on {device} ({', '.join(modes)})"
                       + (" (TRITON_INTERPRET=1)" if r.get("interpret") else "") + f", kernel path {'/'.join(paths)}, "
                       f"worst max abs {worst:.3g}")
         if r.get("micro"):

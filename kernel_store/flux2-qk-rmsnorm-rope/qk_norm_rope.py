@@ -8,10 +8,17 @@ The normalized value is rounded to x's dtype before the rotation, where the unfu
 so bf16 results match the unfused path up to the reduction order of the mean square.
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the interpreter);
 else the torch reference (the exact ops of the unfused code). Imports only torch (and triton if present).
-"""
-from __future__ import annotations
 
+The engine calls `qk_rmsnorm_rope_joint`: text and image q (or k) into one new [txt, img] tensor, a
+registered op (torch.library.custom_op, with a fake) that allocates its own output. Inductor does not
+look into it, so torch.compile keeps it whole with no graph break, and it composes with CUDA graphs:
+a Triton kernel traced inline that writes into slices of a buffer made in the compiled graph is
+functionalized by inductor (torch 2.11) into copies that read 6 MiB past a buffer, which faults in
+the side-stream warm-up of a CUDA-graph capture (lessons/user-triton-kernels-must-not-write-views-under-compile.md).
+No `from __future__ import annotations` here: custom_op reads the annotations as types.
+"""
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -107,3 +114,46 @@ def qk_rmsnorm_rope(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Ten
         HAS_W=weight is not None, ROUND=x.dtype != torch.float32, num_warps=num_warps)
     _last_path = "triton"
     return out
+
+
+def _joint_shape(x: torch.Tensor, ex: Optional[torch.Tensor]) -> tuple:
+    return (x.shape[0], (0 if ex is None else ex.shape[1]) + x.shape[1], x.shape[2], x.shape[3])
+
+
+def _joint(x: torch.Tensor, weight: Optional[torch.Tensor], ex: Optional[torch.Tensor],
+           eweight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, eps: float,
+           eeps: float) -> torch.Tensor:
+    """RMSNorm + RoPE of ex (text, first; None: none) and x (image) into one new [B, S_txt + S_img, H, D]."""
+    s_txt = 0 if ex is None else ex.shape[1]
+    out = x.new_empty(_joint_shape(x, ex))
+    if ex is not None:
+        qk_rmsnorm_rope(ex, eweight, cos[:s_txt], sin[:s_txt], eeps, out=out[:, :s_txt])
+    qk_rmsnorm_rope(x, weight, cos[s_txt:], sin[s_txt:], eps, out=out[:, s_txt:])
+    return out
+
+
+def _register():
+    """The registered op; one per process, whichever copy of this file (the store's, an engine
+    worktree's) is imported first registers it (the copies are byte-identical: store check)."""
+    try:
+        return torch.ops.optbot.qk_rmsnorm_rope_joint
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("optbot::qk_rmsnorm_rope_joint", mutates_args=())(_joint)
+
+    @op.register_fake
+    def _fake(x, weight, ex, eweight, cos, sin, eps, eeps):
+        return x.new_empty(_joint_shape(x, ex))
+
+    return op
+
+
+_JOINT = _register()
+
+
+def qk_rmsnorm_rope_joint(x: torch.Tensor, weight: Optional[torch.Tensor], ex: Optional[torch.Tensor],
+                          eweight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                          eeps: Optional[float] = None) -> torch.Tensor:
+    """x: [B, S_img, H, D] (image q or k), ex: [B, S_txt, H, D] or None (text); cos, sin:
+    [S_txt + S_img, D]. Returns [B, S_txt + S_img, H, D]: [norm+rope(ex); norm+rope(x)]."""
+    return _JOINT(x, weight, ex, eweight, cos, sin, float(eps), float(eps if eeps is None else eeps))

@@ -18,9 +18,16 @@ params:
                   kernel can run Triton: CUDA, or CPU with interpret)
     bench         on CUDA, time kernel vs reference (default true on CUDA; never on CPU)
     bench_iters   timed trials per callable (default 50)
+    modes         the production modes each (shape, dtype) is also checked in, on its first seed
+                  (default on CUDA: compile and compile+graph; on CPU: none). compile is
+                  torch.compile(kernel, fullgraph=True): a graph break fails the case. compile+graph
+                  is that compiled call warmed up on a side stream and captured into a CUDA graph, as
+                  `optbot bench` and the validator capture a step, then replayed.
 
-Result: {"ok", "passed", "cases": [{shape, dtype, seed, atol, rtol, max_abs, max_rel, where, path,
+Result: {"ok", "passed", "cases": [{mode, shape, dtype, seed, atol, rtol, max_abs, max_rel, where, path,
          passed, reason}], "micro": [...] | null, "env"}.
+A mode that crashes (a CUDA fault poisons the process's context) fails its case with the error and
+ends the mode checks; the eager cases before it stand.
 A case passes when every element obeys |k - r| <= atol + rtol * |r|, nothing is NaN/Inf, the inputs
 are unmodified after the call and (when required) the Triton path ran.
 """
@@ -73,6 +80,32 @@ def compare(out, ref, atol: float, rtol: float) -> dict:
     return res
 
 
+def _in_mode(kernel, inputs, mode: str, is_cuda: bool):
+    """kernel(*inputs) as production runs it: compiled whole (a graph break raises), and on CUDA
+    also captured into a CUDA graph after a warm-up on a side stream (what capture needs)."""
+    import torch
+
+    torch._dynamo.reset()  # a fresh compile per case: no cache limit, no guard from the last shape
+    compiled = torch.compile(kernel, fullgraph=True)
+    if mode == "compile":
+        return compiled(*inputs)
+    if mode != "compile+graph" or not is_cuda:
+        raise ValueError(f"mode {mode!r}: expected compile, or compile+graph on CUDA")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            compiled(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = compiled(*inputs)
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def run(job: Job) -> dict:
     p = job.params
     test_file = Path(p["test_file"]).resolve()
@@ -105,9 +138,32 @@ def run(job: Job) -> dict:
                         res["passed"], res["reason"] = False, f"input {i} was modified by the call"
                 if require_triton and path != "triton":
                     res["passed"], res["reason"] = False, f"kernel() took the {path!r} path, not triton"
-                cases.append({"shape": list(shape), "dtype": dtype, "seed": seed, "atol": atol, "rtol": rtol,
-                              "path": path, **res})
+                cases.append({"mode": "eager", "shape": list(shape), "dtype": dtype, "seed": seed, "atol": atol,
+                              "rtol": rtol, "path": path, **res})
+    modes = p.get("modes", ["compile", "compile+graph"] if is_cuda else [])
+    crashed = False
+    for shape in mod.SHAPES if modes else []:
+        for dtype, atol, rtol in mod.CASES:
+            for mode in modes:
+                if crashed:
+                    break
+                inputs = mod.make_inputs(shape, dtype, job.device, seeds[0])
+                ref = mod.reference(*inputs)
+                try:
+                    out = _in_mode(mod.kernel, inputs, mode, is_cuda)
+                    res = compare(out, ref, atol, rtol)
+                except Exception as e:  # noqa: BLE001 - the crash is the finding
+                    crashed = is_cuda and "CUDA" in str(e)
+                    res = {"passed": False, "max_abs": None, "max_rel": None, "where": None,
+                           "reason": f"crashed under {mode}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                path = mod.kernel_path() if hasattr(mod, "kernel_path") else None
+                if res["passed"] and require_triton and path != "triton":
+                    res["passed"], res["reason"] = False, f"kernel() under {mode} took the {path!r} path, not triton"
+                cases.append({"mode": mode, "shape": list(shape), "dtype": dtype, "seed": seeds[0], "atol": atol,
+                              "rtol": rtol, "path": path, **res})
     micro = None
+    if crashed:  # the context is poisoned: no microbenchmark can run
+        p = {**p, "bench": False}
     if is_cuda and p.get("bench", True):
         micro = []
         for shape in getattr(mod, "BENCH_SHAPES", mod.SHAPES):
