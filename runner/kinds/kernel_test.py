@@ -9,6 +9,10 @@ It imports a kernel_store entry's test module, which follows the kernel test con
     CASES                                              [(dtype, atol, rtol), ...]
     kernel_path() -> "triton" | "torch"                optional: which path the last kernel() call took
     BENCH_SHAPES                                       optional: shapes for the GPU microbenchmark
+    MODE_SHAPES                                        optional: shapes the compile modes check (default
+                                                       SHAPES); include the workload's real size: an
+                                                       over-read past a small buffer lands in memory the
+                                                       allocator owns and goes unseen
 
 params:
     test_file     absolute path of test_<op>.py (its folder goes first on sys.path)
@@ -142,7 +146,7 @@ def run(job: Job) -> dict:
                               "rtol": rtol, "path": path, **res})
     modes = p.get("modes", ["compile", "compile+graph"] if is_cuda else [])
     crashed = False
-    for shape in mod.SHAPES if modes else []:
+    for shape in getattr(mod, "MODE_SHAPES", mod.SHAPES) if modes else []:
         for dtype, atol, rtol in mod.CASES:
             for mode in modes:
                 if crashed:
