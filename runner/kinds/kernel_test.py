@@ -27,6 +27,8 @@ params:
                   torch.compile(kernel, fullgraph=True): a graph break fails the case. compile+graph
                   is that compiled call warmed up on a side stream and captured into a CUDA graph, as
                   `optbot bench` and the validator capture a step, then replayed.
+    mode_shapes   shapes for the modes instead of the module's MODE_SHAPES (tests on CPU: the
+                  interpreter at a full model's size takes minutes)
 
 Result: {"ok", "passed", "cases": [{mode, shape, dtype, seed, atol, rtol, max_abs, max_rel, where, path,
          passed, reason}], "micro": [...] | null, "env"}.
@@ -146,7 +148,8 @@ def run(job: Job) -> dict:
                               "rtol": rtol, "path": path, **res})
     modes = p.get("modes", ["compile", "compile+graph"] if is_cuda else [])
     crashed = False
-    for shape in getattr(mod, "MODE_SHAPES", mod.SHAPES) if modes else []:
+    mode_shapes = [tuple(x) for x in p["mode_shapes"]] if "mode_shapes" in p else getattr(mod, "MODE_SHAPES", mod.SHAPES)
+    for shape in mode_shapes if modes else []:
         for dtype, atol, rtol in mod.CASES:
             for mode in modes:
                 if crashed:

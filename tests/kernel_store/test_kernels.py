@@ -51,3 +51,33 @@ def test_kernel_that_skips_triton_is_rejected(tmp_path, base_worktree):
     folder = _broken_entry(tmp_path, lambda s: s.replace("return triton is not None and (", "return False and ("))
     (c,) = run_kernel_tests(load_entry(folder), str(base_worktree / "src"), "", "cpu", tmp_path / "run", params={"seeds": [0]})
     assert c.ok is False and "not triton" in c.reason
+
+
+def test_the_compile_mode_checks_the_engine_call(tmp_path, base_worktree):
+    """The compile mode (on CUDA by default; asked for here on CPU): the registered op of
+    flux2-qk-rmsnorm-rope compiled whole (fullgraph) gives the reference's numbers."""
+    entry = load_entry(STORE_DIR / "flux2-qk-rmsnorm-rope")
+    (c,) = run_kernel_tests(entry, str(base_worktree / "src"), "", "cpu", tmp_path,
+                            params={"seeds": [0], "modes": ["compile"], "mode_shapes": [[1, 37, 3, 32]]})
+    assert c.ok, c.reason
+    compiled = [case for case in c.details["cases"] if case["mode"] == "compile"]
+    assert {case["dtype"] for case in compiled} == {"float32", "bfloat16"} and all(x["passed"] for x in compiled)
+    assert "(eager, compile)" in c.reason
+
+
+def test_a_graph_break_fails_the_compile_mode(tmp_path, base_worktree):
+    """A kernel torch.compile cannot keep whole fails its case under compile, with the mode named
+    (its eager cases pass: the break is invisible there)."""
+    folder = tmp_path / "flux2-qk-rmsnorm-rope"
+    shutil.copytree(STORE_DIR / "flux2-qk-rmsnorm-rope", folder)
+    test = folder / "test_qk_norm_rope.py"
+    old = "def kernel(*inputs):\n    return op.qk_rmsnorm_rope_joint(*inputs)"
+    assert old in test.read_text()
+    test.write_text(test.read_text().replace(old, "def kernel(*inputs):\n    torch._dynamo.graph_break()\n"
+                                                 "    return op.qk_rmsnorm_rope_joint(*inputs)"))
+    (c,) = run_kernel_tests(load_entry(folder), str(base_worktree / "src"), "", "cpu", tmp_path / "run",
+                            params={"seeds": [0], "modes": ["compile"], "mode_shapes": [[1, 37, 3, 32]]})
+    assert c.ok is False
+    failed = [case for case in c.details["cases"] if not case["passed"]]
+    assert failed and {case["mode"] for case in failed} == {"compile"}, c.reason
+    assert "crashed under compile" in failed[0]["reason"] and "graph_break" in failed[0]["reason"], failed[0]["reason"]
