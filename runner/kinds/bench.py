@@ -12,6 +12,10 @@ Modes run in that order on ONE built model, because `compile` changes the model 
 - compile+graph: the compiled step captured into a CUDA graph.
 Each mode's outputs are saved for a correctness comparison against the reference done in a
 separate clean process (runner/kinds/compare.py), never here.
+
+A mode that fails is reported and the others still run. A CUDA fault (an illegal memory access)
+leaves the process's CUDA context unusable: the modes after it are reported as not run, and the
+job still returns what the modes before it measured, so the bot keeps those rows.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ def run(job) -> dict:
         result["flops"] = count_flops(step)
         result["peaks"] = peaks.measure(job.device, built.dtype)
     compiled_how = None
-    for mode in modes:
+    for i, mode in enumerate(modes):
         entry: dict = {}
         t0 = time.monotonic()
         try:
@@ -62,21 +66,41 @@ def run(job) -> dict:
                     raise RuntimeError("CUDA-graph mode needs a CUDA device")
                 fn = capture_graph(step, warmup=job.warmup)
             outs = fn()  # the first call: compilation / capture warm-up happen here
+            entry["first_call_s"] = round(time.monotonic() - t0, 2)
+            if compiled_how and mode.startswith("compile"):
+                entry["compiled"] = compiled_how
+            timed = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
+            entry["latency"] = timed.to_json()
+            entry["per_pass_ms"] = timed.median_ms / passes
+            outs = fn()  # graph modes: the static outputs the replay just rewrote
+            fname = out_dir / f"bench_{mode.replace('+', '_')}.pt"
+            torch.save({k: v.detach().to("cpu") for k, v in outs.items()}, fname)
+            entry["outputs"] = {"file": str(fname), "digests": {k: tensor_digest(v) for k, v in outs.items()}}
         except Exception as e:  # noqa: BLE001 - a mode that fails is reported, the others still run
-            result["modes"][mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-            if job.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            err = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            result["modes"][mode] = {"error": err}
+            if not _cuda_usable(job.device):
+                for later in modes[i + 1:]:
+                    result["modes"][later] = {"error": f"not run: the CUDA context was lost in {mode} ({err[:120]})"}
+                break
             continue
-        entry["first_call_s"] = round(time.monotonic() - t0, 2)
-        if compiled_how and mode.startswith("compile"):
-            entry["compiled"] = compiled_how
-        timed = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
-        entry["latency"] = timed.to_json()
-        entry["per_pass_ms"] = timed.median_ms / passes
-        outs = fn()  # graph modes: the static outputs the replay just rewrote
-        fname = out_dir / f"bench_{mode.replace('+', '_')}.pt"
-        torch.save({k: v.detach().to("cpu") for k, v in outs.items()}, fname)
-        entry["outputs"] = {"file": str(fname), "digests": {k: tensor_digest(v) for k, v in outs.items()}}
         result["modes"][mode] = entry
-    result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
+    try:
+        result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
+    except Exception as e:  # noqa: BLE001 - after a CUDA fault the device cannot be asked; the rows stand
+        result["env"] = {"device_kind": result["device"], "engine_sha": job.engine_sha,
+                         "error": f"environment not captured: {type(e).__name__}"}
     return result
+
+
+def _cuda_usable(device: str) -> bool:
+    """Whether the CUDA context survived the last error (a fault is sticky: every later call fails)."""
+    if not device.startswith("cuda"):
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device=device).add_(1)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
