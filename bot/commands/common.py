@@ -88,8 +88,9 @@ def github_option(name: str, help: str | None = None, **kw):
     """--repo, --knowledge-repo, --engine-remote, --knowledge-remote or --github-api-url, each with
     its $OPTBOT_... variable (named in the help)."""
     env, metavar, default_help = _GITHUB[name]
-    return click.option(f"--{name}", envvar=env, metavar=metavar, default=None, show_envvar=True,
-                        help=help or default_help, **kw)
+    # no explicit default=None: click (8.3+) takes an explicit None as a value, and required=True
+    # would then never be enforced
+    return click.option(f"--{name}", envvar=env, metavar=metavar, show_envvar=True, help=help or default_help, **kw)
 
 
 def github_output_option(what: str):

@@ -89,7 +89,7 @@ class RunState:
         if not path.is_file():
             known = sorted(p.name for p in runs_dir().glob("*-optimize-*")) if runs_dir().is_dir() else []
             hint = f"; known optimize runs: {', '.join(known[-5:])}" if known else ""
-            raise OptbotError(f"--resume {run_id}: no run state at {path}{hint}")
+            raise OptbotError(f"run {run_id}: no run state at {path}{hint} (--resume and `optbot shard` take the id of an optimize run)")
         try:
             state = from_json(cls, json.loads(path.read_text()))
         except (json.JSONDecodeError, TypeError, KeyError) as e:
