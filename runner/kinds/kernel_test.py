@@ -97,17 +97,10 @@ def _in_mode(kernel, inputs, mode: str, is_cuda: bool):
         return compiled(*inputs)
     if mode != "compile+graph" or not is_cuda:
         raise ValueError(f"mode {mode!r}: expected compile, or compile+graph on CUDA")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            compiled(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = compiled(*inputs)
-    g.replay()
+    from runner.timing import capture_graph
+
+    replay = capture_graph(lambda: compiled(*inputs), warmup=2)  # the bench's and validator's capture
+    out = replay()
     torch.cuda.synchronize()
     return out
 
