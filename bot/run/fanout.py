@@ -32,6 +32,7 @@ from typing import Any, Callable
 from bot import __version__
 from bot.errors import OptbotError
 from bot.jsonable import from_json, write_json_atomic
+from bot.knowledge.records import now
 from bot.paths import runs_dir
 from bot.run.resume import BUNDLE, load_checkpoint, save_checkpoint
 from bot.run.state import RunState
@@ -94,10 +95,6 @@ class ShardResult:
     version: int = VERSION
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def parse_shard(text: str) -> tuple[int, int]:
     """"2/3" -> (2, 3)."""
     m = re.fullmatch(r"([1-9][0-9]?)/([1-9][0-9]?)", text.strip())
@@ -139,7 +136,7 @@ def plan(run_id: str, shards: int, out: Path) -> ShardPlan:
     n = max(1, min(shards, len(todo)))
     p = ShardPlan(plan_id=uuid.uuid4().hex, run_id=state.run_id, workload=state.workload, base_sha=co.base_sha,
                   shards=n, candidates=[Planned(c.id, c.commit_sha, i % n + 1) for i, c in enumerate(todo)],
-                  not_sharded=skip, created_at=_now())
+                  not_sharded=skip, created_at=now())
     run_seeds(state.run_dir)  # drawn now: every shard and the stack validate on the same seeds
     if not (state.run_dir / BUNDLE).is_file() and gen.candidates:
         raise OptbotError(f"{state.run_dir / BUNDLE}: missing; generate writes it with the candidate commits")
@@ -230,7 +227,7 @@ def validate_shard(plan_dir: Path, shard: int, shards: int, out: Path,
                       not_validated=missing, device=ctx.target.device if mine else "", host=platform.node(),
                       hardware=ctx.hardware() if mine else "", optbot=__version__, env=env,
                       seconds=round(time.monotonic() - t0, 2),
-                      gpu_s=round(LEDGER.snapshot().get("cuda", 0.0) - gpu0, 2), finished_at=_now())
+                      gpu_s=round(LEDGER.snapshot().get("cuda", 0.0) - gpu0, 2), finished_at=now())
     write_json_atomic(out / SHARD, res)
     return res
 
