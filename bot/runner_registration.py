@@ -25,10 +25,9 @@ from urllib.parse import urlparse
 import requests
 from github import Auth, Github, GithubException
 
+from bot.deliver.github import DEFAULT_API, TIMEOUT_S
 from bot.errors import OptbotError
 
-DEFAULT_API = "https://api.github.com"
-TIMEOUT_S = 30
 PURPOSES = ("registration", "remove")
 
 
