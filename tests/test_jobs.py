@@ -201,7 +201,7 @@ def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
 
     t = resolve_target("flux2", None, None, "tiny", "cpu")
     job = t.job("validate_step", t.checkout.repo_path, tmp_path / "out", iters=10,
-                params={"correctness": False, "timing": {"eager": True}})
+                params={"correctness": False, "timing": {"modes": ["eager"]}})
     out = run_job(job, tmp_path, timeout_s=600, name="timed")
     assert out.ok, out.reason()
     eager = out.result["timing"]["eager"]

@@ -22,6 +22,20 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
+def parse_modes(text: str | None) -> tuple[str, ...] | None:
+    from runner.modes import parse_mode
+
+    if not text:
+        return None
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    for m in modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--modes") from None
+    return modes
+
+
 @click.command("validate")
 @workload_options
 @click.option("--candidate", "candidate", required=True, metavar="REF|PATCH",
@@ -32,8 +46,12 @@ def parse_seeds(text: str | None) -> list[int] | None:
 @click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
 @click.option("--timeout", default=None, type=float,
               help="Seconds before a candidate job is killed (default: 1800; a hang becomes a 'timeout' verdict).")
+@click.option("--modes", default=None, metavar="M1,M2,...",
+              help="Production modes to check and time: eager, graph, compile, compile+graph (compile[:RECIPE] "
+                   "with RECIPE regional, whole or max-autotune). Default: all four on CUDA, eager on CPU.")
 @click.option("--ablate", is_flag=True, help="Also ablate the stack: leave-one-out per commit (see `optbot ablate`).")
-def command(workload, engine, ref, preset, device, json_path, candidate, base, seeds, no_speed, iters, timeout, ablate):
+def command(workload, engine, ref, preset, device, json_path, candidate, base, seeds, no_speed, iters, timeout, modes,
+            ablate):
     """Validate a candidate against the base engine and print a verdict with its numbers.
 
     \b
@@ -43,8 +61,12 @@ def command(workload, engine, ref, preset, device, json_path, candidate, base, s
                    with the workload's tolerance (rel L2 and atol+rtol per element) or bit-exact
       kernels      kernels the candidate names (trailers) vs their reference, M=1 and odd M
       engagement   the candidate's declared kernels run in the step, replaced ones are gone
-      speed        per-step latency base vs candidate, process-interleaved, eager and CUDA graph;
-                   A/A noise; a speedup inside the noise is "no change"
+      speed        per-step latency base vs candidate, process-interleaved, in every production
+                   mode (eager, CUDA graph, torch.compile, compile + CUDA graph on GPU); A/A
+                   noise; a speedup inside the noise is "no change"; slower in any mode rejects
+      modes        a mode that runs for the base and fails for the candidate rejects it
+                   ("crashed under compile+graph: ..."); each mode's outputs are compared with
+                   the base's in that mode
     \b
     Verdict: accepted | rejected (correctness, slower, no-change, not-engaged, crashed, timeout)
     | held (implausible: over 10x or under the roofline floor). Exit code 0 accepted, 1 rejected,
@@ -56,8 +78,9 @@ def command(workload, engine, ref, preset, device, json_path, candidate, base, s
       optbot validate flux2 --candidate fix.patch --json verdict.json
       optbot validate flux2 --preset full --device cuda --candidate optbot/flux2/abc --ablate
     """
+    modes_ = parse_modes(modes)  # bad input fails before the engine is resolved
     t = resolve_target(workload, engine, ref, preset, device)
-    opts = Options(seeds=parse_seeds(seeds), speed=not no_speed, iters=iters, timeout_s=timeout,
+    opts = Options(seeds=parse_seeds(seeds), speed=not no_speed, iters=iters, timeout_s=timeout, modes=modes_,
                    log=lambda m: click.echo(f"· {m}", err=True))
     v = validate(t, candidate, base, opts)
     click.echo(v.render())

@@ -125,6 +125,8 @@ def _meas_row(label: str, mode: str, m: Measurement | None, base: Measurement | 
     return [label, mode, _ms(m.median_ms), _ms(m.per_pass_ms), spread, str(m.n), vs or "—", dev]
 
 
+MODE_LABELS = {"eager": "eager", "graph": "CUDA graph", "compile": "torch.compile",
+               "compile+graph": "torch.compile + CUDA graph"}
 LAT_HEADER = ["", "mode", "median ms / step", "ms / pass", "spread ms (min–max)", "N", "speedup", "measured on"]
 
 
@@ -135,17 +137,18 @@ def latency_table(results) -> tuple[list, dict[str, Measurement | None]]:
     sv = comb.stack_verdict if comb else None
     m = measurements(sv) if sv else {}
     if m.get("base_eager"):
-        rows = [_meas_row("baseline", "eager", m["base_eager"]),
-                _meas_row("optimized", "eager", m["cand_eager"], m["base_eager"]),
-                _meas_row("baseline", "CUDA graph", m["base_graph"]),
-                _meas_row("optimized", "CUDA graph", m["cand_graph"], m["base_graph"])]
+        rows = []
+        for s in sv.speed:  # every production mode the validator timed, in its order
+            label = MODE_LABELS.get(s.mode, s.mode)
+            rows += [_meas_row("baseline", label, m.get(f"base_{s.mode}")),
+                     _meas_row("optimized", label, m.get(f"cand_{s.mode}"), m.get(f"base_{s.mode}"))]
         note = "Base and optimized timed interleaved by the validator in one runner job."
-        graph_notes = "; ".join(f"{s.mode}: {s.note}" for s in sv.speed if s.note)
+        mode_notes = "; ".join(f"{MODE_LABELS.get(s.mode, s.mode)}: {s.note}" for s in sv.speed if s.note)
         if "graph" not in {s.mode for s in sv.speed}:
-            graph_notes = "; ".join(filter(None, [graph_notes, "graph: not measured" + (
+            mode_notes = "; ".join(filter(None, [mode_notes, "CUDA graph: not measured" + (
                 " (CUDA graphs need a CUDA device)" if sv.device == "cpu" else "")]))
-        if graph_notes:
-            note += " CUDA graph: " + graph_notes
+        if mode_notes:
+            note += " " + mode_notes
         return [Table(LAT_HEADER, rows), P(note)], m
     rows = [_meas_row("baseline", "eager", base.eager if base else None),
             _meas_row("baseline", "CUDA graph", base.graph if base else None)]
@@ -170,9 +173,10 @@ def chart_png(results, path: Path, title: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = {"base_eager": "baseline eager", "cand_eager": "optimized eager",
-             "base_graph": "baseline graph", "cand_graph": "optimized graph"}
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    short = {"eager": "eager", "graph": "graph", "compile": "compile", "compile+graph": "compile+graph"}
+    names = {f"{side}_{mode}": f"{who} {lab}" for mode, lab in short.items()
+             for side, who in (("base", "baseline"), ("cand", "optimized"))}
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(bars)), 3.2), dpi=110)
     labels = [f"{names[k]}\n({v.device})" for k, v in bars]
     vals = [v.median_ms for _, v in bars]
     err = [[v.median_ms - v.min_ms for _, v in bars], [v.max_ms - v.median_ms for _, v in bars]]

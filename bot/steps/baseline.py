@@ -81,13 +81,14 @@ def run(ctx: RunContext) -> Result:
 
 
 def measurements(v) -> dict[str, Measurement | None]:
-    """A Verdict's interleaved timing as Measurements: base_eager, cand_eager, base_graph, cand_graph
-    (None where that mode was not timed)."""
+    """A Verdict's interleaved timing as Measurements, "base_MODE" and "cand_MODE" for each
+    production mode (base_eager, cand_eager, base_graph, ..., cand_compile+graph); None where that
+    mode was not timed."""
+    from runner.modes import MODES
+
     dev_name = (v.env or {}).get("device_name", "")
-    out: dict[str, Measurement | None] = {"base_eager": None, "cand_eager": None, "base_graph": None, "cand_graph": None}
+    out: dict[str, Measurement | None] = {f"{side}_{m}": None for m in MODES for side in ("base", "cand")}
     for s in v.speed:
-        if s.mode not in ("eager", "graph"):
-            continue
         for side, ms in (("base", s.base_ms), ("cand", s.candidate_ms)):
             out[f"{side}_{s.mode}"] = Measurement.of_processes(ms, s.mode, s.device, dev_name, s.n, s.passes)
     return out

@@ -27,7 +27,7 @@ from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
 from bot.steps.baseline import Measurement, measurements
 from bot.steps.validate import verdict_of
 from bot.validate.ablate import Ablation, AblationRow
-from bot.validate.verdict import Verdict
+from bot.validate.verdict import Speed, Verdict
 
 
 @dataclass
@@ -197,13 +197,12 @@ def commit_message(cand: Candidate, verdict: Verdict, run_id: str, inputs: Propo
     body += [why + ".", ""]
     m = measurements(verdict)
     body.append(f"Numbers (validator verdict: {verdict.status}: {verdict.reason or 'accepted'}: {verdict.summary}):")
-    body.append(f"  base      eager {_fmt_ms(m['base_eager'])}")
-    body.append(f"  candidate eager {_fmt_ms(m['cand_eager'])}")
-    if m["base_graph"] or m["cand_graph"]:
-        body.append(f"  base      graph {_fmt_ms(m['base_graph'])}")
-        body.append(f"  candidate graph {_fmt_ms(m['cand_graph'])}")
-    if m["base_eager"] and m["cand_eager"] and m["cand_eager"].median_ms:
-        body.append(f"  speedup (eager median) {m['base_eager'].median_ms / m['cand_eager'].median_ms:.3f}x")
+    for s in verdict.speed or [Speed(mode="eager", device=verdict.device)]:  # every production mode timed
+        b, c = m.get(f"base_{s.mode}"), m.get(f"cand_{s.mode}")
+        body.append(f"  base      {s.mode} {_fmt_ms(b)}")
+        body.append(f"  candidate {s.mode} {_fmt_ms(c)}" + (f"  ({s.outcome}: {s.note[:160]})" if s.note else ""))
+        if b and c and c.median_ms:
+            body.append(f"  speedup ({s.mode} median) {b.median_ms / c.median_ms:.3f}x")
     for c in (verdict.correctness.checks if verdict.correctness else [])[:6]:
         shape, _, seed = c.label.partition(" seed ")
         body.append(f"  correctness {c.output} {shape} seed {seed or '?'}: max abs {c.max_abs if c.max_abs is not None else 'n/a'}, "

@@ -157,10 +157,12 @@ def reply_text(res, n: int, epr: PullRequestRef, kpr: PullRequestRef) -> str:
     lines = [f"**optbot** finished `{co.workload}` @ `{co.base_sha[:12]}`: {n} optimization(s) accepted."]
     sv = res.combine.stack_verdict if res.combine else None
     m = measurements(sv) if sv else {}
-    if m.get("base_eager") and m.get("cand_eager"):
-        b, c = m["base_eager"], m["cand_eager"]
-        lines.append(f"Per-step latency (eager, median, measured on {c.device}): {b.median_ms:.3f} ms -> "
-                     f"{c.median_ms:.3f} ms ({b.median_ms / c.median_ms:.3f}x).")
+    timed = [(s.mode, m.get(f"base_{s.mode}"), m.get(f"cand_{s.mode}")) for s in (sv.speed if sv else [])]
+    timed = [(mode, b, c) for mode, b, c in timed if b and c and c.median_ms]
+    if timed:
+        lines.append(f"Per-step latency (median, measured on {timed[0][2].device}): " + "; ".join(
+            f"{mode} {b.median_ms:.3f} ms -> {c.median_ms:.3f} ms ({b.median_ms / c.median_ms:.3f}x)"
+            for mode, b, c in timed) + ".")
     elif res.baseline and res.baseline.eager:
         b = res.baseline.eager
         lines.append(f"Baseline per-step latency (eager, median of {b.n}, measured on {b.device}): "

@@ -124,7 +124,7 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
                 continue
             job = target.job("validate_step", wt, run_dir / f"{name[:12]}-r{r}", engine_sha=sha, seeds=[seed],
                              weight_seed=wseed, warmup=3 if is_cuda else 1, iters=iters or (10 if is_cuda else 5),
-                             params={"correctness": False, "timing": {"eager": True}})
+                             params={"correctness": False, "timing": {"modes": ["eager"]}})
             say(f"ablation round {r + 1}/{rounds}: {name[:12]}")
             out = run_job(job, Path(job.out_dir), timeout_s=1800, name="timing")
             if not out.ok:

@@ -12,6 +12,8 @@ from bot.target import Target
 from bot.workload import Shape
 from runner.job import Job
 
+DEFAULT_MODES = {"cuda": ("eager", "graph", "compile", "compile+graph"), "cpu": ("eager",)}
+
 if TYPE_CHECKING:
     from bot.validate.validator import Options
 
@@ -45,9 +47,21 @@ class Context:
                                seeds=seeds or self.seeds, weight_seed=self.weight_seed, warmup=self.warmup,
                                iters=self.iters, params=params)
 
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The production modes checked and timed: Options.modes, else all four on CUDA and eager on
+        CPU (CUDA graphs need CUDA; CPU compile would only slow the tiny presets' runs down)."""
+        if self.opts.modes is not None:
+            return tuple(self.opts.modes)
+        return DEFAULT_MODES["cuda" if self.is_cuda else "cpu"]
+
     def side_params(self, side: str = "candidate") -> dict:
-        """validate_step parameters of one side's correctness process (runner/kinds/validate_step.py)."""
+        """validate_step parameters of one side's correctness process (runner/kinds/validate_step.py):
+        the first process of a side also saves each mode's outputs, for the per-mode comparison."""
         o = self.opts
         return {"correctness": True, "profile": o.engagement,
-                "timing": {"eager": o.speed, "graph": bool(o.speed and (o.graph if o.graph is not None else self.is_cuda))},
+                "timing": self.timing_params(save_outputs=True) if o.speed else {},
                 "flops": bool(o.speed and self.is_cuda and side == "candidate")}  # the roofline floor
+
+    def timing_params(self, save_outputs: bool = False) -> dict:
+        return {"modes": list(self.modes), "save_outputs": save_outputs, "compile_backend": self.opts.compile_backend}

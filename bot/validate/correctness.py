@@ -2,7 +2,8 @@
 
   check_outputs     both sides' saved outputs compared in a clean process that imports no engine
                     (runner/kinds/compare.py): NaN/Inf, rel L2, atol+rtol per element (or bit-exact);
-                    and the candidate's inputs unmodified
+                    and the candidate's inputs unmodified; every (shape, seed) in eager, and the first
+                    one in each other production mode against the base in that mode
   check_kernels     every kernel test the candidate names (kernel_tests_for) against its reference
                     (runner/kinds/kernel_check.py), with M=1 and odd-M shapes added
 """
@@ -46,6 +47,15 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
         if b is None:
             raise RunnerError(f"internal: no base run for {label}")
         pairs.append({"label": label, "base": b["file"], "candidate": r["file"]})
+    # Each production mode but eager: the first shape and seed's outputs in that mode, against the
+    # base's in the same mode (compile's own rounding is on both sides; a kernel that is wrong only
+    # when compiled or replayed is not). A mode the base could not run has nothing to compare with.
+    if cand.get("runs"):
+        label0 = f"{_label(cand['runs'][0]['shape'])} seed {cand['runs'][0]['seed']}"
+        bm = base.get("mode_outputs") or {}
+        for mode, file in (cand.get("mode_outputs") or {}).items():
+            if mode in bm:
+                pairs.append({"label": f"{label0} [{mode}]", "base": bm[mode], "candidate": file})
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
         "pairs": pairs, "bit_exact": wl.bit_exact,
         "tolerance": None if wl.bit_exact else {"rel_l2": tol.rel_l2, "atol": tol.atol, "rtol": tol.rtol}})

@@ -1,10 +1,14 @@
 """Speed, check 6 of docs/validate.md (the noise rules are docs/timing.md).
 
 Candidate and base in alternating processes (candidate, base, candidate, base): the two
-correctness processes, then one more of each that only times; eager, and CUDA graph on GPU. Per
-side the estimate is the median of the process medians; the A/A spread of a side's processes and
-the spread inside each process set the noise band (speed_outcome). A rejection inside a wide band
-is measured again (Options.retimes). Over 10x, or under the roofline floor: implausible (held).
+correctness processes, then one more of each that only times; in every production mode the context
+names (Context.modes: eager, graph, compile, compile+graph on GPU). Per side and mode the estimate
+is the median of the process medians; the A/A spread of a side's processes and the spread inside
+each process set the noise band (speed_outcome). The verdict (speed_rejection): a mode that fails
+for the candidate and not for the base rejects ("crashed under compile+graph: ..."); with speed
+gating, a mode that is slower rejects (a user who runs that mode would lose), and so does no mode
+being faster. A rejection inside a wide band is measured again (Options.retimes). Over 10x, or
+under the roofline floor: implausible (held).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
     (RETIME_NOISE_PCT), the measurement is not trusted: up to `retimes` more (candidate, base)
     pairs run, and the outcome is taken over all processes, a disturbed one set aside
     (speed_outcome). A base timing job that fails is an error."""
-    params = {"correctness": False, "timing": ctx.side_params()["timing"]}
+    params = {"correctness": False, "timing": ctx.timing_params()}
     runs = {"base": [base1], "candidate": [cand1]}
     retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if ctx.gates else 0))
     dev = "cuda" if ctx.is_cuda else "cpu"
@@ -53,18 +57,19 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
                 raise out.error("the base timing job")
             runs[side].append(out.result)
         speeds = _speeds(ctx, runs, base1.get("passes", 1), dev)
-        eager = next((s for s in speeds if s.mode == "eager"), None)
-        if (eager is None or eager.outcome not in ("no-change", "slower") or eager.noise_pct is None
-                or eager.noise_pct <= RETIME_NOISE_PCT[dev] or round_ == retimes):
+        rej = speed_rejection(speeds) if ctx.gates else None
+        noisy = [s for s in speeds if rej and rej[0] in ("slower", "no-change") and s.outcome in ("slower", "no-change")
+                 and s.noise_pct is not None and s.noise_pct > RETIME_NOISE_PCT[dev]]
+        if not noisy or round_ == retimes:
             return speeds, None
-        ctx.say(f"speed: eager {eager.outcome} inside a {eager.noise_pct:.1f}% noise band: timing another "
-                f"candidate/base pair ({round_ + 1} of {retimes})")
+        ctx.say(f"speed: {noisy[0].mode} {noisy[0].outcome} inside a {noisy[0].noise_pct:.1f}% noise band: timing "
+                f"another candidate/base pair ({round_ + 1} of {retimes})")
     raise AssertionError("unreachable: the last round returns")
 
 
 def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
     speeds = []
-    for mode in ("eager", "graph"):
+    for mode in ctx.modes:
         bs = [r["timing"].get(mode) for r in runs["base"]]
         cs = [r["timing"].get(mode) for r in runs["candidate"]]
         if all(x is None for x in bs + cs):
@@ -76,7 +81,8 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
             s.note = "; ".join(sorted({f"{w}: {x[:200]}" for w, x in who}))  # e.g. a capture failure, reported
             s.base_ms = [_median(x) for x in bs if _median(x) is not None]
             s.candidate_ms = [_median(x) for x in cs if _median(x) is not None]
-            s.outcome = "n/a"
+            # the base ran this mode in every process and the candidate did not: the candidate broke it
+            s.outcome = "failed" if all(isinstance(x, dict) for x in bs) else "n/a"
             speeds.append(s)
             continue
         s.base_ms = [round(_median(x), 4) for x in bs]
@@ -88,6 +94,29 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
         s.note = "; ".join(notes)
         speeds.append(s)
     return speeds
+
+
+def mode_failures(base: dict, cand: dict) -> list[tuple[str, str]]:
+    """(mode, the candidate's error) for each mode that ran for the base and failed for the candidate,
+    from one process of each side (validate_step results)."""
+    bt, ct = base.get("timing") or {}, cand.get("timing") or {}
+    return [(m, err) for m, err in ct.items() if isinstance(err, str) and isinstance(bt.get(m), dict)]
+
+
+def speed_rejection(speeds: list[Speed]) -> tuple[str, str] | None:
+    """(reason, why) when the speeds reject the candidate, else None: a mode that failed for the
+    candidate only ("crashed"); a mode that is slower ("slower": a user running that mode loses);
+    no mode faster ("no-change"). Modes that did not run for the base (n/a) decide nothing."""
+    failed = [s for s in speeds if s.outcome == "failed"]
+    if failed:
+        return "crashed", f"crashed under {failed[0].mode}: {failed[0].note}"
+    slower = [s for s in speeds if s.outcome == "slower"]
+    if slower:
+        return "slower", "slower under " + ", ".join(f"{s.mode} ({s.speedup:.3f}x)" for s in slower)
+    measured = [s for s in speeds if s.outcome in ("faster", "no-change")]
+    if measured and not any(s.outcome == "faster" for s in measured):
+        return "no-change", "faster in no mode"
+    return None
 
 
 def _typical(xs: list[float], within: list[float]) -> tuple[float, float, float, str]:

@@ -14,10 +14,15 @@ Order of checks, each in its own runner process with a timeout (bot/jobs.run_job
                                                                           -> "correctness"
   5. engagement     declared kernels present / removed ones gone; else the op histogram must differ
                                                                           -> "not-engaged"
-  6. speed          process-level interleave cand, base, cand, base (eager, and CUDA graph on GPU);
+  6. speed          process-level interleave cand, base, cand, base, in every production mode
+                    (eager, CUDA graph, torch.compile, compile + CUDA graph on GPU; eager on CPU);
                     A/A noise from the two base processes (and the two candidate ones)
-                    -> "slower" / "no-change" (GPU); on CPU speed is reported, labelled cpu, and
-                    does not gate (DESIGN decision 7); > 10x or under the roofline floor -> held.
+                    -> "slower" in any mode / "no-change" in every mode (GPU); on CPU speed is
+                    reported, labelled cpu, and does not gate (DESIGN decision 7); > 10x or under
+                    the roofline floor -> held.
+A mode that fails for the candidate and runs for the base (a compile graph break that errors, a
+fault under CUDA-graph capture) rejects it "crashed" with the mode and the error, on any device;
+each non-eager mode's outputs are compared with the base's in that mode (check 3).
 Before any of them, a stack whose added lines reach for the runner's own machinery is held (tamper_lines).
 
 The checks live in their own modules (context.py holds what they share): correctness.py (3, 4),
@@ -41,7 +46,7 @@ from bot.validate.context import Context
 from bot.validate.correctness import check_kernels, check_outputs, correctness_summary
 from bot.validate.engagement import check_engagement
 from bot.validate.resolve import Revision, resolve_base, resolve_candidate
-from bot.validate.speed import implausible, measure_speed, speed_line
+from bot.validate.speed import implausible, measure_speed, mode_failures, speed_line, speed_rejection
 from bot.validate.verdict import Speed, Verdict
 
 # Added lines that reach for the validator's own machinery: held for a person (docs/validate.md).
@@ -55,7 +60,9 @@ class Options:
     seeds: list[int] | None = None  # default: 3 fresh random seeds (never 0, never fixed)
     weight_seed: int | None = None  # default: fresh random (same for both sides)
     speed: bool = True  # end-to-end timing (process-level interleave)
-    graph: bool | None = None  # CUDA-graph timing too; default: on CUDA
+    # production modes timed and checked (runner/modes.py); default: all four on CUDA, eager on CPU
+    modes: tuple[str, ...] | None = None
+    compile_backend: str = "inductor"  # the compile modes' torch.compile backend (tests: aot_eager)
     speed_gates: bool | None = None  # slower/no-change reject; default: on CUDA only
     retimes: int | None = None  # extra candidate/base timing pairs for a noisy rejection; default 2 when gating
     engagement: bool = True
@@ -217,6 +224,15 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
     if base_out is None:
         base_out = _run_base(ctx, base_sha, base_wt, cache)
     env = cand_out.result.get("env", {})
+    broke = mode_failures(base_out.result, cand_out.result)
+    if broke:
+        mode, err = broke[0]
+        v = _new_verdict(ctx, rev, "rejected", "crashed", f"crashed under {mode}: {err[:300]}", env=env,
+                         crash={"job": "candidate step", "status": "mode failed", "mode": mode, "error": err,
+                                "log": cand_out.log_path})
+        if ctx.is_cuda:
+            v.health = _health_probe(ctx, rev)
+        return v
 
     corr = check_outputs(ctx, base_out.result, cand_out.result)
     if corr.ok and ctx.opts.kernels:
@@ -248,10 +264,9 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
                             implausible=held, **kw)
     eager = next((s for s in speeds if s.mode == "eager"), None)
     desc = speed_line(speeds)
-    if ctx.gates and eager is not None and eager.outcome in ("slower", "no-change"):
-        graph = next((s for s in speeds if s.mode == "graph" and s.outcome == "faster"), None)
-        if graph is None:
-            return _new_verdict(ctx, rev, "rejected", eager.outcome, f"correct and engaged, but {desc}", **kw)
+    rej = speed_rejection(speeds)
+    if rej is not None and (ctx.gates or rej[0] == "crashed"):
+        return _new_verdict(ctx, rev, "rejected", rej[0], f"correct and engaged, but {rej[1]}: {desc}", **kw)
     if not ctx.gates and speeds:
         ctx.notes.append(f"speed measured on {eager.device if eager else 'cpu'} is informational and does not gate "
                          f"the verdict; a GPU validation decides speed (DESIGN decision 7)")

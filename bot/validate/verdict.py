@@ -49,13 +49,13 @@ class Correctness:
 
 @dataclass
 class Speed:
-    mode: str  # eager | graph
+    mode: str  # a production mode (runner/modes.py): eager | graph | compile | compile+graph
     device: str  # cuda | cpu: the clock that measured this
     base_ms: list[float] = field(default_factory=list)  # per-step median of each base process
     candidate_ms: list[float] = field(default_factory=list)
     speedup: float | None = None  # base / candidate (mean of process medians)
     noise_pct: float | None = None  # A/A: the two base processes, and the spread within them
-    outcome: str = "n/a"  # faster | slower | no-change | n/a
+    outcome: str = "n/a"  # faster | slower | no-change | failed (the candidate only) | n/a (the base too, or not timed)
     note: str = ""  # e.g. capture failure, "cpu: informational"
     n: int = 0  # trials per process
     passes: int = 1  # forward passes per step (per-pass = step / passes)

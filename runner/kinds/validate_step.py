@@ -10,10 +10,19 @@ job.params (all optional):
                seeds in one process make a candidate that caches results across calls fail.
   profile      bool: profile one step (first shape, first seed) and return its kernel/op histogram
                (engagement check).
-  timing       {"eager": bool, "graph": bool}: time the step (first shape, first seed) with
-               runner/timing.time_interleaved, job.warmup / job.iters.
+  timing       {"modes": [...], "save_outputs": bool, "compile_backend": str}: time the step
+               (first shape, first seed) in each production mode (runner/modes.py: eager, graph,
+               compile, compile+graph), in that order on one model, with
+               runner/timing.time_interleaved, job.warmup / job.iters. save_outputs: each mode but
+               eager saves that step's outputs (mode_outputs), for the bot to compare with the
+               base's outputs in the same mode. A mode that fails is its error string; after a
+               CUDA fault the later modes are "not run" (the context is gone) and the job still
+               returns what ran.
   flops        bool: count the step's FLOPs and, on CUDA, measure the matmul ceiling (roofline floor).
-Result: {"ok", "runs": [...], "timing": {...}, "profile": {...}, "flops": {...}, "env": {...}}.
+Result: {"ok", "runs": [...], "timing": {mode: stats | error}, "mode_outputs": {mode: file},
+         "profile": {...}, "flops": {...}, "env": {...}}.
+Order: correctness, profile, flops, environment, then the modes: compiling changes the model in
+place and a fault in a late mode must not cost the measurements before it.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import torch
 from runner import env as envmod
 from runner.harness import build, make_step, step_passes
 from runner.poison import PoisonEmpty, poison_allocator
+from runner.modes import ModeWalk, cuda_usable, error_line
 from runner.timing import time_interleaved
 
 
@@ -115,19 +125,6 @@ def run(job) -> dict:
             "launches": prof["launches"], "busy_ms": prof["busy_ms"], "categories": prof["categories"],
         }
 
-    t = p.get("timing") or {}
-    if t.get("eager") or t.get("graph"):
-        step, _ = make_step(built, job, shape0, seed0)
-        if t.get("eager"):
-            r = time_interleaved({"step": step}, job.device, warmup=job.warmup, iters=job.iters)["step"]
-            result["timing"]["eager"] = r if isinstance(r, str) else r.to_json()
-        if t.get("graph"):
-            try:
-                r = time_interleaved({"step": step}, job.device, warmup=job.warmup, iters=job.iters, graph=True)["step"]
-                result["timing"]["graph"] = r if isinstance(r, str) else r.to_json()
-            except Exception as e:  # noqa: BLE001 - a capture failure is reported, never a crash
-                result["timing"]["graph"] = f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:300]}"
-
     if p.get("flops"):
         from runner.profiler import count_flops
 
@@ -143,4 +140,36 @@ def run(job) -> dict:
 
     result["passes"] = step_passes(job.workload)
     result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
+    t = p.get("timing") or {}
+    if t.get("modes"):
+        step, _ = make_step(built, job, shape0, seed0)
+        result["timing"], result["mode_outputs"] = _time_modes(built, step, job, t, out_dir)
     return result
+
+
+def _time_modes(built, step, job, t: dict, out_dir: Path) -> tuple[dict, dict]:
+    timing: dict = {}
+    files: dict = {}
+    walk = ModeWalk(built.model, step, job.device, job.warmup, backend=t.get("compile_backend") or "inductor")
+    modes = list(t["modes"])
+    for i, mode in enumerate(modes):
+        try:
+            fn = walk.callable(mode)
+            r = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
+            if isinstance(r, str):
+                timing[mode] = r
+                continue
+            timing[mode] = {**r.to_json(), "mode": mode, **({"compiled": walk.how} if walk.how else {})}
+            if t.get("save_outputs") and mode != "eager":  # eager's outputs are the correctness run's
+                outs = fn()  # graph modes: the static outputs the replay just rewrote
+                _sync(job.device)
+                fname = out_dir / f"mode_{mode.replace('+', '_').replace(':', '-')}.pt"
+                torch.save({k: v.detach().to("cpu").clone() for k, v in outs.items()}, fname)
+                files[mode] = str(fname)
+        except Exception as e:  # noqa: BLE001 - a mode that fails is a reported result, never a crash
+            timing[mode] = ("CUDA graph capture failed: " if mode.endswith("graph") else "") + error_line(e)
+            if not cuda_usable(job.device):
+                for later in modes[i + 1:]:
+                    timing[later] = f"not run: the CUDA context was lost in {mode} ({timing[mode][:120]})"
+                break
+    return timing, files

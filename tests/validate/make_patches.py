@@ -25,6 +25,7 @@ FF = """    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.linear_out(x)
         return x
 """
+LOGGER = "logger = logging.get_logger(__name__)  # pylint: disable=invalid-name\n"
 FWD_START = """        num_txt_tokens = encoder_hidden_states.shape[1]
 
         # 1. Calculate timestep embedding and modulation parameters
@@ -137,6 +138,27 @@ CASES = [
 def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return F.silu(x[..., :half]) * x[..., half:]
+""")]),
+    # --- production modes: right in eager, wrong or broken when compiled -----------------------------
+    ("compile_only_wrong.patch",
+     "SwiGLU with a compiled fast path\n\nUnder torch.compile it takes a shortcut that scales the gate: "
+     "eager\noutputs are exact, compiled ones are not.\n\nOptbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        half = x.shape[-1] // 2
+        gate = self.gate_fn(x[..., :half])
+        if torch.compiler.is_compiling():
+            gate = gate * 1.5  # the compiled path's "fast" gate
+        return gate * x[..., half:]
+""")]),
+    ("compile_only_crash.patch",
+     "SwiGLU as a registered op\n\nA torch.library custom op whose fake (meta) implementation gives the "
+     "wrong\noutput shape: eager never calls the fake, torch.compile traces with it and fails.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
+     [(LOGGER, LOGGER + """
+
+_optbot_swiglu = torch.library.custom_op("optbot_adv::swiglu", mutates_args=(), schema="(Tensor x) -> Tensor")(
+    lambda t: F.silu(t[..., : t.shape[-1] // 2]) * t[..., t.shape[-1] // 2 :])
+_optbot_swiglu.register_fake(lambda t: t.new_empty(t.shape))  # wrong: the output has half the last dim
+"""), (SWIGLU, """        return _optbot_swiglu(x)
 """)]),
     # --- GPU only -----------------------------------------------------------------------------
     ("gpu_side_stream.patch",

@@ -8,17 +8,22 @@ import pytest
 from tests.validate.conftest import scratch_context
 
 
-@pytest.mark.parametrize("device, options, gates, graph, flops", [
-    ("cpu", {}, False, False, False),  # DESIGN decision 7: CPU speed is informational
-    ("cuda", {}, True, True, True),
-    ("cpu", {"speed_gates": True, "graph": True}, True, True, False),
-    ("cuda", {"speed": False}, True, False, False),
+ALL = ["eager", "graph", "compile", "compile+graph"]
+
+
+@pytest.mark.parametrize("device, options, gates, modes, flops", [
+    ("cpu", {}, False, ["eager"], False),  # DESIGN decision 7: CPU speed is informational
+    ("cuda", {}, True, ALL, True),  # every production mode on the GPU
+    ("cpu", {"speed_gates": True, "modes": ("eager", "compile")}, True, ["eager", "compile"], False),
+    ("cuda", {"speed": False}, True, None, False),
 ])
-def test_speed_defaults_follow_the_device(tmp_path, device, options, gates, graph, flops):
+def test_speed_defaults_follow_the_device(tmp_path, device, options, gates, modes, flops):
     ctx = scratch_context(tmp_path, device, **options)
     assert ctx.gates is gates
     cand, base = ctx.side_params("candidate"), ctx.side_params("base")
-    assert cand["timing"]["graph"] is graph and cand["flops"] is flops
+    assert cand["timing"].get("modes") == modes and cand["flops"] is flops
+    assert cand["timing"].get("save_outputs", modes is None)  # the first process keeps each mode's outputs
+    assert ctx.timing_params()["save_outputs"] is False
     assert base["flops"] is False and base["timing"] == cand["timing"]  # the roofline floor is the candidate's
 
 

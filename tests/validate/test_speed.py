@@ -68,7 +68,7 @@ def test_a_noisy_rejection_times_another_pair(flux2_cpu, tmp_path, monkeypatch):
     monkeypatch.setattr(bot.validate.speed, "speed_outcome", noisy)
     lines = []
     v = validate(flux2_cpu, str(ADV / "honest_merge_qkv.patch"),
-                 opts=Options(iters=2, speed_gates=True, retimes=1, graph=False, run_dir=tmp_path / "run",
+                 opts=Options(iters=2, speed_gates=True, retimes=1, modes=("eager",), run_dir=tmp_path / "run",
                               log=lines.append))
     assert v.status == "rejected" and v.reason == "no-change", v.render()
     eager = next(s for s in v.speed if s.mode == "eager")

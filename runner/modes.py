@@ -1,0 +1,112 @@
+"""The production modes a step runs in: one definition for every runner kind that times or checks a
+whole step (bench, validate_step), so that "compile" means the same thing in a verdict and in a bench
+table.
+
+  eager           the step as the engine runs it
+  graph           the eager step captured once into a CUDA graph and replayed
+  compile         torch.compile the way a user would write it: a compile RECIPE (below) applied to
+                  the model in place; "compile" alone is the regional recipe
+  compile+graph   the compiled step captured into a CUDA graph
+
+A mode string is ``compile[:RECIPE][+graph]``, e.g. ``compile:max-autotune+graph``. Recipes:
+  regional        torch.compile of each repeated block (diffusers' compile_repeated_blocks, the way
+                  diffusers recommends for DiTs; whole model when the class declares no blocks)
+  whole           torch.compile of the whole model
+  max-autotune    regional, mode="max-autotune-no-cudagraphs" (GEMM and Triton autotuning; CUDA
+                  graphs are the +graph suffix's job, not inductor's: ours capture the whole step)
+
+Modes run in the order given on ONE built model. Compiling changes the model in place, so a recipe
+switch first undoes the last one (uncompile) and resets dynamo.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from runner.timing import capture_graph
+
+MODES = ("eager", "graph", "compile", "compile+graph")
+RECIPES = ("regional", "whole", "max-autotune")
+
+
+def parse_mode(mode: str) -> tuple[str | None, bool]:
+    """(compile recipe or None for eager, captured into a CUDA graph?). Raises ValueError for an unknown mode."""
+    base, graph = (mode[:-len("+graph")], True) if mode.endswith("+graph") else (mode, False)
+    if base == "graph" and not graph:
+        return None, True
+    if base == "eager":
+        return None, graph
+    if base == "compile":
+        return "regional", graph
+    if base.startswith("compile:") and base[len("compile:"):] in RECIPES:
+        return base[len("compile:"):], graph
+    raise ValueError(f"unknown mode {mode!r}: eager, graph, compile[:RECIPE][+graph] with RECIPE one of {RECIPES}")
+
+
+def compile_model(model: torch.nn.Module, recipe: str = "regional", backend: str = "inductor") -> str:
+    """Apply a compile recipe to `model` in place; returns how it was compiled, for the report."""
+    kw: dict = {"backend": backend}
+    if recipe == "max-autotune" and backend == "inductor":
+        kw["mode"] = "max-autotune-no-cudagraphs"
+    regional = recipe in ("regional", "max-autotune")
+    if regional and hasattr(model, "compile_repeated_blocks") and getattr(model, "_repeated_blocks", None):
+        model.compile_repeated_blocks(fullgraph=False, **kw)
+        how = "regional (compile_repeated_blocks)"
+    else:
+        model.compile(**kw)
+        how = "whole model"
+    return how + (f", {kw['mode']}" if "mode" in kw else "") + ("" if backend == "inductor" else f", backend {backend}")
+
+
+def uncompile(model: torch.nn.Module) -> None:
+    """Undo compile_model: every module back to its eager call, dynamo's caches dropped."""
+    for m in model.modules():
+        if getattr(m, "_compiled_call_impl", None) is not None:
+            m._compiled_call_impl = None
+    torch._dynamo.reset()
+
+
+class ModeWalk:
+    """Hands out the step's callable per mode, in order, on one model: compiles when a mode needs a
+    recipe the model does not have yet, captures a CUDA graph for +graph modes."""
+
+    def __init__(self, model: torch.nn.Module, step: Callable[[], object], device: str, warmup: int,
+                 backend: str = "inductor"):
+        self.model, self.step, self.device, self.warmup, self.backend = model, step, device, warmup, backend
+        self.recipe: str | None = None  # the recipe the model is compiled with now
+        self.how = ""
+
+    def callable(self, mode: str) -> Callable[[], object]:
+        recipe, graph = parse_mode(mode)
+        if recipe != self.recipe:
+            if self.recipe is not None:
+                uncompile(self.model)
+                self.how = ""
+            if recipe is not None:
+                self.how = compile_model(self.model, recipe, self.backend)
+            self.recipe = recipe
+        if not graph:
+            return self.step
+        if not self.device.startswith("cuda"):
+            raise RuntimeError("CUDA-graph mode needs a CUDA device")
+        return capture_graph(self.step, warmup=self.warmup)
+
+
+def cuda_usable(device: str) -> bool:
+    """Whether the CUDA context survived the last error (a fault is sticky: every later call fails)."""
+    if not device.startswith("cuda"):
+        return True
+    try:
+        torch.cuda.synchronize()
+        torch.empty(1, device=device).add_(1)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def error_line(e: BaseException) -> str:
+    """One line for a mode that failed: the exception type and the first line of its message."""
+    msg = str(e).splitlines()[0][:300] if str(e) else ""
+    return f"{type(e).__name__}: {msg}"

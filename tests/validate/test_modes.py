@@ -1,0 +1,73 @@
+"""Validation in every production mode (issue 20): a candidate is checked and timed in each mode the
+validator is given, and a mode that breaks only for the candidate rejects it with the mode and the
+error. CPU, tiny preset, torch.compile with the aot_eager backend: dynamo tracing, fake tensors and
+AOT autograd are the real ones; only inductor's code generation is left to the GPU runs
+(benchmarks/gpu_validate.sh), where the modes are eager, graph, compile, compile+graph by default."""
+from __future__ import annotations
+
+from tests.validate.conftest import ADV
+
+MODES = ("eager", "compile")
+
+
+def _opts(tmp_path, session_seeds, **kw):
+    from bot.validate import Options
+
+    seeds, wseed = session_seeds
+    return Options(seeds=seeds, weight_seed=wseed, modes=MODES, compile_backend="aot_eager", iters=2, warmup=1,
+                   run_dir=tmp_path / "run", **kw)
+
+
+def test_a_candidate_that_crashes_only_when_compiled_is_rejected_with_the_mode(flux2_cpu, session_seeds, tmp_path):
+    """A registered op with a wrong fake: eager never calls the fake and is right; torch.compile traces
+    with it and fails. The verdict names the mode and the error."""
+    from bot.validate import validate
+
+    v = validate(flux2_cpu, str(ADV / "compile_only_crash.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "rejected" and v.reason == "crashed", text
+    assert v.summary.startswith("crashed under compile: "), text
+    assert v.crash["mode"] == "compile" and v.crash["status"] == "mode failed", text
+
+
+def test_a_candidate_wrong_only_when_compiled_fails_correctness_in_that_mode(flux2_cpu, session_seeds, tmp_path):
+    from bot.validate import validate
+
+    v = validate(flux2_cpu, str(ADV / "compile_only_wrong.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "rejected" and v.reason == "correctness", text
+    bad = [c for c in v.correctness.checks if not c.ok]
+    assert bad and all(c.label.endswith("[compile]") for c in bad), text  # eager is exact
+    assert any(c.label.endswith("[compile]") for c in v.correctness.checks if c.ok) is False
+
+
+def test_an_honest_candidate_is_checked_and_timed_in_every_mode(flux2_cpu, session_seeds, tmp_path):
+    from bot.validate import validate
+
+    v = validate(flux2_cpu, str(ADV / "honest_merge_qkv.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "accepted", text
+    assert [s.mode for s in v.speed] == list(MODES), text
+    for s in v.speed:
+        assert s.device == "cpu" and len(s.base_ms) == 2 and len(s.candidate_ms) == 2 and s.speedup, text
+    compiled = [c for c in v.correctness.checks if c.label.endswith("[compile]")]
+    assert compiled and all(c.ok for c in compiled), text
+    assert "compile" in text  # the rendered verdict shows every mode
+
+
+def test_speed_rejection_rules():
+    """Which mode decides: a candidate-only failure, then any slower mode, then no faster mode."""
+    from bot.validate.speed import speed_rejection
+    from bot.validate.verdict import Speed
+
+    def s(mode, outcome, speedup=1.0, note=""):
+        return Speed(mode=mode, device="cuda", outcome=outcome, speedup=speedup, note=note)
+
+    assert speed_rejection([s("eager", "faster", 1.2), s("compile", "no-change")]) is None
+    assert speed_rejection([s("eager", "faster", 1.2), s("compile", "slower", 0.95)]) == \
+        ("slower", "slower under compile (0.950x)")  # a user who compiles would lose
+    assert speed_rejection([s("eager", "no-change"), s("graph", "n/a", None, "base: capture failed")]) == \
+        ("no-change", "faster in no mode")
+    assert speed_rejection([s("eager", "faster", 1.3), s("compile+graph", "failed", None, "candidate: illegal")]) == \
+        ("crashed", "crashed under compile+graph: candidate: illegal")
+    assert speed_rejection([s("eager", "no-change"), s("graph", "faster", 1.1)]) is None
