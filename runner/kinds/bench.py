@@ -4,6 +4,7 @@ params:
   modes   list of runner/modes.py modes: "eager" | "graph" | "compile[:RECIPE][+graph]"
           (default ["eager", "graph"])
   flops   bool: also count the step's linear + attention FLOPs (for the roofline row)
+  compile_backend  torch.compile backend of the compile modes (default inductor)
 
 Modes run in that order on ONE built model (runner/modes.ModeWalk: compiling changes the model in
 place; a recipe switch undoes the last one). Each mode's outputs are saved for a correctness
@@ -39,7 +40,7 @@ def run(job) -> dict:
     if job.params.get("flops"):
         result["flops"] = count_flops(step)
         result["peaks"] = peaks.measure(job.device, built.dtype)
-    walk = ModeWalk(built.model, step, job.device, job.warmup)
+    walk = ModeWalk(built.model, step, job.device, job.warmup, backend=job.params.get("compile_backend") or "inductor")
     for i, mode in enumerate(modes):
         entry: dict = {}
         t0 = time.monotonic()
