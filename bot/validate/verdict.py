@@ -136,7 +136,10 @@ class Verdict:
         if self.env:
             lines.append(f"  measured on: {self.env.get('device_kind')} ({self.env.get('device_name')}) · "
                          f"torch {self.env.get('torch')} · triton {self.env.get('triton')}")
-        if self.crash:
+        if self.crash.get("mode"):  # the job finished; one production mode failed in it
+            lines.append(f"  {self.crash.get('job')} job: {self.crash['mode']} failed for the candidate and ran for "
+                         f"the base: {self.crash.get('error', '')[:300]}; log {self.crash.get('log')}")
+        elif self.crash:
             lines.append(f"  {self.crash.get('job')} job: {self.crash.get('status')} "
                          f"(return code {self.crash.get('returncode')}); log {self.crash.get('log')}")
             tail = (self.crash.get("log_tail") or "").strip().splitlines()[-12:]
