@@ -129,15 +129,16 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
         if file.is_file():
             file.unlink()
         return None
-    eager, graph = w.speed.get("eager"), w.speed.get("graph")
+    eager = w.speed.get("eager")
 
     def ms(x):
         return "n/a" if x is None else f"{x:.1f}"
 
     speed = (f"eager {eager.speedup}x (base {ms(eager.base_step_ms)} -> {ms(eager.patched_step_ms)} ms "
              f"per step, A/A noise {eager.noise_pct}%)" if eager else "no speed measured")
-    if graph and graph.speedup:
-        speed += f", CUDA graph {graph.speedup}x"
+    for mode, sp in w.speed.items():  # every other production mode the verdict timed
+        if mode != "eager" and (sp.speedup or sp.outcome in ("failed", "n/a")):
+            speed += f", {mode} " + (f"{sp.speedup}x" if sp.speedup else f"{sp.outcome} ({(sp.note or '')[:120]})")
     reason = f"{w.reason or w.status}: {w.summary or ''}"
     worst = w.worst_output.rel_l2 if w.worst_output else None
     body = (f"# {entry.id} on {hardware} ({workload}): {w.reason or w.status}\n\n"

@@ -165,7 +165,7 @@ class WorkloadVerdict(_Record):
     shapes: list[str] | None = None
     rule: str | None = None
     worst_output: WorstOutput | None = None
-    speed: dict[str, ModeSpeed] = field(default_factory=dict)  # mode (eager, graph) -> numbers
+    speed: dict[str, ModeSpeed] = field(default_factory=dict)  # production mode (eager, graph, compile, compile+graph) -> numbers
     env: dict[str, Any] | None = None  # the verdict's environment: device_name, torch, triton, ...
     seconds: float | None = None
     patch_sha256: str | None = _opt()  # of the patch.diff the verdict was made on (bot/knowledge/known.py)
