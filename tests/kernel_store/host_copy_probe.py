@@ -5,12 +5,13 @@ tiny-preset step would copy host data to the device, or wait for the device, on 
 
 There is no GPU here, so each CUDA event is recognized by the op it dispatches on CPU:
 
-- host data made into a tensor (torch.tensor / torch.as_tensor / a Python list or int): the factory
-  builds the tensor on the CPU, copies it to the target device and then calls aten::lift_fresh.
-  The copy is hidden from a dispatch mode (the factory excludes the Python key around it); the
-  lift_fresh is not. So every lift_fresh = one tensor from host data = with a CUDA device, one
-  pageable host-to-device copy, which CUDA graph capture refuses ("Cannot copy between CPU and
-  CUDA tensors during CUDA graph capture unless the CPU tensor is pinned");
+- host data made into a tensor (torch.tensor / torch.as_tensor of a Python list or number): the
+  factory builds the tensor on the CPU, moves it to the target device with .to, then calls
+  aten::lift_fresh; the first two steps run with all modes disabled (torch/csrc/utils/tensor_new.h,
+  NOTE [torch.tensor, lift_fresh, and device movement]), so a dispatch mode sees only the
+  lift_fresh. Every lift_fresh is one tensor from host data: with a CUDA device, one pageable
+  host-to-device copy, which CUDA graph capture refuses ("Cannot copy between CPU and CUDA tensors
+  during CUDA graph capture unless the CPU tensor is pinned");
 - a host sync (item(), bool()/int() of a tensor, tolist(), torch.equal, an op whose output size
   depends on the data): aten::_local_scalar_dense / aten::item / aten::is_nonzero, aten::equal,
   aten::nonzero, ... (SYNC_OPS), and Tensor.tolist (which dispatches nothing: wrapped); on CUDA each
