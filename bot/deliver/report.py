@@ -131,7 +131,7 @@ LAT_HEADER = ["", "mode", "median ms / step", "ms / pass", "spread ms (min–max
 
 
 def latency_table(results) -> tuple[list, dict[str, Measurement | None]]:
-    """Baseline vs optimized, eager and graph. Prefers the validator's interleaved stack numbers;
+    """Baseline vs optimized, in every production mode timed. Prefers the validator's interleaved stack numbers;
     falls back to the baseline step job (then 'optimized' is not measured)."""
     comb, base = results.combine, results.baseline
     sv = comb.stack_verdict if comb else None

@@ -154,7 +154,7 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
     """THE call site of the full validator (bot.validate, DESIGN decision 6) for a replayed entry:
     one verdict per workload the entry names, base = the entry's engine base sha (or the tip). On CPU the verdict
     is correctness and engagement (speed needs a GPU, DESIGN decision 7); on CUDA also end-to-end
-    speed, eager and CUDA graph, with the validator's gates (slower / no-change reject)."""
+    speed in every production mode, with the validator's gates (slower / no-change reject)."""
     from bot.target import Target
     from bot.validate import Options, validate
     from bot.workload import load_workload
