@@ -1,0 +1,49 @@
+"""One patch file for a stack of kernel-store entries, for `optbot bench --candidate` and
+`optbot validate --candidate` on a machine that has only the working tree:
+
+    python benchmarks/stack_patch.py WORKLOAD OUT.patch ENTRY [ENTRY ...]
+
+The entries are applied in the order given, each onto the last (bot/generate/replay.apply_entry,
+the replay step's own code: `git apply --3way`), in the workload's engine at its base. OUT.patch is
+the diff from the base to the stack's tip, after a message whose trailers name every entry and
+every declared kernel (the validator reads them: kernel checks, engagement), as one commit would.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bot.generate.commits import run_git
+from bot.generate.candidate import commit_message, make_trailers
+from bot.generate.replay import apply_entry
+from bot.knowledge.location import locate
+from bot.knowledge.store import get_entry
+from bot.target import resolve_target
+
+
+def main(workload: str, out: str, entries: list[str]) -> None:
+    t = resolve_target(workload, None, None, "full", "cpu")
+    store = locate().kernel_store
+    onto, adds, removes = t.checkout.base_sha, [], []
+    for i, eid in enumerate(entries):
+        e = get_entry(eid, store)
+        r = apply_entry(t.checkout, e, name=f"stack-{workload}-{i}-{eid}", onto=onto)
+        if r.status != "applied":
+            sys.exit(f"{eid}: {r.status}: {r.reason}")
+        onto = r.candidate.commit_sha
+        adds += e.adds_kernels
+        removes += e.removes_kernels
+    wt = Path(r.worktree)
+    diff = run_git(wt, "diff", "--no-color", t.checkout.base_sha, onto).stdout
+    trailers = make_trailers("none", "stack", adds, removes, ", ".join(entries))
+    msg = commit_message(f"optbot stack: {', '.join(entries)}",
+                         f"{len(entries)} kernel-store entries applied in this order onto {t.checkout.base_sha[:12]}.",
+                         trailers)
+    Path(out).write_text(msg.rstrip("\n") + "\n\n" + diff)
+    print(f"wrote {out}: {len(entries)} entries, tip {onto[:12]}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
