@@ -139,6 +139,8 @@ _GATE_RESIDUAL = _register("gate_residual_norm_modulate", _gate_residual_op,
                            lambda h, gate, y, shift, scale, eps, num_warps: (h.new_empty(h.shape), h.new_empty(h.shape)))
 
 
+# The config site (variant search rewrites this default): resolved here, outside the ops, so each op
+# takes its config as an int argument of its schema.
 def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None = None):
     if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
         num_warps = min(16, max(4, triton.next_power_of_2(h.shape[-1]) // 512))
