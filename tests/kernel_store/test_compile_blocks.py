@@ -3,7 +3,7 @@ workload's entries, on its patched tiny model with the Triton kernels running un
 TRITON_INTERPRET=1, has its repeated blocks compiled with fullgraph=True (backend aot_eager) with
 zero graph breaks, gives the eager step's outputs, holds every loaded kernel module as a registered
 optbot op in the compiled graphs (none traced inline as a user-Triton wrapper), and every kernel
-module took the Triton path (docs/store.md, "Composes with torch.compile").
+module took the Triton path (docs/store.md, "Kernels inside the engine").
 
 The children run concurrently (one per core), each in its own process: two engines cannot share one."""
 from __future__ import annotations
@@ -34,8 +34,8 @@ STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modula
           ("qwen-image", ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
                           "qwen-image-qkv-norm-rope-epilogue"))]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
-# interpreter makes one Python call per Triton program, and at the preset's shapes the nine runs
-# took 230 s on 2 cores.
+# interpreter makes one Python call per Triton program, and at the preset's own smallest shape the
+# nine runs took 153 s on the 2-core development machine (230 s at its first shape), 64 s at this one.
 SHAPE = "48,80,7"
 
 
@@ -114,3 +114,31 @@ def test_the_stacks_cover_every_entry():
     stacked = {eid for _, ids in STACKS for eid in ids}
     for wl in {wl for wl, _ in STACKS}:
         assert {e.id for e in USABLE if wl in e.workloads} <= stacked, wl
+
+
+_REGISTER_PROBE = """
+import importlib.util, json, sys
+from torch._library.custom_ops import OPDEFS
+added = {}
+for i, path in enumerate(sys.argv[1:]):
+    before = set(OPDEFS)
+    for copy in ("store", "engine"):  # the same file imported twice, as the store's and an engine's copy
+        spec = importlib.util.spec_from_file_location(f"probe_{i}_{copy}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    added[path] = sorted(set(OPDEFS) - before)
+print(json.dumps(added))
+"""
+
+
+def test_every_kernel_file_registers_ops_of_its_own_once():
+    """All the store's kernel files in one process, each imported twice: no registration error, and
+    each file registers at least one op no other file registered first (a shared name would make a
+    second entry silently run the first one's op)."""
+    files = [str(f) for e in USABLE for f in e.kernel_files()]
+    proc = subprocess.run([sys.executable, "-c", _REGISTER_PROBE, *files], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    added = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(added) == set(files)
+    for path, ops in added.items():
+        assert ops and all(op.startswith("optbot::") for op in ops), (path, ops)
