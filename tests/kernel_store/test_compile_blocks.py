@@ -34,8 +34,9 @@ STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modula
           ("qwen-image", ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
                           "qwen-image-qkv-norm-rope-epilogue"))]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
-# interpreter makes one Python call per Triton program, and at the preset's own smallest shape the
-# nine runs took 153 s on the 2-core development machine (230 s at its first shape), 64 s at this one.
+# interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
+# text tokens) the nine runs took 231 s on the 2-core development machine, at this one 64 to 153 s
+# (with the machine's other load).
 SHAPE = "48,80,7"
 
 
