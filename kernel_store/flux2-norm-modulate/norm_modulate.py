@@ -11,10 +11,15 @@ and two to four elementwise kernels. Intermediates are rounded to the activation
 unfused code stores them (normalized x, 1 + scale, gate * y), so bf16 results track the unfused path.
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1; else the torch
 reference (the exact ops of the unfused code).
-"""
-from __future__ import annotations
 
+The Triton path is two registered ops, optbot::norm_modulate and optbot::gate_residual_norm_modulate
+(torch.library.custom_op with a fake), that allocate their outputs: torch.compile keeps them whole
+(no graph break, inductor does not look into them; lessons/user-triton-kernels-must-not-write-views-under-compile.md).
+The torch reference stays plain torch ops that compile traces. No `from __future__ import annotations`:
+custom_op reads the annotations as types.
+"""
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -85,11 +90,9 @@ def _bsd(t: torch.Tensor, B: int, S: int, D: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None = None):
+def _run(h: torch.Tensor, gate: Optional[torch.Tensor], y: Optional[torch.Tensor], shift: torch.Tensor,
+         scale: torch.Tensor, eps: float, residual: bool, num_warps: int) -> tuple:
     B, S, D = h.shape
-    block_d = triton.next_power_of_2(D)
-    if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
-        num_warps = min(16, max(4, block_d // 512))
     h = h if h.stride(-1) == 1 else h.contiguous()
     shift, scale = _bsd(shift, B, S, D), _bsd(scale, B, S, D)
     if shift.stride() != scale.stride():
@@ -103,8 +106,47 @@ def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None
             h, g, yy, shift, scale, hout, out, S, D, float(eps),
             h.stride(0), h.stride(1), yy.stride(0), yy.stride(1), scale.stride(0), scale.stride(1),
             g.stride(0), g.stride(1), out.stride(0), out.stride(1),
-            BLOCK_D=block_d, RESIDUAL=residual, ROUND=h.dtype != torch.float32, num_warps=num_warps)
+            BLOCK_D=triton.next_power_of_2(D), RESIDUAL=residual, ROUND=h.dtype != torch.float32,
+            num_warps=num_warps)
     return hout, out
+
+
+def _norm_modulate_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                      num_warps: int) -> torch.Tensor:
+    return _run(x, None, None, shift, scale, eps, False, num_warps)[1]
+
+
+def _gate_residual_op(h: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, shift: torch.Tensor,
+                      scale: torch.Tensor, eps: float, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(h, gate, y, shift, scale, eps, True, num_warps)
+
+
+def _register(name: str, fn, fake):
+    """One registration per process: a second copy of this file (the store's and an engine
+    worktree's are byte-identical, store check) reuses the op the first registered."""
+    try:
+        return getattr(torch.ops.optbot, name)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"optbot::{name}", mutates_args=())(fn)
+    op.register_fake(fake)
+    return op
+
+
+_NORM_MODULATE = _register("norm_modulate", _norm_modulate_op,
+                           lambda x, shift, scale, eps, num_warps: x.new_empty(x.shape))
+_GATE_RESIDUAL = _register("gate_residual_norm_modulate", _gate_residual_op,
+                           lambda h, gate, y, shift, scale, eps, num_warps: (h.new_empty(h.shape), h.new_empty(h.shape)))
+
+
+# The config site (variant search rewrites this default): resolved here, outside the ops, so each op
+# takes its config as an int argument of its schema.
+def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None = None):
+    if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
+        num_warps = min(16, max(4, triton.next_power_of_2(h.shape[-1]) // 512))
+    if residual:
+        return _GATE_RESIDUAL(h, gate, y, shift, scale, float(eps), int(num_warps))
+    return None, _NORM_MODULATE(h, shift, scale, float(eps), int(num_warps))
 
 
 def norm_modulate(x, shift, scale, eps):

@@ -27,10 +27,18 @@ Engine conventions (the reference replays each exactly; the kernel's math is the
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the interpreter);
 else the torch reference, the exact ops of the unfused engine code (bit-identical on CPU).
 Imports only torch (and triton if present).
-"""
-from __future__ import annotations
 
+The engine calls `qkv_norm_rope`: a registered op (torch.library.custom_op with a fake) that
+allocates the joint [3, B, S_txt + S_img, H, D] output itself and writes both streams into it.
+Inductor does not look into it, so torch.compile keeps it whole with no graph break, and no Triton
+kernel writes into a slice of a buffer made in the compiled graph (inductor functionalizes those
+writes into an over-read: lessons/user-triton-kernels-must-not-write-views-under-compile.md).
+The op's name is this entry's own (_OP_NAME): the FLUX.2 and Qwen-Image entries ship the same
+kernel, and each registers its op once per process. No `from __future__ import annotations`:
+custom_op reads the annotations as types.
+"""
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +50,7 @@ except ImportError:  # a CPU machine without triton: the torch path only
     triton = None
 
 _last_path = ""  # "triton" | "torch": which path the last call took (tests prove the kernel ran)
+_OP_NAME = "flux2_qkv_norm_rope_gemm"  # optbot::<name>, one per store entry
 
 # Tuned for Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head).
 DEFAULT_CONFIG = {"block_m": 128, "block_k": 64, "group_m": 8, "num_stages": 3, "num_warps": 8}
@@ -180,30 +189,22 @@ def _use_triton(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset=0,
-                         norm_style="torch", rope_style="real",
-                         block_m=None, block_k=None, group_m=None, num_stages=None, num_warps=None):
-    """One stream into the joint buffer.
+def _stream_takes_triton(x: torch.Tensor, D: int, norm_q: Optional[torch.Tensor], norm_k: Optional[torch.Tensor]) -> bool:
+    pow2 = D >= 32 and (D & (D - 1)) == 0  # the tile is one head: tl.arange and the pair split need a power of 2
+    return _use_triton(x) and pow2 and (norm_q is None) == (norm_k is None)
 
-    x: [B, S, K]; w: [3*H*D, K] (q, k, v rows stacked); bias: [3*H*D] or None; norm_q, norm_k: [D] or None;
-    cos, sin: [S, D] for this stream's tokens, or None (no RoPE); out: [3, B, S_joint, H, D], rows
-    seq_offset .. seq_offset + S are written. Returns out.
-    """
-    global _last_path
+
+def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset, norm_style, rope_style, cfg):
+    """One stream into rows seq_offset .. seq_offset + S of `out` [3, B, S_joint, H, D], the op's own
+    buffer (only _joint calls this). x: [B, S, K]; w: [3*H*D, K] (q, k, v rows stacked); bias:
+    [3*H*D] or None; norm_q, norm_k: [D] or None; cos, sin: [S, D] for this stream's tokens, or None."""
     B, S, K = x.shape
     D = w.shape[0] // (3 * heads)
-    pow2 = D >= 32 and (D & (D - 1)) == 0  # the tile is one head: tl.arange and the pair split need a power of 2
-    if not _use_triton(x) or not pow2 or (norm_q is None) != (norm_k is None):
-        _last_path = "torch"
+    if not _stream_takes_triton(x, D, norm_q, norm_k):
         for i, t in enumerate(reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads,
                                                norm_style, rope_style)):
             out[i, :, seq_offset:seq_offset + S] = t
-        return out
-    cfg = dict(DEFAULT_CONFIG)
-    for key, val in (("block_m", block_m), ("block_k", block_k), ("group_m", group_m),
-                     ("num_stages", num_stages), ("num_warps", num_warps)):
-        if val is not None:
-            cfg[key] = val
+        return
     x2 = x.reshape(B * S, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -230,32 +231,73 @@ def qkv_norm_rope_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, hea
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda and x.dtype != torch.float32,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
-    _last_path = "triton"
+
+
+def _joint_shape(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_img: torch.Tensor, heads: int) -> tuple:
+    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    return (3, x_img.shape[0], s_txt + x_img.shape[1], heads, w_img.shape[0] // (3 * heads))
+
+
+def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[torch.Tensor], w_img: torch.Tensor,
+           b_txt: Optional[torch.Tensor], b_img: Optional[torch.Tensor], nq_txt: Optional[torch.Tensor],
+           nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
+           cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
+           ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, block_k: int, group_m: int,
+           num_stages: int, num_warps: int) -> torch.Tensor:
+    """The op: both streams into one new [3, B, S_txt + S_img, H, D] (text first)."""
+    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    out = torch.empty(_joint_shape(x_txt, x_img, w_img, heads), dtype=x_img.dtype, device=x_img.device)
+    cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps}
+    if x_txt is not None:
+        _stream_into(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
+                     None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg)
+    _stream_into(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
+                 None if sin is None else sin[s_txt:], heads, out, s_txt, norm_style, rope_style, cfg)
     return out
+
+
+def _register():
+    """One registration per process: a second copy of this file (the store's and an engine
+    worktree's are byte-identical, store check) reuses the op the first registered."""
+    try:
+        return getattr(torch.ops.optbot, _OP_NAME)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"optbot::{_OP_NAME}", mutates_args=())(_joint)
+
+    @op.register_fake
+    def _fake(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin,
+              eq_t, ek_t, eq_i, ek_i, heads, *style_and_config):
+        return x_img.new_empty(_joint_shape(x_txt, x_img, w_img, heads))
+
+    return op
+
+
+_OP = _register()
 
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
-                  norm_style="torch", rope_style="real", **config):
+                  norm_style="torch", rope_style="real", block_m=None, block_k=None, group_m=None, num_stages=None,
+                  num_warps=None):
     """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
-    (text first). cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt, k_txt, q_img, k_img).
-    config: block_m, block_k, group_m, num_stages, num_warps (Triton path only)."""
+    (text first), a new tensor. cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt,
+    k_txt, q_img, k_img). block_m, block_k, group_m, num_stages, num_warps: the Triton config (None:
+    DEFAULT_CONFIG's)."""
     global _last_path
     eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
-    B, s_img = x_img.shape[:2]
-    s_txt = 0 if x_txt is None else x_txt.shape[1]
+    cfg = dict(DEFAULT_CONFIG)
+    for key, val in (("block_m", block_m), ("block_k", block_k), ("group_m", group_m),
+                     ("num_stages", num_stages), ("num_warps", num_warps)):
+        if val is not None:
+            cfg[key] = int(val)
     D = w_img.shape[0] // (3 * heads)
-    out = torch.empty((3, B, s_txt + s_img, heads, D), dtype=x_img.dtype, device=x_img.device)
-    style = {"norm_style": norm_style, "rope_style": rope_style, **config}
-    path = []
+    paths = [_stream_takes_triton(x_img, D, nq_img, nk_img)]
     if x_txt is not None:
-        qkv_norm_rope_stream(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
-                             None if sin is None else sin[:s_txt], heads, out, 0, **style)
-        path.append(_last_path)
-    qkv_norm_rope_stream(x_img, w_img, b_img, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
-                         None if sin is None else sin[s_txt:], heads, out, s_txt, **style)
-    path.append(_last_path)
-    _last_path = "triton" if set(path) == {"triton"} else "torch"
-    return out
+        paths.append(_stream_takes_triton(x_txt, D, nq_txt, nk_txt))
+    _last_path = "triton" if all(paths) else "torch"
+    return _OP(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
+               float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
+               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"])
 
 
 def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,

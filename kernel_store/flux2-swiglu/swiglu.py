@@ -6,9 +6,13 @@ instead of a slice-silu kernel, its intermediate write and a multiply kernel.
 silu(a) is rounded to x's dtype before the product, where the unfused code rounds it, so bf16
 results match the unfused path closely. Dispatch: Triton on CUDA tensors, and on CPU tensors under
 TRITON_INTERPRET=1; else the torch reference (the exact ops of the unfused code).
-"""
-from __future__ import annotations
 
+The Triton path is a registered op, optbot::swiglu (torch.library.custom_op with a fake) that
+allocates its output: torch.compile keeps it whole (no graph break, inductor does not look into it;
+lessons/user-triton-kernels-must-not-write-views-under-compile.md). The torch reference stays plain
+torch ops that compile traces. No `from __future__ import annotations`: custom_op reads the
+annotations as types.
+"""
 import os
 
 import torch
@@ -51,11 +55,7 @@ def _use_triton(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def swiglu(x: torch.Tensor, block_n: int = 1024, num_warps: int = 4) -> torch.Tensor:
-    global _last_path
-    if not _use_triton(x) or x.shape[-1] % 2:
-        _last_path = "torch"
-        return reference(x)
+def _launch(x: torch.Tensor, block_n: int, num_warps: int) -> torch.Tensor:
     half = x.shape[-1] // 2
     x2 = x.reshape(-1, x.shape[-1])  # [M, 2I]; a view when the leading dims allow it
     if x2.stride(-1) != 1:
@@ -65,5 +65,32 @@ def swiglu(x: torch.Tensor, block_n: int = 1024, num_warps: int = 4) -> torch.Te
         grid = (x2.shape[0], triton.cdiv(half, block_n))
         _swiglu_kernel[grid](x2, out, half, x2.stride(0), out.stride(0), BLOCK_N=block_n,
                              ROUND=x.dtype != torch.float32, num_warps=num_warps)
-    _last_path = "triton"
     return out.reshape(*x.shape[:-1], half)
+
+
+def _register():
+    """One registration per process: a second copy of this file (the store's and an engine
+    worktree's are byte-identical, store check) reuses the op the first registered."""
+    try:
+        return torch.ops.optbot.swiglu
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("optbot::swiglu", mutates_args=())(_launch)
+
+    @op.register_fake
+    def _fake(x, block_n, num_warps):
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+    return op
+
+
+_OP = _register()
+
+
+def swiglu(x: torch.Tensor, block_n: int = 1024, num_warps: int = 4) -> torch.Tensor:
+    global _last_path
+    if not _use_triton(x) or x.shape[-1] % 2:
+        _last_path = "torch"
+        return reference(x)
+    _last_path = "triton"
+    return _OP(x, int(block_n), int(num_warps))

@@ -14,10 +14,15 @@ rounded to the activation dtype where the unfused code stores them (y + bias, ga
 results track the unfused path. Dispatch: Triton on CUDA tensors, and on CPU tensors under
 TRITON_INTERPRET=1; else the torch reference. The engine only defers a bias when the Triton path will
 run (fuses()), so on a plain CPU the patched engine runs the exact ops of the base.
-"""
-from __future__ import annotations
 
+The fused path is a registered op, optbot::gate_bias_residual (torch.library.custom_op with a fake)
+that allocates its output: torch.compile keeps it whole (no graph break, inductor does not look into
+it; lessons/user-triton-kernels-must-not-write-views-under-compile.md). The torch reference stays
+plain torch ops that compile traces. No `from __future__ import annotations`: custom_op reads the
+annotations as types.
+"""
 import os
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -103,19 +108,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def gate_bias_residual(residual, gate, y, bias=None, *, block_m: int | None = None,
-                       block_n: int | None = None, num_warps: int | None = None):
-    """residual + gate * (y + bias) (bias None: residual + gate * y) in one pass; see the module doc."""
-    global _last_path
-    if not _fusable(residual, gate, y, bias):
-        _last_path = "torch"
-        return reference(residual, gate, y, bias)
+def _launch(residual: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, bias: Optional[torch.Tensor],
+            block_m: int, block_n: int, num_warps: int) -> torch.Tensor:
     B, S, D = residual.shape
-    if block_n is None:
-        # GPU: 1024 divides Qwen-Image's 3072 (no masked lanes); interpreter: one tile across the row
-        block_n = min(triton.next_power_of_2(D), 1024 if residual.is_cuda else 4096)
-    if block_m is None:
-        block_m = 4 if residual.is_cuda else max(1, 8192 // block_n)
     residual, y = _rows(residual), _rows(y)
     gate = _rows(gate.expand(B, S, D))
     out = torch.empty((B, S, D), dtype=residual.dtype, device=residual.device)
@@ -126,9 +121,44 @@ def gate_bias_residual(residual, gate, y, bias=None, *, block_m: int | None = No
             residual, gate, y, bias if bias is not None else y, out, M, S, D,
             residual.stride(0), residual.stride(1), gate.stride(0), gate.stride(1), y.stride(0), y.stride(1),
             HAS_BIAS=bias is not None, ROUND=residual.dtype != torch.float32,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps or 4)
-    _last_path = "triton"
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
+
+
+def _register():
+    """One registration per process: a second copy of this file (the store's and an engine
+    worktree's are byte-identical, store check) reuses the op the first registered."""
+    try:
+        return torch.ops.optbot.gate_bias_residual
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("optbot::gate_bias_residual", mutates_args=())(_launch)
+
+    @op.register_fake
+    def _fake(residual, gate, y, bias, block_m, block_n, num_warps):
+        return residual.new_empty(residual.shape)
+
+    return op
+
+
+_OP = _register()
+
+
+def gate_bias_residual(residual, gate, y, bias=None, *, block_m: int | None = None,
+                       block_n: int | None = None, num_warps: int | None = None):
+    """residual + gate * (y + bias) (bias None: residual + gate * y) in one pass; see the module doc."""
+    global _last_path
+    if not _fusable(residual, gate, y, bias):
+        _last_path = "torch"
+        return reference(residual, gate, y, bias)
+    D = residual.shape[-1]
+    if block_n is None:
+        # GPU: 1024 divides Qwen-Image's 3072 (no masked lanes); interpreter: one tile across the row
+        block_n = min(triton.next_power_of_2(D), 1024 if residual.is_cuda else 4096)
+    if block_m is None:
+        block_m = 4 if residual.is_cuda else max(1, 8192 // block_n)
+    _last_path = "triton"
+    return _OP(residual, gate, y, bias, int(block_m), int(block_n), int(num_warps or 4))
 
 
 def linear_deferring_bias(linear: nn.Module, x: torch.Tensor):

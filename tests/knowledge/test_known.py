@@ -49,11 +49,17 @@ def test_no_record_means_unknown(entry):
 
 
 def test_the_shipped_records_are_found(entry):
-    """The committed H200 verdict of the seed entry (benchmarks/results) matches its own conditions."""
-    rec = json.loads((SHIPPED_STORE / "flux2-swiglu" / "bench.json").read_text())["gpu"]["validation"]["workloads"]["flux2"]
-    k, why = ask(entry, base_sha=rec["base_sha"], env=rec["env"])
+    """A committed H200 verdict (benchmarks/results) matches its own conditions while the entry's patch
+    is the one it was made on (qwen-image-drop-all-ones-mask); flux2-swiglu's verdict is of its patch
+    from before the registered op (issue 20), so it is not reused."""
+    mask = get_entry("qwen-image-drop-all-ones-mask", SHIPPED_STORE)
+    rec = json.loads(mask.bench_path.read_text())["gpu"]["validation"]["workloads"]["qwen-image"]
+    k, why = ask(mask, workload="qwen-image", base_sha=rec["base_sha"], env=rec["env"])
     assert k is not None, why
     assert k.status == rec["status"] and k.numbers == rec
+    rec = json.loads(entry.bench_path.read_text())["gpu"]["validation"]["workloads"]["flux2"]
+    k, why = ask(entry, base_sha=rec["base_sha"], env=rec["env"])
+    assert k is None and "another patch" in why
 
 
 def _ablation(key: dict, rounds: int = 1) -> AblationRecord:

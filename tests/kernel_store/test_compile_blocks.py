@@ -1,0 +1,145 @@
+"""Every store kernel composes with torch.compile: each entry with a kernel file, and each stack of a
+workload's entries, on its patched tiny model with the Triton kernels running under
+TRITON_INTERPRET=1, has its repeated blocks compiled with fullgraph=True (backend aot_eager) with
+zero graph breaks, gives the eager step's outputs, holds every loaded kernel module as a registered
+optbot op in the compiled graphs (none traced inline as a user-Triton wrapper), and every kernel
+module took the Triton path (docs/store.md, "Kernels inside the engine").
+
+The children run concurrently (one per core), each in its own process: two engines cannot share one."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from bot.generate.replay import apply_entry
+from bot.knowledge.location import SHIPPED_STORE
+from bot.knowledge.store import UNUSABLE, get_entry, load_store
+from bot.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPER = Path(__file__).with_name("compile_blocks.py")
+USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE]
+SINGLE = [(wl, (e.id,)) for e in USABLE if e.kernel_files() for wl in e.workloads]
+# The stacks that apply together (tests/generate/test_replay.py): flux2-qkv-norm-rope-epilogue conflicts
+# with flux2-merge-qkv and flux2-qk-rmsnorm-rope (it supersedes them; its entry.yaml), so FLUX.2 has two.
+STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv")),
+          ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate")),
+          ("qwen-image", ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
+                          "qwen-image-qkv-norm-rope-epilogue"))]
+# The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
+# interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
+# text tokens) the nine runs took 231 s on the 2-core development machine, at this one 64 to 153 s
+# (with the machine's other load).
+SHAPE = "48,80,7"
+
+
+def _key_id(key) -> str:
+    wl, ids = key
+    return ids[0] if len(ids) == 1 else f"{wl}-stack-" + "+".join(i.removeprefix(wl + "-") for i in ids)
+
+
+def _run(engine_src: Path, workload: str, out: Path) -> dict:
+    # one torch thread per child: the children already run one per core
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(engine_src), str(ROOT)]), TRITON_INTERPRET="1",
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(Path(str(out) + ".json").read_text())
+
+
+@pytest.fixture(scope="module")
+def compiled(request, diffusers_engine, tmp_path_factory):
+    """The result of every run the collected tests of this module ask for: the patches applied one
+    after another (worktrees of one repository are not created concurrently), the children run
+    concurrently."""
+    keys = sorted({it.callspec.params["key"] for it in request.session.items
+                   if it.module is request.module and "key" in getattr(getattr(it, "callspec", None), "params", {})})
+    srcs = {}
+    for key in keys:
+        onto = None
+        for eid in key[1]:
+            r = apply_entry(diffusers_engine, get_entry(eid, SHIPPED_STORE), name=f"test-compile-{_key_id(key)}-{eid}", onto=onto)
+            assert r.status == "applied", r.reason
+            onto = r.candidate.commit_sha
+        srcs[key] = Path(r.worktree) / "src"
+    d = tmp_path_factory.mktemp("compile-blocks")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futs = {key: pool.submit(_run, srcs[key], key[0], d / _key_id(key)) for key in keys}
+        return {key: (f, d / _key_id(key)) for key, f in futs.items()}
+
+
+def _check(compiled, key) -> dict:
+    fut, out = compiled[key]
+    res = fut.result()
+    assert res["error"] is None, f"compiled step failed: {res['error']}"
+    assert res["graph_breaks"] == 0, res["break_reasons"]
+    assert res["user_triton"] == [], f"Triton kernels traced inline, not registered ops: {res['user_triton']}"
+    kernels = [get_entry(eid, SHIPPED_STORE).kernel_files() for eid in key[1]]
+    if any(kernels):
+        assert res["kernel_paths"], "no optbot kernel module was loaded by the model"
+        assert set(res["kernel_paths"].values()) == {"triton"}, res["kernel_paths"]
+        # every kernel module the model ran is in the compiled graphs as its registered op
+        assert set(res["optbot_ops"].values()) == set(res["kernel_paths"]), res["optbot_ops"]
+    tol = load_workload(key[0]).tolerance["float32"]
+    outs = torch.load(str(out) + ".pt")
+    assert outs["eager"].keys() == outs["compiled"].keys()
+    for k, ref in outs["eager"].items():
+        torch.testing.assert_close(outs["compiled"][k], ref, atol=tol.atol, rtol=tol.rtol)
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", SINGLE, ids=_key_id)
+def test_entry_compiles_without_graph_breaks(compiled, key):
+    _check(compiled, key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", STACKS, ids=_key_id)
+def test_stack_compiles_without_graph_breaks(compiled, key):
+    res = _check(compiled, key)
+    files = [f.stem for eid in key[1] for f in get_entry(eid, SHIPPED_STORE).kernel_files()]
+    assert sorted(m.rsplit(".", 1)[1] for m in res["kernel_paths"]) == sorted(files), res["kernel_paths"]
+
+
+def test_the_stacks_cover_every_entry():
+    """A new entry of these workloads joins a stack (or a new stack), or this test says so."""
+    stacked = {eid for _, ids in STACKS for eid in ids}
+    for wl in {wl for wl, _ in STACKS}:
+        assert {e.id for e in USABLE if wl in e.workloads} <= stacked, wl
+
+
+_REGISTER_PROBE = """
+import importlib.util, json, sys
+from torch._library.custom_ops import OPDEFS
+added = {}
+for i, path in enumerate(sys.argv[1:]):
+    before = set(OPDEFS)
+    for copy in ("store", "engine"):  # the same file imported twice, as the store's and an engine's copy
+        spec = importlib.util.spec_from_file_location(f"probe_{i}_{copy}", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    added[path] = sorted(set(OPDEFS) - before)
+print(json.dumps(added))
+"""
+
+
+def test_every_kernel_file_registers_ops_of_its_own_once():
+    """All the store's kernel files in one process, each imported twice: no registration error, and
+    each file registers at least one op no other file registered first (a shared name would make a
+    second entry silently run the first one's op)."""
+    files = [str(f) for e in USABLE for f in e.kernel_files()]
+    proc = subprocess.run([sys.executable, "-c", _REGISTER_PROBE, *files], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    added = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(added) == set(files)
+    for path, ops in added.items():
+        assert ops and all(op.startswith("optbot::") for op in ops), (path, ops)
