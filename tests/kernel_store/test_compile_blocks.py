@@ -32,7 +32,7 @@ SINGLE = [(wl, (e.id,)) for e in USABLE if e.kernel_files() for wl in e.workload
 STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv")),
           ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate")),
           ("qwen-image", ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
-                          "qwen-image-qkv-norm-rope-epilogue"))]
+                          "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies"))]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
 # interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
 # text tokens) the nine runs took 231 s on the 2-core development machine, at this one 64 to 153 s
