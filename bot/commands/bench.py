@@ -24,7 +24,7 @@ from runner.job import Job
 
 @dataclass
 class BenchRow:
-    variant: str  # upstream | candidate | engine name
+    variant: str  # upstream | candidate (candidate:<name> when several) | engine name
     mode: str  # eager | graph | compile | compile+graph
     device: str
     median_ms: float | None = None
@@ -86,9 +86,10 @@ def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]
 
 @click.command("bench")
 @workload_options
-@click.option("--candidate", default=None, metavar="REF|PATCH",
+@click.option("--candidate", "candidates", multiple=True, metavar="REF|PATCH",
               help="The optimized engine to compare: a branch/commit on top of the base (e.g. "
-                   "optbot/flux2/<base-sha12>) or a patch file (e.g. kernel_store/<entry>/patch.diff).")
+                   "optbot/flux2/<base-sha12>) or a patch file (e.g. kernel_store/<entry>/patch.diff). "
+                   "Repeatable: several candidates in one run are rows candidate:<name>.")
 @click.option("--with-engine", "extra_engines", multiple=True, metavar="NAME",
               help="Also bench another engine the workload defines (e.g. sglang). Repeatable.")
 @click.option("--modes", default=None, metavar="LIST",
@@ -103,7 +104,7 @@ def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]
               help="torch.compile backend of the compile modes (aot_eager traces without generating code: "
                    "a quick check that the candidate compiles at all).")
 @click.option("--timeout", default=1800, show_default=True, help="Seconds per runner job.")
-def command(workload, engine, ref, preset, device, json_path, candidate, extra_engines, modes, other_modes, iters,
+def command(workload, engine, ref, preset, device, json_path, candidates, extra_engines, modes, other_modes, iters,
             compile_backend, timeout):
     """Per-step latency of upstream vs optimized vs other engines vs the roofline, outputs checked.
 
@@ -131,13 +132,14 @@ def command(workload, engine, ref, preset, device, json_path, candidate, extra_e
     console = Console(width=None if Console().is_terminal else 150)
     # (label, the target its engine is, worktree, sha); another engine of the workload is its own target
     variants: list[tuple[str, Target, Path, str]] = [("upstream", t, base_worktree(t), t.checkout.base_sha)]
-    if candidate:
+    for candidate in candidates:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
         from bot.validate.resolve import resolve_candidate
 
         rev = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
-        variants.append(("candidate", t, rev.worktree, rev.sha))
+        label = "candidate" if len(candidates) == 1 else f"candidate:{Path(candidate).stem if Path(candidate).is_file() else candidate}"
+        variants.append((label, t, rev.worktree, rev.sha))
     for name in extra_engines:
         spec = t.workload.engine(name)
         co = checkout_engine(spec.source, spec.ref, spec.import_root, name)
