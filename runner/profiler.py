@@ -1,6 +1,7 @@
 """Profile one step: where the time goes, kernel by kernel, attributed to the module that launched it.
 
-How attribution works: forward pre/post hooks on every submodule open and close a profiler range
+How attribution works: forward pre/post hooks on every submodule (none inside a module compiled in
+place: ``attach_module_ranges``) open and close a profiler range
 named ``optbot.module::<path>|<Class>``. torch.profiler's chrome trace then has, on the launching
 CPU thread, properly nested intervals: module ranges and aten ops. Each GPU kernel carries a
 correlation id linking it to the runtime launch call on that thread; the innermost module range and
@@ -30,10 +31,20 @@ _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "lo
                 "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1}
 
 
+def _compiled(mod: torch.nn.Module) -> bool:
+    return getattr(mod, "_compiled_call_impl", None) is not None  # set by nn.Module.compile()
+
+
 def attach_module_ranges(model: torch.nn.Module) -> list:
+    """Ranges on every submodule, except those inside a module compiled in place: hooks there would
+    be traced into its graph (each a graph break, and a recompile since hooks are new), so the
+    profile would be of a broken-up graph instead of the compiled one the step runs. A compiled
+    region is attributed as a whole to its compiled module, whose own hooks are kept out of dynamo
+    (they are called inside the compiled wrapper, where dynamo would trace them)."""
     handles = []
+    compiled = [p for p, m in model.named_modules() if _compiled(m)]
     for path, mod in model.named_modules():
-        if not path:
+        if not path or any(not c or path.startswith(c + ".") for c in compiled):
             continue
         label = f"{MOD_PREFIX}{path}|{type(mod).__name__}"
 
@@ -46,6 +57,8 @@ def attach_module_ranges(model: torch.nn.Module) -> list:
             if stack:
                 torch.ops.profiler._record_function_exit._RecordFunction(stack.pop())
 
+        if _compiled(mod):
+            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
     return handles
