@@ -1,7 +1,7 @@
 """Profile one step: where the time goes, kernel by kernel, attributed to the module that launched it.
 
-How attribution works: forward pre/post hooks on every submodule (none inside a module compiled in
-place: ``attach_module_ranges``) open and close a profiler range
+How attribution works: forward pre/post hooks on every submodule (none inside a module that runs
+compiled: ``attach_module_ranges``) open and close a profiler range
 named ``optbot.module::<path>|<Class>``. torch.profiler's chrome trace then has, on the launching
 CPU thread, properly nested intervals: module ranges and aten ops. Each GPU kernel carries a
 correlation id linking it to the runtime launch call on that thread; the innermost module range and
@@ -31,20 +31,39 @@ _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "lo
                 "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1}
 
 
-def _compiled(mod: torch.nn.Module) -> bool:
-    return getattr(mod, "_compiled_call_impl", None) is not None  # set by nn.Module.compile()
+def _compiled_in_place(mod: torch.nn.Module) -> bool:
+    """Set up by nn.Module.compile(), whether or not dynamo has compiled it yet."""
+    return getattr(mod, "_compiled_call_impl", None) is not None
+
+
+def _ran_compiled(mod: torch.nn.Module) -> bool:
+    """Has dynamo compiled code for this module's forward (in this process)? A module set up for
+    compile whose code was never compiled (dynamo skipped it) runs eager and is profiled as eager."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return False
+    fwd = getattr(type(mod).forward, "__code__", None)
+    return fwd is not None and len(_debug_get_cache_entry_list(fwd)) > 0
 
 
 def attach_module_ranges(model: torch.nn.Module) -> list:
-    """Ranges on every submodule, except those inside a module compiled in place: hooks there would
-    be traced into its graph (each a graph break, and a recompile since hooks are new), so the
-    profile would be of a broken-up graph instead of the compiled one the step runs. A compiled
-    region is attributed as a whole to its compiled module, whose own hooks are kept out of dynamo
-    (they are called inside the compiled wrapper, where dynamo would trace them)."""
+    """Ranges on every submodule, except those inside a module that runs compiled (compiled in place
+    with ``nn.Module.compile()``, and compiled by dynamo by now: the step was run before). Hooks there
+    would be traced into its graph (each a graph break, and a recompile since hooks are new), so the
+    profile would be of a broken-up graph instead of the compiled one the step runs; that region is
+    attributed as a whole to the compiled module. Hooks dynamo would see are kept out of it
+    (torch.compiler.disable): those of a compiled module itself (called inside its compiled wrapper)
+    and those inside one that dynamo never compiled (profiled as eager, so exactly as the base is)."""
     handles = []
-    compiled = [p for p, m in model.named_modules() if _compiled(m)]
+    compiled = {p: _ran_compiled(m) for p, m in model.named_modules() if _compiled_in_place(m)}
+
+    def owner(path: str) -> str | None:  # the compiled module whose strict descendant `path` is
+        return next((c for c in compiled if path != c and (not c or path.startswith(c + "."))), None)
+
     for path, mod in model.named_modules():
-        if not path or any(not c or path.startswith(c + ".") for c in compiled):
+        outer = owner(path)
+        if not path or (outer is not None and compiled[outer]):
             continue
         label = f"{MOD_PREFIX}{path}|{type(mod).__name__}"
 
@@ -57,7 +76,7 @@ def attach_module_ranges(model: torch.nn.Module) -> list:
             if stack:
                 torch.ops.profiler._record_function_exit._RecordFunction(stack.pop())
 
-        if _compiled(mod):
+        if path in compiled or outer is not None:
             pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))

@@ -174,10 +174,20 @@ def test_compiled_block_compiles_under_poison_empty():
     assert torch.isfinite(y).all()
 
 
+def _histogram(prof: dict) -> dict:
+    from runner.module_pattern import module_pattern
+
+    h: dict = {}
+    for k in prof["kernels"]:
+        key = (k["name"], module_pattern(k["module"]))
+        h[key] = h.get(key, 0) + k["calls"]
+    return h
+
+
 def test_profiler_leaves_compiled_blocks_whole(tmp_path):
-    """Module ranges stop at a compiled module: hooks inside it would be traced into its graph
-    (each one a graph break, and a recompile per hooked call site), so the profile would show a
-    different, broken-up graph than the step that is timed."""
+    """Module ranges stop at a module that runs compiled: hooks inside it would be traced into its
+    graph (each one a graph break, and a recompile per hooked call site), so the profile would show
+    a different, broken-up graph than the step that is timed."""
     torch = pytest.importorskip("torch")
     from torch._dynamo.utils import counters
 
@@ -187,20 +197,49 @@ def test_profiler_leaves_compiled_blocks_whole(tmp_path):
     model = _Tiny.make()
     for b in model.blocks:
         b.compile(backend="aot_eager")
-    handles = attach_module_ranges(model)
-    try:
-        hooked = {path for path, m in model.named_modules() if m._forward_pre_hooks}
-    finally:
-        for h in handles:
-            h.remove()
-    assert hooked == {"blocks", "blocks.0", "blocks.1", "blocks.2"}
     x = torch.randn(2, 5, 8)
     with torch.inference_mode():
         model(x)  # compiled before the profile, as the validator's correctness runs do
+        handles = attach_module_ranges(model)
+        try:
+            hooked = {path for path, m in model.named_modules() if m._forward_pre_hooks}
+        finally:
+            for h in handles:
+                h.remove()
+        assert hooked == {"blocks", "blocks.0", "blocks.1", "blocks.2"}
         counters.clear()
         prof = profile_step(model, lambda: model(x), "cpu", tmp_path / "trace.json.gz")
     assert not counters["graph_break"] and not counters["frames"], (dict(counters["graph_break"]), dict(counters["frames"]))
     assert {k["module"] for k in prof["kernels"]} >= {"blocks.0", "blocks.1", "blocks.2"}
+
+
+def test_profiler_sees_a_compile_that_never_ran_as_eager(tmp_path):
+    """Blocks set up with .compile() whose code dynamo never compiled (here: skipped under a
+    dispatch mode that is not compile-transparent, what PoisonEmpty was) run eager, and the profile
+    must say so: the same op histogram as the plain eager model, so engagement says not-engaged
+    (before, the profiler's own hooks got compiled inside them and the CPU histogram differed)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from runner.profiler import profile_step
+
+    class Opaque(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    torch._dynamo.reset()
+    eager, compiled = _Tiny.make(), _Tiny.make()
+    compiled.load_state_dict(eager.state_dict())
+    for b in compiled.blocks:
+        b.compile(backend="aot_eager")
+    x = torch.randn(2, 5, 8)
+    with torch.inference_mode():
+        with Opaque():
+            compiled(x)  # dynamo skips the blocks' forward, for the rest of the process
+        compiled(x)
+        h_eager = _histogram(profile_step(eager, lambda: eager(x), "cpu", tmp_path / "e.json.gz"))
+        h_comp = _histogram(profile_step(compiled, lambda: compiled(x), "cpu", tmp_path / "c.json.gz"))
+    assert h_comp == h_eager
 
 
 @pytest.mark.slow
