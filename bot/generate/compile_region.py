@@ -20,8 +20,9 @@ Why it engages now: the validator's first calls of the step run under runner.poi
 TorchDispatchMode. Dynamo does not trace under a mode that is not compile-transparent, and marks the
 block's forward "skip" for the rest of the process, so the blocks ran eager in correctness, profile
 and timing alike (the H200 verdict compile-region-4d08c68b: bit-identical outputs, identical
-histogram). PoisonEmpty is compile-transparent, and the profiler puts no hooks inside a compiled
-block (docs/generate.md, Compile region).
+histogram). PoisonEmpty is compile-transparent (so is the FLOP counter, runner/profiler.py, which
+left the blocks eager the same way), and the profiler puts no hooks inside a block that runs
+compiled (docs/generate.md, Compile region).
 """
 from __future__ import annotations
 

@@ -242,6 +242,34 @@ def test_profiler_sees_a_compile_that_never_ran_as_eager(tmp_path):
     assert h_comp == h_eager
 
 
+def test_flop_count_leaves_compiled_blocks_compiled():
+    """count_flops runs the step under a TorchDispatchMode too; a mode that is not compile-transparent
+    would leave every later step of the process eager (the H200 candidate process that counted
+    FLOPs timed at the base's speed). The count of the compiled step equals the eager one."""
+    torch = pytest.importorskip("torch")
+
+    from runner.profiler import count_flops
+
+    torch._dynamo.reset()
+    eager, compiled = _Tiny.make(), _Tiny.make()
+    compiled.load_state_dict(eager.state_dict())
+    for b in compiled.blocks:
+        b.compile(backend="aot_eager")
+    x = torch.randn(2, 5, 8)
+
+    def regions(model):
+        with torch.profiler.profile() as p:
+            model(x)
+        return {e.name for e in p.events() if e.name.startswith("Torch-Compiled Region")}
+
+    with torch.inference_mode():
+        compiled(x)
+        assert regions(compiled)
+        flops = count_flops(lambda: compiled(x))
+        assert regions(compiled), "compiled blocks ran eager after the FLOP count"
+        assert flops == count_flops(lambda: eager(x)) and flops["linear"] > 0
+
+
 @pytest.mark.slow
 def test_flux2_candidate_engaged_under_the_validator(diffusers_engine, tmp_path):
     """A real compile-region candidate on tiny FLUX.2, judged by THE validator on CPU (inductor, gcc):
