@@ -240,8 +240,9 @@ class _FlopCounter(torch.utils._python_dispatch.TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         # Compile-transparent, as runner.poison.PoisonEmpty: under a mode that is not, dynamo marks
         # a compiled block's code "skip" for the rest of the process, and every step after the
-        # count ran eager (on the H200 the candidate's first process timed at the base's speed).
-        # The compiled code's matmuls and attention still dispatch (extern/fallback ops): counted.
+        # count ran eager (likely why the H200 candidate process that counted FLOPs timed at the
+        # base's speed). The compiled code's matmuls and attention still dispatch (extern/fallback
+        # ops), so they are counted.
         return True
 
     def __init__(self):
