@@ -20,6 +20,16 @@ reference's result from an earlier run. Two defences, both used by runner/kinds/
    unaffected. Integer tensors are left alone (there is no NaN for them).
 
 Base and candidate run under the same poisoning, so poisoning never changes what "correct" means.
+
+``PoisonEmpty`` is compile-transparent (``ignore_compile_internals``): a region under
+``torch.compile`` is compiled and its compiled code is what runs, with the mode on around it. A
+non-transparent mode makes dynamo refuse to trace and mark the frame's code object "skip" for the
+rest of the process, so a compiled candidate ran eager in the correctness runs AND in the profile and
+timing after them, in the same process (the H200 compile-region verdict: outputs bit-identical to the
+base, op histogram identical). The cost: buffers that compiled code allocates itself (inductor's
+``empty_strided``) do not pass through the dispatcher, so defence 2 does not see them; on CUDA
+defence 1 still hands them NaN memory from the caching allocator, on CPU it is best effort.
+What the compiled code dispatches (fallback and custom ops) and all eager code still pass through it.
 """
 from __future__ import annotations
 
@@ -37,6 +47,12 @@ _EMPTY_OPS = {
 
 class PoisonEmpty(TorchDispatchMode):
     """Fill every new uninitialized floating-point tensor with NaN."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile compile under the mode (module docstring): the validator checks the code
+        # that the timing runs, compiled, not an eager fallback of it.
+        return True
 
     def __init__(self):
         super().__init__()

@@ -1,6 +1,7 @@
 """Profile one step: where the time goes, kernel by kernel, attributed to the module that launched it.
 
-How attribution works: forward pre/post hooks on every submodule open and close a profiler range
+How attribution works: forward pre/post hooks on every submodule (none inside a module that runs
+compiled: ``attach_module_ranges``) open and close a profiler range
 named ``optbot.module::<path>|<Class>``. torch.profiler's chrome trace then has, on the launching
 CPU thread, properly nested intervals: module ranges and aten ops. Each GPU kernel carries a
 correlation id linking it to the runtime launch call on that thread; the innermost module range and
@@ -30,10 +31,39 @@ _DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "lo
                 "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1}
 
 
+def _compiled_in_place(mod: torch.nn.Module) -> bool:
+    """Set up by nn.Module.compile(), whether or not dynamo has compiled it yet."""
+    return getattr(mod, "_compiled_call_impl", None) is not None
+
+
+def _ran_compiled(mod: torch.nn.Module) -> bool:
+    """Has dynamo compiled code for this module's forward (in this process)? A module set up for
+    compile whose code was never compiled (dynamo skipped it) runs eager and is profiled as eager."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        return False
+    fwd = getattr(type(mod).forward, "__code__", None)
+    return fwd is not None and len(_debug_get_cache_entry_list(fwd)) > 0
+
+
 def attach_module_ranges(model: torch.nn.Module) -> list:
+    """Ranges on every submodule, except those inside a module that runs compiled (compiled in place
+    with ``nn.Module.compile()``, and compiled by dynamo by now: the step was run before). Hooks there
+    would be traced into its graph (each a graph break, and a recompile since hooks are new), so the
+    profile would be of a broken-up graph instead of the compiled one the step runs; that region is
+    attributed as a whole to the compiled module. Hooks dynamo would see are kept out of it
+    (torch.compiler.disable): those of a compiled module itself (called inside its compiled wrapper)
+    and those inside one that dynamo never compiled (profiled as eager, so exactly as the base is)."""
     handles = []
+    compiled = {p: _ran_compiled(m) for p, m in model.named_modules() if _compiled_in_place(m)}
+
+    def owner(path: str) -> str | None:  # the compiled module whose strict descendant `path` is
+        return next((c for c in compiled if path != c and (not c or path.startswith(c + "."))), None)
+
     for path, mod in model.named_modules():
-        if not path:
+        outer = owner(path)
+        if not path or (outer is not None and compiled[outer]):
             continue
         label = f"{MOD_PREFIX}{path}|{type(mod).__name__}"
 
@@ -46,6 +76,8 @@ def attach_module_ranges(model: torch.nn.Module) -> list:
             if stack:
                 torch.ops.profiler._record_function_exit._RecordFunction(stack.pop())
 
+        if path in compiled or outer is not None:
+            pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)
         handles.append(mod.register_forward_pre_hook(pre))
         handles.append(mod.register_forward_hook(post))
     return handles
@@ -203,6 +235,15 @@ class _FlopCounter(torch.utils._python_dispatch.TorchDispatchMode):
     Our own counter rather than torch.utils.flop_counter, which has no formula for some attention
     kernels (e.g. the CPU flash kernel) and would report attention as 0 there.
     """
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Compile-transparent, as runner.poison.PoisonEmpty: under a mode that is not, dynamo marks
+        # a compiled block's code "skip" for the rest of the process, and every step after the
+        # count ran eager (likely why the H200 candidate process that counted FLOPs timed at the
+        # base's speed). The compiled code's matmuls and attention still dispatch (extern/fallback
+        # ops), so they are counted.
+        return True
 
     def __init__(self):
         super().__init__()
