@@ -144,9 +144,13 @@ _GATE_RESIDUAL = _register("gate_residual_norm_modulate", _gate_residual_op,
 def _launch(h, gate, y, shift, scale, eps, residual: bool, num_warps: int | None = None):
     if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
         num_warps = min(16, max(4, triton.next_power_of_2(h.shape[-1]) // 512))
+    # The registered ops only under torch.compile (one graph node, no break); eager calls the
+    # functions themselves: custom_op's Python dispatch costs tens of microseconds a call, more than
+    # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
+    compiling = torch.compiler.is_compiling()
     if residual:
-        return _GATE_RESIDUAL(h, gate, y, shift, scale, float(eps), int(num_warps))
-    return None, _NORM_MODULATE(h, shift, scale, float(eps), int(num_warps))
+        return (_GATE_RESIDUAL if compiling else _gate_residual_op)(h, gate, y, shift, scale, float(eps), int(num_warps))
+    return None, (_NORM_MODULATE if compiling else _norm_modulate_op)(h, shift, scale, float(eps), int(num_warps))
 
 
 def norm_modulate(x, shift, scale, eps):

@@ -156,4 +156,7 @@ def qk_rmsnorm_rope_joint(x: torch.Tensor, weight: Optional[torch.Tensor], ex: O
                           eeps: Optional[float] = None) -> torch.Tensor:
     """x: [B, S_img, H, D] (image q or k), ex: [B, S_txt, H, D] or None (text); cos, sin:
     [S_txt + S_img, D]. Returns [B, S_txt + S_img, H, D]: [norm+rope(ex); norm+rope(x)]."""
-    return _JOINT(x, weight, ex, eweight, cos, sin, float(eps), float(eps if eeps is None else eeps))
+    # The registered op only under torch.compile (one graph node, no break); eager calls the
+    # function itself: custom_op's Python dispatch costs tens of microseconds a call, more than
+    # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
+    return (_JOINT if torch.compiler.is_compiling() else _joint)(x, weight, ex, eweight, cos, sin, float(eps), float(eps if eeps is None else eeps))

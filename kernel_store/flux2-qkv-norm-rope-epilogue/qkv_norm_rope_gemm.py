@@ -295,7 +295,10 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     if x_txt is not None:
         paths.append(_stream_takes_triton(x_txt, D, nq_txt, nk_txt))
     _last_path = "triton" if all(paths) else "torch"
-    return _OP(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
+    # The registered op only under torch.compile (one graph node, no break); eager calls the
+    # function itself: custom_op's Python dispatch costs tens of microseconds a call, more than
+    # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
+    return (_OP if torch.compiler.is_compiling() else _joint)(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
                float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
                cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"])
 

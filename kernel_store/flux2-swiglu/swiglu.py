@@ -93,4 +93,7 @@ def swiglu(x: torch.Tensor, block_n: int = 1024, num_warps: int = 4) -> torch.Te
         _last_path = "torch"
         return reference(x)
     _last_path = "triton"
-    return _OP(x, int(block_n), int(num_warps))
+    # The registered op only under torch.compile (one graph node, no break); eager calls the
+    # function itself: custom_op's Python dispatch costs tens of microseconds a call, more than
+    # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
+    return (_OP if torch.compiler.is_compiling() else _launch)(x, int(block_n), int(num_warps))

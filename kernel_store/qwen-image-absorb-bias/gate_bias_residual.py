@@ -158,7 +158,10 @@ def gate_bias_residual(residual, gate, y, bias=None, *, block_m: int | None = No
     if block_m is None:
         block_m = 4 if residual.is_cuda else max(1, 8192 // block_n)
     _last_path = "triton"
-    return _OP(residual, gate, y, bias, int(block_m), int(block_n), int(num_warps or 4))
+    # The registered op only under torch.compile (one graph node, no break); eager calls the
+    # function itself: custom_op's Python dispatch costs tens of microseconds a call, more than
+    # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
+    return (_OP if torch.compiler.is_compiling() else _launch)(residual, gate, y, bias, int(block_m), int(block_n), int(num_warps or 4))
 
 
 def linear_deferring_bias(linear: nn.Module, x: torch.Tensor):
