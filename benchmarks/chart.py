@@ -73,6 +73,7 @@ def main(out: str, files: list[str]) -> None:
     for ax, b in zip(axes[0], benches):
         panel(ax, b)
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     print("wrote", out)
 
