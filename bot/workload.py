@@ -97,6 +97,9 @@ class Workload:
     dtype: dict[str, str]  # device kind -> dtype name
     bit_exact: bool
     tolerance: dict[str, Tolerance]
+    # the modes production runs this model in (runner/modes.py): what the validator checks and
+    # times on CUDA; key `production_modes`, default all four
+    production_modes: tuple[str, ...] = ("eager", "graph", "compile", "compile+graph")
 
     def engine(self, name: str | None) -> EngineSpec:
         name = name or self.default_engine
@@ -318,7 +321,19 @@ def parse_workload(data: Any, file: Path) -> Workload:
                 raise ConfigError(file, f"correctness.tolerance.{dt}", None,
                                   f"a tolerance for {dt} (used on {dev}), or bit_exact: true")
 
-    known = {"name", "family", "engines", "default_engine", "step", "latent_downsample", "presets", "dtype", "correctness"}
+    from runner.job import MODES, parse_mode
+
+    modes = r.get(data, "production_modes", "", list, default=list(MODES))
+    for i, m in enumerate(modes):
+        try:
+            parse_mode(str(m))
+        except ValueError as e:
+            raise ConfigError(file, f"production_modes[{i}]", m, str(e).split(": ", 1)[1]) from None
+    if "eager" not in modes:
+        raise ConfigError(file, "production_modes", modes, "a list that includes eager (the reference mode)")
+
+    known = {"name", "family", "engines", "default_engine", "step", "latent_downsample", "presets", "dtype", "correctness",
+             "production_modes"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"one of the known keys {sorted(known)}")
@@ -326,5 +341,5 @@ def parse_workload(data: Any, file: Path) -> Workload:
     return Workload(
         name=name, file=str(file), family=family, engines=engines, default_engine=default_engine,
         step=step, latent_downsample=latent_downsample, presets=presets, dtype=dict(dtype),
-        bit_exact=bit_exact, tolerance=tolerance,
+        bit_exact=bit_exact, tolerance=tolerance, production_modes=tuple(str(m) for m in modes),
     )

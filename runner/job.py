@@ -86,3 +86,23 @@ class Job:
         if job.kind not in job_kinds():
             raise ValueError(f"job {path}: kind {job.kind!r} is not one of {job_kinds()}")
         return job
+
+
+# The production modes (runner/modes.py runs them); here because the bot parses them too and
+# this module imports no torch.
+MODES = ("eager", "graph", "compile", "compile+graph")
+RECIPES = ("regional", "whole", "max-autotune")
+
+
+def parse_mode(mode: str) -> tuple[str | None, bool]:
+    """(compile recipe or None for eager, captured into a CUDA graph?). Raises ValueError for an unknown mode."""
+    base, graph = (mode[:-len("+graph")], True) if mode.endswith("+graph") else (mode, False)
+    if base == "graph" and not graph:
+        return None, True
+    if base == "eager":
+        return None, graph
+    if base == "compile":
+        return "regional", graph
+    if base.startswith("compile:") and base[len("compile:"):] in RECIPES:
+        return base[len("compile:"):], graph
+    raise ValueError(f"unknown mode {mode!r}: eager, graph, compile[:RECIPE][+graph] with RECIPE one of {RECIPES}")

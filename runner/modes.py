@@ -24,25 +24,8 @@ from typing import Callable
 
 import torch
 
+from runner.job import MODES, RECIPES, parse_mode  # noqa: F401  pure Python: the bot reads them too
 from runner.timing import capture_graph
-
-MODES = ("eager", "graph", "compile", "compile+graph")
-RECIPES = ("regional", "whole", "max-autotune")
-
-
-def parse_mode(mode: str) -> tuple[str | None, bool]:
-    """(compile recipe or None for eager, captured into a CUDA graph?). Raises ValueError for an unknown mode."""
-    base, graph = (mode[:-len("+graph")], True) if mode.endswith("+graph") else (mode, False)
-    if base == "graph" and not graph:
-        return None, True
-    if base == "eager":
-        return None, graph
-    if base == "compile":
-        return "regional", graph
-    if base.startswith("compile:") and base[len("compile:"):] in RECIPES:
-        return base[len("compile:"):], graph
-    raise ValueError(f"unknown mode {mode!r}: eager, graph, compile[:RECIPE][+graph] with RECIPE one of {RECIPES}")
-
 
 def compile_model(model: torch.nn.Module, recipe: str = "regional", backend: str = "inductor") -> str:
     """Apply a compile recipe to `model` in place; returns how it was compiled, for the report."""

@@ -1,6 +1,8 @@
 """Workload files: both shipped workloads parse, and every kind of mistake is named precisely."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import textwrap
 from pathlib import Path
@@ -87,6 +89,8 @@ def _base() -> dict:
     (lambda d: d["engines"]["diffusers"].update(model_class="NoDots"), "engines.diffusers.model_class", "dotted path"),
     (lambda d: d.update(colour="blue"), "colour", "known keys"),
     (lambda d: d.update(default_engine="vllm"), "default_engine", "one of"),
+    (lambda d: d.update(production_modes=["eager", "compyle"]), "production_modes[1]", "compile[:RECIPE][+graph]"),
+    (lambda d: d.update(production_modes=["compile+graph"]), "production_modes", "includes eager"),
 ])
 def test_bad_values_name_file_key_value_and_expectation(tmp_path, mutate, key, expect):
     d = _base()
@@ -96,6 +100,20 @@ def test_bad_values_name_file_key_value_and_expectation(tmp_path, mutate, key, e
         parse_workload_file(p)
     msg = str(ei.value)
     assert str(p) in msg and f"key '{key}'" in msg and expect in msg
+
+
+def test_production_modes_default_to_all_four_and_decide_the_validators_cuda_modes(tmp_path):
+    from tests.validate.conftest import scratch_context
+
+    assert load_workload("flux2").production_modes == ("eager", "graph", "compile", "compile+graph")
+    d = _base()
+    d["production_modes"] = ["eager", "compile:max-autotune+graph"]
+    wl = parse_workload_file(_write(tmp_path, d))
+    assert wl.production_modes == ("eager", "compile:max-autotune+graph")
+    ctx = scratch_context(tmp_path, "cuda")
+    ctx.target = dataclasses.replace(ctx.target, workload=wl)
+    assert ctx.modes == ("eager", "compile:max-autotune+graph")
+    assert scratch_context(tmp_path, "cpu").modes == ("eager",)  # CPU: eager unless Options.modes
 
 
 def test_malformed_yaml_reports_line(tmp_path):

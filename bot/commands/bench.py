@@ -73,7 +73,7 @@ CUDA_OTHERS = ("eager", "graph", "compile", "compile+graph")
 
 
 def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]:
-    from runner.modes import parse_mode
+    from runner.job import parse_mode
 
     modes = [m.strip() for m in text.split(",") if m.strip()] if text else list(default)
     for m in modes:

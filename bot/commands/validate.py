@@ -23,7 +23,7 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 
 def parse_modes(text: str | None) -> tuple[str, ...] | None:
-    from runner.modes import parse_mode
+    from runner.job import parse_mode
 
     if not text:
         return None

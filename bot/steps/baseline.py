@@ -84,7 +84,7 @@ def measurements(v) -> dict[str, Measurement | None]:
     """A Verdict's interleaved timing as Measurements, "base_MODE" and "cand_MODE" for each
     production mode (base_eager, cand_eager, base_graph, ..., cand_compile+graph); None where that
     mode was not timed."""
-    from runner.modes import MODES
+    from runner.job import MODES
 
     dev_name = (v.env or {}).get("device_name", "")
     out: dict[str, Measurement | None] = {f"{side}_{m}": None for m in MODES for side in ("base", "cand")}

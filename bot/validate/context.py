@@ -12,8 +12,6 @@ from bot.target import Target
 from bot.workload import Shape
 from runner.job import Job
 
-DEFAULT_MODES = {"cuda": ("eager", "graph", "compile", "compile+graph"), "cpu": ("eager",)}
-
 if TYPE_CHECKING:
     from bot.validate.validator import Options
 
@@ -49,11 +47,12 @@ class Context:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        """The production modes checked and timed: Options.modes, else all four on CUDA and eager on
-        CPU (CUDA graphs need CUDA; CPU compile would only slow the tiny presets' runs down)."""
+        """The production modes checked and timed: Options.modes, else on CUDA the workload's
+        production_modes (default all four), on CPU eager (CUDA graphs need CUDA; CPU compile would
+        only slow the tiny presets' runs down)."""
         if self.opts.modes is not None:
             return tuple(self.opts.modes)
-        return DEFAULT_MODES["cuda" if self.is_cuda else "cpu"]
+        return self.target.workload.production_modes if self.is_cuda else ("eager",)
 
     def side_params(self, side: str = "candidate") -> dict:
         """validate_step parameters of one side's correctness process (runner/kinds/validate_step.py):
