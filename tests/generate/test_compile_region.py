@@ -78,40 +78,6 @@ def test_patch_per_block_without_the_engine_api():
         assert how == "per-block" and "_optbot_block.compile()" in new and "compile_repeated_blocks" not in new
 
 
-@pytest.mark.slow
-def test_compiled_candidate_matches_base_on_cpu(diffusers_engine, base_worktree, tmp_path):
-    """Inductor on CPU (gcc): the compiled step's outputs stay within the workload's fp32 tolerance,
-    and inductor really compiled (the candidate commit's own compile cache, emptied first, fills up)."""
-    import shutil
-
-    torch = pytest.importorskip("torch")
-    from bot.jobs import run_job
-    from bot.sandbox import compile_cache
-    from runner.job import Job
-
-    wl = load_workload("flux2")
-    cand = compile_region.generate(diffusers_engine, diffusers_engine.base_sha, _profile(), wl.engine(None).model_class,
-                                   "src", "test-cr-run")
-    inductor_dir = compile_cache(cand.commit_sha) / "inductor"
-    shutil.rmtree(inductor_dir, ignore_errors=True)
-    pr = wl.preset("tiny")
-    shape = {"resolution": list(pr.shapes.resolution), "text_tokens": pr.shapes.text_tokens, "batch": 1}
-    outs = {}
-    for name, wt, sha in (("base", base_worktree, diffusers_engine.base_sha), ("cand", Path(cand.worktree), cand.commit_sha)):
-        job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
-                  engine_root=str(wt / "src"), engine_sha=sha, model_class=wl.engine(None).model_class,
-                  shapes=[shape], seeds=[7], warmup=0, iters=0, out_dir=str(tmp_path / name))
-        out = run_job(job, tmp_path / name, timeout_s=900, name="step")
-        assert out.ok, out.log_tail
-        outs[name] = torch.load(out.result["outputs"][0]["file"])["noise_pred"]
-    assert any(inductor_dir.rglob("*.py")), "inductor wrote no generated code: the region was not compiled"
-    tol = wl.tolerance["float32"]
-    a, b = outs["cand"], outs["base"]
-    assert torch.isfinite(a).all()
-    assert float((a - b).norm() / b.norm()) <= tol.rel_l2
-    torch.testing.assert_close(a, b, atol=tol.atol, rtol=tol.rtol)
-
-
 # ------------------------------------------------------------------------------------------------
 # Engagement under the validator. The validator's candidate process runs the step first under
 # runner.poison.PoisonEmpty (a TorchDispatchMode); dynamo refuses to trace under a dispatch mode that
@@ -288,6 +254,9 @@ def test_flux2_candidate_engaged_under_the_validator(diffusers_engine, tmp_path)
     # The correctness runs ran the compiled blocks (inductor's fused code rounds differently from
     # eager: close, not bit-equal; before the fix every check was max abs 0).
     assert all(c.ok for c in v.correctness.checks) and any((c.max_abs or 0) > 0 for c in v.correctness.checks), text
+    from bot.sandbox import compile_cache
+
+    assert any((compile_cache(cand.commit_sha) / "inductor").rglob("*.py")), "inductor wrote no generated code"
     # The profiled step ran the blocks as compiled graphs, whole: compiled regions attributed to the
     # blocks and no eager aten op inside a block's submodules (before the fix: the blocks' eager ops,
     # plus the profiler's own hooks compiled, which is what made the CPU histogram differ).
