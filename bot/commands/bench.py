@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from bot.commands.common import command_line, workload_options, write_json
+from bot.commands.common import command_line, parse_modes, workload_options, write_json
 from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
@@ -73,14 +73,7 @@ CUDA_OTHERS = ("eager", "graph", "compile", "compile+graph")
 
 
 def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]:
-    from runner.job import parse_mode
-
-    modes = [m.strip() for m in text.split(",") if m.strip()] if text else list(default)
-    for m in modes:
-        try:
-            parse_mode(m)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint=option) from None
+    modes = list(parse_modes(text, option) or default)
     return ["eager"] + [m for m in modes if m != "eager"]  # eager first: the reference
 
 

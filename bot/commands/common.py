@@ -117,6 +117,22 @@ def write_github_output(path: Path | None, outputs: dict[str, object]) -> None:
         f.write("".join(lines))
 
 
+def parse_modes(text: str | None, option: str = "--modes") -> tuple[str, ...] | None:
+    """A comma list of production modes (runner/job.parse_mode's grammar), or None when not given;
+    an unknown mode is a usage error naming the option."""
+    from runner.job import parse_mode
+
+    if not text:
+        return None
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    for m in modes:
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=option) from None
+    return modes
+
+
 def command_line() -> str:
     return "optbot " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from bot.commands.common import command_line, workload_options, write_json
+from bot.commands.common import command_line, parse_modes, workload_options, write_json
 from bot.target import resolve_target
 from bot.validate import Options, validate
 
@@ -20,20 +20,6 @@ def parse_seeds(text: str | None) -> list[int] | None:
     if len(set(seeds)) < 2:
         raise click.BadParameter("give at least 2 different seeds (default: 3 fresh random ones)", param_hint="--seeds")
     return seeds
-
-
-def parse_modes(text: str | None) -> tuple[str, ...] | None:
-    from runner.job import parse_mode
-
-    if not text:
-        return None
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    for m in modes:
-        try:
-            parse_mode(m)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--modes") from None
-    return modes
 
 
 @click.command("validate")

@@ -24,8 +24,9 @@ import torch
 from runner import env as envmod
 from runner import peaks
 from runner.harness import prepare_first_step, step_passes, tensor_digest
+from runner.job import parse_mode
+from runner.modes import ModeWalk, cuda_usable, error_line
 from runner.profiler import count_flops
-from runner.modes import ModeWalk, cuda_usable, error_line, parse_mode
 from runner.timing import time_interleaved
 
 def run(job) -> dict:

@@ -114,6 +114,20 @@ class _Tiny:
 
         return Model().eval()
 
+    @staticmethod
+    def compiled(like=None):
+        """A fresh model whose blocks are compiled in place (aot_eager), after a dynamo reset; with
+        `like`, it carries like's weights."""
+        import torch
+
+        torch._dynamo.reset()
+        model = _Tiny.make()
+        if like is not None:
+            model.load_state_dict(like.state_dict())
+        for b in model.blocks:
+            b.compile(backend="aot_eager")
+        return model
+
 
 def test_compiled_block_compiles_under_poison_empty():
     """The first call of a compiled block inside PoisonEmpty compiles (and so later calls stay
@@ -124,11 +138,8 @@ def test_compiled_block_compiles_under_poison_empty():
 
     from runner.poison import PoisonEmpty
 
-    torch._dynamo.reset()
+    model = _Tiny.compiled()
     counters.clear()
-    model = _Tiny.make()
-    for b in model.blocks:
-        b.compile(backend="aot_eager")
     x = torch.randn(2, 5, 8)
     with torch.inference_mode():
         with PoisonEmpty():
@@ -159,10 +170,7 @@ def test_profiler_leaves_compiled_blocks_whole(tmp_path):
 
     from runner.profiler import attach_module_ranges, profile_step
 
-    torch._dynamo.reset()
-    model = _Tiny.make()
-    for b in model.blocks:
-        b.compile(backend="aot_eager")
+    model = _Tiny.compiled()
     x = torch.randn(2, 5, 8)
     with torch.inference_mode():
         model(x)  # compiled before the profile, as the validator's correctness runs do
@@ -193,11 +201,8 @@ def test_profiler_sees_a_compile_that_never_ran_as_eager(tmp_path):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    torch._dynamo.reset()
-    eager, compiled = _Tiny.make(), _Tiny.make()
-    compiled.load_state_dict(eager.state_dict())
-    for b in compiled.blocks:
-        b.compile(backend="aot_eager")
+    eager = _Tiny.make()
+    compiled = _Tiny.compiled(like=eager)
     x = torch.randn(2, 5, 8)
     with torch.inference_mode():
         with Opaque():
@@ -216,11 +221,8 @@ def test_flop_count_leaves_compiled_blocks_compiled():
 
     from runner.profiler import count_flops
 
-    torch._dynamo.reset()
-    eager, compiled = _Tiny.make(), _Tiny.make()
-    compiled.load_state_dict(eager.state_dict())
-    for b in compiled.blocks:
-        b.compile(backend="aot_eager")
+    eager = _Tiny.make()
+    compiled = _Tiny.compiled(like=eager)
     x = torch.randn(2, 5, 8)
 
     def regions(model):

@@ -37,9 +37,8 @@ import traceback
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bot.workload import load_workload
 from runner.harness import build, make_step
-from runner.job import Job
+from tests.kernel_store.run_tiny import tiny_cpu_job
 
 LIFT = "lift_fresh"
 # ops that return host values computed on the device, or whose output size depends on device data.
@@ -170,12 +169,7 @@ def _explain(model, kw: dict) -> tuple[list[dict], list[bool]]:
 
 
 def main(engine_root: str, out: str) -> None:
-    wl = load_workload("qwen-image")
-    pre = wl.preset("tiny")
-    shapes = [pre.shapes, *pre.extra_shapes]
-    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
-              engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class,
-              shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch} for s in shapes])
+    job = tiny_cpu_job("qwen-image", engine_root)
     built = build(job)
     res: dict = {"engine_file": built.engine_file}
     outputs = {}

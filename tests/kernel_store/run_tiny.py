@@ -16,13 +16,17 @@ from runner.harness import build, make_step
 from runner.job import Job
 
 
-def main(workload: str, engine_root: str, out: str) -> None:
+def tiny_cpu_job(workload: str, engine_root: str) -> Job:
+    """A step job of the workload's tiny preset on CPU in float32, every shape of the preset."""
     wl = load_workload(workload)
     pre = wl.preset("tiny")
-    shapes = [pre.shapes, *pre.extra_shapes]
-    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
-              engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class,
-              shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch} for s in shapes])
+    return Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
+               engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class,
+               shapes=[s.to_json() for s in (pre.shapes, *pre.extra_shapes)])
+
+
+def main(workload: str, engine_root: str, out: str) -> None:
+    job = tiny_cpu_job(workload, engine_root)
     built = build(job)
     outs = {}
     for si, shape in enumerate(job.shapes):
