@@ -15,11 +15,13 @@ import yaml
 
 from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
+from runner import input_spec
+from runner.input_spec import InputSpec
 
 PRESETS = ("full", "tiny")
 DTYPES = ("float32", "bfloat16", "float16")
 CFG_MODES = ("none", "true-cfg")
-FAMILIES = ("flux2", "qwen-image")
+COMBINES = ("passes", "guided")
 # How the runner builds and calls an engine's model: runner/engines/<adapter>.py. "plain" is a
 # diffusers-style class (cls(**config), model(**inputs)[0]); "sglang" does SGLang's own set-up.
 ADAPTERS = ("plain", "sglang")
@@ -30,20 +32,25 @@ class Shape:
     resolution: tuple[int, int]  # pixels (height, width)
     text_tokens: int
     batch: int
+    frames: int = 1  # video frames (pixel space); 1 for an image model
 
     def image_tokens(self, downsample: int) -> int:
         return (self.resolution[0] // downsample) * (self.resolution[1] // downsample)
 
     def label(self) -> str:
-        return f"{self.resolution[0]}x{self.resolution[1]}/txt{self.text_tokens}/b{self.batch}"
+        f = f"x{self.frames}f" if self.frames != 1 else ""
+        return f"{self.resolution[0]}x{self.resolution[1]}{f}/txt{self.text_tokens}/b{self.batch}"
 
     def to_json(self) -> dict:
         """A job's shape (runner/job.py), as the runner reads it and echoes it in its results."""
-        return {"resolution": list(self.resolution), "text_tokens": self.text_tokens, "batch": self.batch}
+        d = {"resolution": list(self.resolution), "text_tokens": self.text_tokens, "batch": self.batch}
+        if self.frames != 1:
+            d["frames"] = self.frames
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Shape":
-        return cls(tuple(d["resolution"]), d["text_tokens"], d["batch"])
+        return cls(tuple(d["resolution"]), d["text_tokens"], d["batch"], d.get("frames", 1))
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,11 @@ class EngineSpec:
 @dataclass(frozen=True)
 class Step:
     cfg: str
-    timestep: float
-    guidance: float | None = None
-    text_mask: str = "none"
+    timestep: float  # the fraction of the schedule, in [0, 1]
+    timestep_scale: float = 1.0  # forward takes timestep * timestep_scale (1000 for 0-1000 models)
+    guidance: float | None = None  # what a guidance-distilled model takes as an input
+    combine: str = "passes"  # passes: judge each pass's output | guided: uncond + scale * (cond - uncond)
+    guidance_scale: float | None = None  # true-CFG scale, for combine: guided
 
     @property
     def passes(self) -> int:
@@ -88,7 +97,6 @@ class Step:
 class Workload:
     name: str
     file: str
-    family: str
     engines: dict[str, EngineSpec]
     default_engine: str
     step: Step
@@ -97,6 +105,7 @@ class Workload:
     dtype: dict[str, str]  # device kind -> dtype name
     bit_exact: bool
     tolerance: dict[str, Tolerance]
+    inputs: InputSpec  # the forward's inputs (runner/input_spec.py; docs/workloads.md)
     # the modes production runs this model in (runner/modes.py): what the validator checks and
     # times on CUDA; key `production_modes`, default all four
     production_modes: tuple[str, ...] = ("eager", "graph", "compile", "compile+graph")
@@ -122,7 +131,17 @@ class Workload:
         return self.dtype[kind]
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """What a runner job carries (runner/job.py): the inputs as declared, expressions as text."""
+        d = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "inputs":
+                d[f.name] = v.to_json()
+            elif isinstance(v, dict):
+                d[f.name] = {k: dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for k, x in v.items()}
+            else:
+                d[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+        return d
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,10 +220,14 @@ class _Reader:
             raise ConfigError(self.file, f"{path}.resolution", res, "[height, width], two positive integers")
         tt = self.get(d, "text_tokens", path, int)
         b = self.get(d, "batch", path, int, default=1)
-        for k, v in (("text_tokens", tt), ("batch", b)):
+        frames = self.get(d, "frames", path, int, default=1)
+        for k, v in (("text_tokens", tt), ("batch", b), ("frames", frames)):
             if v < 1:
                 raise ConfigError(self.file, f"{path}.{k}", v, "a positive integer")
-        return Shape((res[0], res[1]), tt, b)
+        for k in d:
+            if k not in ("resolution", "text_tokens", "batch", "frames"):
+                raise ConfigError(self.file, f"{path}.{k}", d[k], "one of the keys resolution, frames, text_tokens, batch")
+        return Shape((res[0], res[1]), tt, b, frames)
 
 
 def _tname(typ) -> str:
@@ -233,7 +256,10 @@ def parse_workload(data: Any, file: Path) -> Workload:
     if not isinstance(data, dict):
         raise ConfigError(file, "<top level>", type(data).__name__, "a mapping of workload keys")
     name = r.get(data, "name", "", str)
-    family = r.get(data, "family", "", str, choices=FAMILIES)
+    if "family" in data:
+        raise ConfigError(file, "family", data["family"],
+                          "no `family` key: a workload declares its model's forward inputs under `inputs:` "
+                          "(docs/workloads.md; workloads/flux2.yaml is an example)")
 
     engines_raw = r.get(data, "engines", "", dict)
     if not engines_raw:
@@ -262,11 +288,23 @@ def parse_workload(data: Any, file: Path) -> Workload:
     step = Step(
         cfg=r.get(s, "cfg", "step", str, choices=CFG_MODES),
         timestep=r.get(s, "timestep", "step", float),
+        timestep_scale=r.get(s, "timestep_scale", "step", float, default=1.0),
         guidance=r.get(s, "guidance", "step", float, default=None),
-        text_mask=r.get(s, "text_mask", "step", str, default="none", choices=("none", "all-ones")),
+        combine=r.get(s, "combine", "step", str, default="passes", choices=COMBINES),
+        guidance_scale=r.get(s, "guidance_scale", "step", float, default=None),
     )
     if not 0.0 <= step.timestep <= 1.0:
-        raise ConfigError(file, "step.timestep", step.timestep, "a number in [0, 1]")
+        raise ConfigError(file, "step.timestep", step.timestep,
+                          "a number in [0, 1], the fraction of the schedule (for a model whose forward takes "
+                          "0-1000, set step.timestep_scale: 1000)")
+    if step.timestep_scale <= 0:
+        raise ConfigError(file, "step.timestep_scale", step.timestep_scale, "a positive number")
+    if step.combine == "guided" and (step.cfg != "true-cfg" or step.guidance_scale is None):
+        raise ConfigError(file, "step.combine", step.combine,
+                          "combine: guided only with cfg: true-cfg and a step.guidance_scale")
+    for k in s:
+        if k not in {f.name for f in dataclasses.fields(Step)}:
+            raise ConfigError(file, f"step.{k}", s[k], f"one of the keys {sorted(f.name for f in dataclasses.fields(Step))}")
 
     latent_downsample = r.get(data, "latent_downsample", "", int)
     if latent_downsample < 1:
@@ -332,14 +370,48 @@ def parse_workload(data: Any, file: Path) -> Workload:
     if "eager" not in modes:
         raise ConfigError(file, "production_modes", modes, "a list that includes eager (the reference mode)")
 
-    known = {"name", "family", "engines", "default_engine", "step", "latent_downsample", "presets", "dtype", "correctness",
-             "production_modes"}
+    inputs = _parse_inputs(r, data, file, step, presets)
+
+    known = {"name", "engines", "default_engine", "step", "latent_downsample", "presets", "dtype", "correctness",
+             "production_modes", "inputs", "hooks"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"one of the known keys {sorted(known)}")
 
     return Workload(
-        name=name, file=str(file), family=family, engines=engines, default_engine=default_engine,
+        name=name, file=str(file), engines=engines, default_engine=default_engine,
         step=step, latent_downsample=latent_downsample, presets=presets, dtype=dict(dtype),
-        bit_exact=bit_exact, tolerance=tolerance, production_modes=tuple(str(m) for m in modes),
+        bit_exact=bit_exact, tolerance=tolerance, inputs=inputs, production_modes=tuple(str(m) for m in modes),
     )
+
+
+def _parse_inputs(r: _Reader, data: dict, file: Path, step: Step, presets: dict[str, Preset]) -> InputSpec:
+    """`inputs:` (and `hooks:`), checked by evaluating every expression at every preset's shapes,
+    so a mistake is named here, before any runner starts."""
+    raw = r.get(data, "inputs", "", dict)
+    hooks = r.get(data, "hooks", "", str, default="")
+    if hooks:
+        hp = (Path(file).parent / hooks).resolve()
+        if not hp.is_file():
+            raise ConfigError(file, "hooks", hooks, f"a Python file next to the workload ({hp} does not exist)")
+        hooks = str(hp)
+    try:
+        spec = input_spec.parse(raw, hooks)
+    except input_spec.SpecError as e:
+        raise ConfigError(file, e.key, e.value, e.expected) from None
+    step_d = dataclasses.asdict(step)
+    for pname, pr in presets.items():
+        for sh in (pr.shapes,) + pr.extra_shapes:
+            try:
+                spec.check(sh.to_json(), pr.config, step_d)
+            except input_spec.SpecError as e:
+                raise ConfigError(file, e.key, e.value, f"{e.expected} [preset {pname}, shape {sh.label()}]") from None
+    differ = [d.name for d in spec.forward if d.cfg != "same"]
+    if step.cfg == "true-cfg" and not differ:
+        raise ConfigError(file, "step.cfg", step.cfg,
+                          "true-cfg with an input that differs in the unconditional pass: mark the prompt's inputs "
+                          "`cfg: redraw` (or `cfg: zeros`) under inputs.forward; otherwise both passes are the same")
+    if step.cfg != "true-cfg" and differ:
+        raise ConfigError(file, f"inputs.forward.{differ[0]}.cfg", spec.forward[[d.name for d in spec.forward].index(differ[0])].cfg,
+                          f"cfg: same (step.cfg is {step.cfg!r}: there is no unconditional pass)")
+    return spec

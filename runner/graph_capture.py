@@ -38,21 +38,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from runner.input_spec import DEFAULT_ROLES
+
 GRAPH_VERSION = 1
 
-# Roles of step inputs, by the keyword the family passes them under. A family module may define
-# INPUT_ROLES to extend this; an unknown keyword becomes its own label "input:<name>".
-DEFAULT_ROLES = {
-    "hidden_states": "latents", "x": "latents", "latents": "latents", "sample": "latents", "img": "latents",
-    "encoder_hidden_states": "prompt", "context": "prompt", "prompt_embeds": "prompt", "txt": "prompt",
-    "pooled_projections": "prompt", "y": "prompt",
-    "encoder_hidden_states_mask": "text_mask", "encoder_attention_mask": "text_mask", "attention_mask": "text_mask",
-    "txt_mask": "text_mask",
-    "timestep": "timestep", "timesteps": "timestep", "t": "timestep",
-    "guidance": "guidance",
-    "img_ids": "pos_ids", "txt_ids": "pos_ids", "position_ids": "pos_ids", "image_rotary_emb": "pos_ids",
-    "freqs_cis": "pos_ids",
-}
+# Roles of step inputs by keyword (the workload's `role:` keys override them; runner/input_spec.py).
+# An unknown keyword becomes its own label "input:<name>".
 BASE_LABELS = ["weights", "const", "latents", "prompt", "text_mask", "timestep", "guidance", "pos_ids"]
 
 _COPY_NAMES = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::to_copy")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,9 +16,12 @@ import torch
 
 from runner import engines
 from runner import env as envmod
-from runner import families
+from runner import inputs
 from runner.job import Job
 from runner.timing import time_fn
+
+# what Python says when a call's keywords do not fit the signature of a forward
+_SIGNATURE_ERROR = re.compile(r"forward\(\) (got an unexpected keyword argument|missing \d+ required)")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,7 +54,6 @@ def import_model_class(dotted: str, engine_root: str):
 @dataclass
 class Built:
     model: torch.nn.Module
-    family: object
     engine_file: str
     device: str
     dtype: torch.dtype
@@ -63,15 +66,22 @@ def build(job: Job) -> Built:
     cls, src = import_model_class(job.model_class, job.engine_root)
     preset = job.workload["presets"][job.preset]
     dtype = DTYPES[job.dtype]
-    model = adapter.build_model(cls, job, preset, dtype)
-    return Built(model, families.get(job.workload["family"]), src, job.device, dtype, adapter)
+    try:
+        model = adapter.build_model(cls, job, preset, dtype)
+    except TypeError as e:
+        if "__init__()" not in str(e):
+            raise
+        raise HarnessError("config-rejected", f"{cls.__name__} rejected the preset's config: {e}") from None
+    return Built(model, src, job.device, dtype, adapter)
 
 
 def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[[], dict], list[dict]]:
     """A callable running one denoising step (all its passes) on fixed inputs, and those inputs."""
     wl = job.workload
-    cfg = wl["presets"][job.preset]["config"]
-    passes = built.family.make_passes(cfg, shape, wl["step"], wl["latent_downsample"], seed, job.device, built.dtype)
+    try:
+        passes = inputs.make_passes(wl, job.preset, shape, seed, job.device, built.dtype)
+    except inputs.InputError as e:
+        raise HarnessError("inputs", str(e)) from None  # "key 'inputs....': ..." already
     # The adapter turns each pass's inputs into a call of its engine's forward (for SGLang: RoPE
     # tables and timestep scaling prepared here, once, as its pipeline does before the loop).
     with torch.inference_mode():
@@ -79,8 +89,14 @@ def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[
 
     def step() -> dict:
         with torch.inference_mode():
-            outs = [call() for call in calls]
-            return built.family.combine(outs, wl["step"])
+            try:
+                outs = [call() for call in calls]
+            except TypeError as e:
+                if not _SIGNATURE_ERROR.search(str(e)):
+                    raise
+                raise HarnessError("inputs", f"{type(built.model).__name__}.forward rejected the declared inputs "
+                                             f"({', '.join(passes[0])}): {e}") from None
+            return inputs.combine(outs, wl["step"])
 
     return step, passes
 

@@ -10,6 +10,8 @@ from bot.target import Target
 
 # runner error kinds that mean the workload file names a model the engine does not have
 MODEL_ERRORS = ("model-class-not-found", "engine-not-first")
+# ... and that its inputs or config do not fit the model (runner/harness.py)
+INPUT_ERRORS = ("inputs", "config-rejected")
 
 
 def failed(t: Target, out: JobOutcome, what: str) -> OptbotError:
@@ -19,6 +21,10 @@ def failed(t: Target, out: JobOutcome, what: str) -> OptbotError:
     if err.get("kind") in MODEL_ERRORS:
         return OptbotError(f"{t.workload.file}: key 'engines.{t.engine_name or t.workload.default_engine}.model_class': "
                            f"{err.get('message')}")
+    if err.get("kind") in INPUT_ERRORS:
+        key = "inputs.forward" if err["kind"] == "inputs" else f"presets.{t.preset}.config"
+        msg = str(err.get("message", "")).removeprefix("HarnessError: ")
+        return OptbotError(f"{t.workload.file}: {msg}" if msg.startswith("key '") else f"{t.workload.file}: key '{key}': {msg}")
     return out.error(what)
 
 

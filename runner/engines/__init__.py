@@ -8,10 +8,10 @@ needs its own set-up"). Each adapter is a module here with three functions:
                                         state the engine needs, import-time stand-ins
   build_model(cls, job, preset, dtype)  -> nn.Module with the seeded (or real) weights, on job.device
   make_call(model, kw, job)             -> a zero-argument callable running ONE forward pass on the
-                                        family's inputs `kw` (runner/families/) and returning its
+                                        workload's inputs `kw` (runner/inputs.py) and returning its
                                         output tensor
 
-The families stay the single source of the seeded inputs, in the base (diffusers) calling
+The workload's declared inputs stay the single source of the seeded inputs, in the base (diffusers) calling
 convention, so every engine gets the same latents and prompts and their outputs can be compared;
 an adapter translates those kwargs to its engine's forward signature.
 

@@ -1,7 +1,7 @@
 """The plain adapter: a diffusers-style model class (diffusers, or a fork of it).
 
 Built as ``cls(**preset config)`` with the seeded state dict (runner/weights.py), or
-``cls.from_pretrained(path)`` for real weights; called as ``model(**kw)[0]`` with the family's
+``cls.from_pretrained(path)`` for real weights; called as ``model(**kw)[0]`` with the workload's
 inputs unchanged.
 """
 from __future__ import annotations

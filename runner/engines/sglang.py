@@ -21,7 +21,7 @@ build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_a
   packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
   have a CPU path through ``sgl_kernel``'s CPU kernels run their ``forward_native`` instead, and
   the Triton-only ``fuse_scale_shift_kernel`` falls back to SGLang's own torch version.
-make_call: the family's (diffusers-convention) inputs become SGLang's: timestep x 1000, RoPE tables
+make_call: the workload's (diffusers-convention) inputs become SGLang's: timestep x 1000, RoPE tables
   (``freqs_cis``) computed once by the model's own rotary module as SGLang's pipeline does before
   its denoising loop, Qwen-Image's all-ones text mask dropped as SGLang's pipeline drops it; each
   forward runs inside ``set_forward_context(current_timestep=0, attn_metadata=None)``.
@@ -42,6 +42,9 @@ from runner.weights import seeded_tensor
 
 ATTENTION_BACKEND = "torch_sdpa"  # the backend SGLang's FLUX.2 uses closest to diffusers (its own note)
 
+# SGLang's DiTs this adapter sets up, by class name: each needs its own arch config and input
+# translation (SGLang's pipelines build RoPE tables and scale timesteps before the model).
+MODELS = {"Flux2Transformer2DModel": "flux2", "QwenImageTransformer2DModel": "qwen-image"}
 CONFIG_CLASSES = {
     "flux2": "sglang.multimodal_gen.configs.models.dits.flux.FluxConfig",
     "qwen-image": "sglang.multimodal_gen.configs.models.dits.qwenimage.QwenImageDitConfig",
@@ -141,7 +144,7 @@ def build_model(cls, job, preset: dict, dtype):
         raise SGLangSetupError(
             f"preset {job.preset!r}: weights {preset['weights']!r}: the sglang adapter builds seeded "
             f"weights only (loading a checkpoint goes through SGLang's server loader, not wired here)")
-    family = job.workload["family"]
+    family = model_key(job)
     hf = dict(HF_DEFAULTS.get(family, {}))
     hf.update(preset["config"])
     hf["out_channels"] = hf.get("out_channels") or hf["in_channels"]
@@ -225,13 +228,21 @@ def _route_cpu_ops_to_native(model) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# inputs: family kwargs (diffusers convention) -> SGLang's forward
+# inputs: the workload's kwargs (diffusers convention) -> SGLang's forward
+
+
+def model_key(job) -> str:
+    name = job.model_class.rpartition(".")[2]
+    if name not in MODELS:
+        raise SGLangSetupError(f"the sglang adapter sets up {', '.join(MODELS)}, not {name} "
+                               f"(runner/engines/sglang.py: its arch config and input translation)")
+    return MODELS[name]
 
 
 def make_call(model, kw: dict, job):
     from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
 
-    family = job.workload["family"]
+    family = model_key(job)
     sk = _flux2_kwargs(model, kw) if family == "flux2" else _qwen_image_kwargs(model, kw)
 
     def call():

@@ -16,7 +16,7 @@ import time
 import torch
 
 from runner import env as envmod
-from runner import families
+from runner import inputs
 from runner.graph_capture import capture
 from runner.harness import prepare_first_step
 from runner.timing import time_interleaved
@@ -27,7 +27,7 @@ def run(job) -> dict:
     step()  # warm-up: first-call caches (lru_cache'd RoPE tables, ...) are filled as in steady state
     if job.device.startswith("cuda"):
         torch.cuda.synchronize()
-    roles = getattr(families.FAMILIES.get(job.workload["family"]), "INPUT_ROLES", None)
+    roles = inputs.spec_of(job.workload).roles()
     t0 = time.perf_counter()
     rec = capture(built.model, step, job.engine_root, roles)
     capture_s = time.perf_counter() - t0
