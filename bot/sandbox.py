@@ -164,6 +164,9 @@ def mounts(job: Job, work_dir: Path) -> tuple[list[str], list[str], list[str]]:
         ro.add(engine_tree(job.engine_root))
     ro.update(_named_inputs(job.params))
     ro.update(_weights(job.workload))
+    hooks = (job.workload.get("inputs") or {}).get("hooks")
+    if hooks and os.path.isfile(hooks):
+        ro.add(_real(hooks))  # the workload's input hooks (that file alone: the workloads folder stays hidden)
     hidden = {_real(REPO_ROOT), _real(Path.home()), _real(optbot_home()), _real(runs_dir())}
     hidden = {h for h in hidden if h != "/" and os.path.isdir(h)}
     return sorted(ro - set(rw)), rw, sorted(hidden)

@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.analyze.graph import Graph
+from bot.errors import OptbotError
 from bot.analyze.opportunity import Opportunity
 from bot.analyze.run import analyze
 from bot.jsonable import from_json, write_json_atomic
 from bot.run.context import RunContext
 from bot.steps.jobs import run_ok
 from bot.target import Target
+from bot.workload import Workload
 
 
 @dataclass
@@ -31,9 +33,31 @@ def analyze_base(t: Target, worktree: Path | str, out_dir: Path, profile: dict, 
     the analysis (bot/analyze/run.py), with the graph job's environment and capture time in `meta`."""
     g = run_ok(t, "graph", Path(worktree), out_dir, timeout_s, iters=0, warmup=0, save_outputs=False)
     meta = {**meta, "capture_s": g.get("capture_s"), "graph_file": g["graph"]}
-    result = analyze(Graph.load(g["graph"]), profile, meta, profile_source, only)
+    graph = Graph.load(g["graph"])
+    check_passes(t.workload, graph)
+    result = analyze(graph, profile, meta, profile_source, only)
     result["env"] = {"profile": profile.get("env"), "graph": g.get("env")}
     return result
+
+
+def check_passes(wl: Workload, graph: Graph) -> None:
+    """The captured graph must be the step the workload declares: as many forward passes, and under
+    true CFG passes whose inputs differ. Otherwise the CFG detector would judge a step that is not
+    the one profiled (every value of two identical passes looks prompt-independent)."""
+    captured = int(graph.raw.get("passes", 1))
+    if captured != wl.step.passes:
+        raise OptbotError(f"{wl.file}: key 'step.cfg': the workload declares {wl.step.passes} forward pass(es) per step "
+                          f"(cfg: {wl.step.cfg}) but the captured step ran the model's forward {captured} time(s)")
+    if wl.step.passes == 2:
+        digests = {}
+        for i in graph.raw.get("inputs", []):
+            digests.setdefault(i["key"], {}).setdefault(i["pass"], []).append(i["digest"])
+        differ = sorted(k for k, by in digests.items() if by.get(0) != by.get(1))
+        if not differ:
+            declared = [d.name for d in wl.inputs.forward if d.cfg != "same"]
+            raise OptbotError(f"{wl.file}: key 'inputs.forward': step.cfg is true-cfg, but both captured passes got "
+                              f"identical inputs (declared to differ: {', '.join(declared)}); the unconditional pass "
+                              f"must differ from the conditional one")
 
 
 def run(ctx: RunContext) -> Result:
