@@ -19,6 +19,7 @@ import git
 
 from bot.engine import EngineCheckout, add_worktree, checkout_engine, resolve_source
 from bot.errors import OptbotError
+from bot.model_signature import check_inputs, read_signature
 from bot.paths import REPO_ROOT
 from bot.workload import Shape, Workload, load_workload
 from runner.job import Job
@@ -84,7 +85,24 @@ def resolve_target(workload: str, engine: str | None, ref: str | None, preset: s
     spec = wl.engines.get(name) or wl.engine(None)
     checkout = checkout_engine(source, ref or spec.ref, spec.import_root, name or spec.name)
     click.echo(f"engine {checkout.name}: {checkout.repo_path} @ {checkout.base_sha[:12]}", err=True)
-    return Target(wl, checkout.name, spec.model_class, checkout, preset, device, wl.dtype_for(device))
+    t = Target(wl, checkout.name, spec.model_class, checkout, preset, device, wl.dtype_for(device))
+    check_model(t, spec.adapter)
+    return t
+
+
+def check_model(t: Target, adapter: str) -> None:
+    """Before any runner starts: the declared inputs and every preset's config against the model
+    class's signatures, read from the engine's source at the base commit (bot/model_signature.py).
+    An adapter other than plain builds and calls its model its own way, so only plain is checked."""
+    if adapter != "plain":
+        return
+    wt = base_worktree(t)
+    key = f"engines.{t.engine_name}.model_class"
+    sig = read_signature(wt, t.checkout.import_root, t.model_class, workload_file=t.workload.file, key=key)
+    errors = check_inputs(sig, [d.name for d in t.workload.inputs.forward],
+                          {p: list(pr.config) for p, pr in t.workload.presets.items()}, t.workload.file)
+    if errors:
+        raise OptbotError("\n".join(errors))
 
 
 def base_worktree(t: Target) -> Path:
