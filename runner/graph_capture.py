@@ -6,9 +6,16 @@ Method (docs/analyze.md says more):
   harness uses) composite ops arrive whole: ``aten::linear``, ``aten::layer_norm``,
   ``aten::rms_norm``, ``aten::scaled_dot_product_attention``, ``aten::to``.
 - Values: every tensor an op reads or writes gets a value id, tracked by tensor identity in a weak
-  map (so a freed tensor's recycled ``id()`` never aliases a live value). An in-place op gives the
-  tensor it mutates a new value id. Tensors first seen as an op input were made before the step:
-  parameters and buffers (named), or plain tensor attributes of modules (constants).
+  map (so a freed tensor's recycled ``id()`` never aliases a live value). Tensors first seen as an
+  op input were made before the step: parameters and buffers (named), or plain tensor attributes
+  of modules (constants).
+- In-place writes: an op that writes a tensor (schema ``alias_info.is_write``: ``copy_``,
+  ``index_put_``, ``scatter_``, ``add_``, an ``out=`` argument) gives it a new value id, and so
+  every other live tracked tensor on the same storage: the base a slice was written through
+  (``buf[:, :n] = x`` is ``slice`` then ``copy_`` on the view) and its other views. Their new
+  value's dependencies are their old ones plus the op's, and its value number combines their old
+  one with the op's, so later reads of the buffer carry what was written into it. Tensors are
+  found by storage through weak references (dead ones pruned; empty tensors, data_ptr 0, skipped).
 - Dependencies (taint): each step input is labelled by its role (latents, prompt, text_mask,
   timestep, guidance, pos_ids); parameters and buffers are "weights"; tensors created inside the
   step from nothing (ones, arange) or found on modules are "const". An op's dependency set is the
@@ -29,6 +36,7 @@ import functools
 import hashlib
 import re
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -79,11 +87,14 @@ def _scalar(v: Any):
     return None
 
 
-def _storage_key(t: torch.Tensor):
+def _storage_key(t: torch.Tensor) -> int | None:
+    """The address of `t`'s storage, shared by a tensor and all its views; None for tensors with no
+    plain storage (sparse, meta) or an empty one (every empty storage has address 0)."""
     try:
-        return t.untyped_storage().data_ptr()
+        ptr = t.untyped_storage().data_ptr()
     except Exception:  # noqa: BLE001 - sparse/meta tensors have no plain storage
         return None
+    return ptr or None
 
 
 @dataclass
@@ -113,6 +124,10 @@ class Recorder:
 
     def __post_init__(self):
         self._vid = WeakIdKeyDictionary()  # tensor -> current value id
+        # storage address -> weak references to the tracked tensors on it (a list: a tensor's __eq__
+        # is elementwise, so tensors cannot go in sets); read by in-place writes
+        self._on_storage: dict[int, list[weakref.ref]] = {}
+        self._n_ext = 0
         self._keep: list[torch.Tensor] = []  # step inputs and weights stay alive (ids stay unique)
         self._param_names: dict[int, str] = {}
         self._mod_stack: list[int] = [-1]
@@ -135,7 +150,22 @@ class Recorder:
             "contig": bool(t.is_contiguous()), "origin": origin, "deps": deps, "vn": vn,
         })
         self._vid[t] = vid
+        key = _storage_key(t)
+        if key is not None:
+            refs = [r for r in self._on_storage.get(key, ()) if r() is not None]
+            if not any(r() is t for r in refs):
+                refs.append(weakref.ref(t))
+            self._on_storage[key] = refs
         return vid
+
+    def _sharing_storage(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """The other live tracked tensors on `t`'s storage (its base, its views, views of its base)."""
+        key = _storage_key(t)
+        if key is None:
+            return []
+        live = [x for x in (r() for r in self._on_storage.get(key, ())) if x is not None]
+        self._on_storage[key] = [weakref.ref(x) for x in live]
+        return [x for x in live if x is not t]
 
     def _lookup(self, t: torch.Tensor) -> int:
         vid = self._vid.get(t)
@@ -146,8 +176,10 @@ class Recorder:
             return self._new_value(t, f"weight:{name}", self.label_bit("weights"), _h(("w", name)))
         # a tensor made before the step and not registered as a parameter or buffer: a constant
         # (RoPE tables kept as plain attributes, cached tensors); numbered by identity
+        # numbered by order of first sight, not id(): the same model captures to the same graph
         self._keep.append(t)
-        return self._new_value(t, "const:external", self.label_bit("const"), _h(("ext", id(t), tuple(t.shape))))
+        self._n_ext += 1
+        return self._new_value(t, "const:external", self.label_bit("const"), _h(("ext", self._n_ext, tuple(t.shape))))
 
     def register_weights(self, model: torch.nn.Module) -> None:
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -244,15 +276,18 @@ class Recorder:
                       op_id if random else 0))
         outs, _ = tree_flatten(out)
         out_tensors = [o for o in outs if isinstance(o, torch.Tensor)]
-        in_storages = {_storage_key(t) for t in in_tensors}
+        in_storages = {_storage_key(t) for t in in_tensors} - {None}
+        written = _written(schema, args, kwargs)
         # an in-place op writes into its input's storage but does work: never an alias
-        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-        alias = bool(out_tensors) and not mutates and all(_storage_key(o) in in_storages for o in out_tensors)
+        alias = bool(out_tensors) and not written and all(_storage_key(o) in in_storages for o in out_tensors)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
+        wrote = self._propagate_writes(written, out_tensors, op_id, deps, base_vn) if written else []
         rec = {"id": op_id, "op": name, "m": self._mod_stack[-1], "s": self._source(), "p": self.pass_idx,
                "in": in_vids, "an": in_names, "out": out_vids}
+        if wrote:
+            rec["wr"] = wrote
         if scalars:
             rec["sc"] = scalars
         if alias:
@@ -264,6 +299,24 @@ class Recorder:
         self.ops.append(rec)
         if "attention" in name or "scaled_dot_product" in name:
             self._check_mask(rec, func, args, kwargs, arg_names)
+
+    def _propagate_writes(self, written: list[torch.Tensor], out_tensors: list[torch.Tensor], op_id: int,
+                          deps: int, base_vn: int) -> list[int]:
+        """New values for what an in-place op changed besides its returned tensors: a written tensor
+        the op does not return, and every live tensor sharing a written tensor's storage. Each keeps
+        its old dependencies and value number, combined with the op's: a zero buffer that a slice
+        of prompt was copied into depends on the prompt from then on."""
+        done = list(out_tensors)
+        new_vids = []
+        for w in written:
+            for t in [w] + self._sharing_storage(w):
+                if any(t is d for d in done):
+                    continue
+                done.append(t)
+                old = self._vid.get(t)  # arguments were looked up and sharers registered: never None
+                old_deps, old_vn = (self.values[old]["deps"], self.values[old]["vn"]) if old is not None else (0, 0)
+                new_vids.append(self._new_value(t, f"write:{op_id}", old_deps | deps, _h((old_vn, base_vn, "w"))))
+        return new_vids
 
     def _collect(self, a, argname, in_vids, in_names, scalars, in_tensors) -> None:
         if isinstance(a, torch.Tensor):
@@ -348,6 +401,23 @@ def capture(model: torch.nn.Module, step: Callable[[], object], engine_root: str
         for h in handles:
             h.remove()
     return rec
+
+
+def _written(schema, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op writes into: arguments whose schema alias info says write (``self`` of
+    ``copy_``/``add_``/``index_put_``, ``out`` of an ``out=`` variant, lists of them)."""
+    writes = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    if not writes:
+        return []
+    names = [a.name for a in schema.arguments]
+    picked = [a for i, a in enumerate(args) if i < len(names) and names[i] in writes]
+    picked += [a for k, a in kwargs.items() if k in writes]
+    out = []
+    for a in picked:
+        for x in (a if isinstance(a, (list, tuple)) else [a]):
+            if isinstance(x, torch.Tensor) and not any(x is y for y in out):
+                out.append(x)
+    return out
 
 
 def _h(obj) -> int:

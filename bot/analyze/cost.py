@@ -15,6 +15,7 @@ Pricing (all from the same profile):
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -34,7 +35,8 @@ class CostModel:
     time_scale: float = 1.0  # < 1 when profiled times added up to more than the unprofiled step
 
     def ms(self, op_ids) -> float:
-        return sum(self.op_ms.get(i, 0.0) for i in set(op_ids))
+        # fsum: exact, so the total does not depend on the order a set of ids iterates in
+        return math.fsum(self.op_ms.get(i, 0.0) for i in set(op_ids))
 
     def bytes_ms(self, nbytes: float) -> float:
         return nbytes / (self.copy_gbps * 1e9) * 1e3 if self.copy_gbps else 0.0

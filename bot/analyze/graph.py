@@ -81,6 +81,9 @@ class Op:
     xdev: bool
     mask: dict | None
     call_site: str = ""  # the engine line that called the op's module
+    # new values an in-place write gave to tensors it did not return: the buffer a slice of it was
+    # written through, other views of that storage (runner/graph_capture.py, "In-place writes")
+    writes: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -114,7 +117,7 @@ class Graph:
                           src=srcs[o["s"]] if o["s"] >= 0 else "", pass_idx=o["p"], inputs=o["in"],
                           arg_names=o.get("an", []), outputs=o["out"], scalars=o.get("sc", {}),
                           alias=bool(o.get("alias")), host=bool(o.get("host")), xdev=bool(o.get("xdev")),
-                          mask=o.get("mask"), call_site=m[3] if len(m) > 3 else ""))
+                          mask=o.get("mask"), call_site=m[3] if len(m) > 3 else "", writes=o.get("wr", [])))
         g = cls(raw=raw, ops=ops, values=raw["values"], labels=raw["labels"])
         g.norm_groups = find_norms(g)
         return g
@@ -122,7 +125,7 @@ class Graph:
     # ---- indices -----------------------------------------------------------------------
     @cached_property
     def producer(self) -> dict[int, Op]:
-        return {v: o for o in self.ops for v in o.outputs}
+        return {v: o for o in self.ops for v in o.outputs + o.writes}
 
     @cached_property
     def consumers(self) -> dict[int, list[Op]]:
@@ -148,8 +151,10 @@ class Graph:
         return {n for i, n in enumerate(self.labels) if d >> i & 1}
 
     def op_deps(self, op: Op) -> int:
+        """What the op's results depend on: its outputs and, for an in-place write, the buffers it
+        changed (a write into a prompt-dependent buffer is not prompt-independent work)."""
         d = 0
-        for v in op.outputs:
+        for v in op.outputs + op.writes:
             d |= self.values[v]["deps"]
         return d
 

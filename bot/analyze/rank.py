@@ -1,6 +1,7 @@
 """Group findings over repeated blocks into Opportunities, price them, and rank by estimated gain."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from bot.analyze.cost import CostModel
@@ -15,7 +16,7 @@ def group(graph: Graph, cost: CostModel, findings: list[Finding]) -> list[Opport
         buckets[(f.kind, f.detail, module_pattern(where), f.signature)].append(f)
     opps = []
     for (kind, detail, pattern, sig), fs in buckets.items():
-        gain = sum(f.gain_ms for f in fs)
+        gain = math.fsum(f.gain_ms for f in fs)
         examples = []
         for f in fs:
             where = f.region or (graph.ops[f.anchor].module if f.anchor >= 0 else "")
@@ -41,7 +42,7 @@ def group(graph: Graph, cost: CostModel, findings: list[Finding]) -> list[Opport
                               engine_file=efile, engine_line=int(eline) if eline.isdigit() else None, instances=len(fs),
                               call_site=graph.ops[anchor].call_site if anchor >= 0 else ""),
             ops=ops_desc[:24], op_ids=op_ids, gain_ms=round(gain, 5), gain_pct=round(cost.pct(gain), 3),
-            confidence=round(sum(f.confidence for f in fs) / len(fs), 2), confidence_reason=fs[0].confidence_reason,
+            confidence=round(math.fsum(f.confidence for f in fs) / len(fs), 2), confidence_reason=fs[0].confidence_reason,
             generator=fs[0].generator,
             estimate=Estimate(estimated_ms=round(gain, 5), estimated_pct=round(cost.pct(gain), 3), basis=basis,
                               profile_device=f"{cost.device} ({cost.device_name})" if cost.device_name else cost.device,

@@ -1,6 +1,9 @@
 """The graph capture's facts (runner/graph_capture.py) on small models."""
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -75,3 +78,113 @@ def test_attention_mask_facts():
         att = [o for o in rec.ops if "attention" in o["op"]][0]
         assert att["mask"]["masks_nothing"] is nothing, (mask, att["mask"])
         assert (len(rec.probes) == 1) is nothing
+
+
+# ---- in-place writes: the buffer and its views carry what was written ------------------------------
+class Writer(nn.Module):
+    """Writes a prompt projection into a buffer made from a weight, one way per `how`, with a view
+    of the buffer taken before the write; reads the buffer before the write, then the buffer, the
+    early view and a view taken after the write (each read is one aten::exp, in that order)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.proj = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(2, 6, 8))
+
+    def forward(self, hidden_states, encoder_hidden_states):
+        p = self.proj(encoder_hidden_states)  # [2, 4, 8] prompt + weights
+        if self.how == "empty_like-copy_":
+            buf = torch.empty_like(self.w)
+        else:
+            buf = self.w.new_zeros(2, 6, 8)
+        early = buf.view(2, 48)
+        buf.exp()  # read before the write: weights only
+        if self.how == "slice-assign":
+            buf[:, :4] = p  # slice, then copy_ on the slice
+        elif self.how == "empty_like-copy_":
+            buf[:, :4].copy_(p)
+            buf[:, 4:].copy_(self.w[:, 4:])
+        elif self.how == "index_put_":
+            buf[torch.tensor([0, 1])] = torch.cat([p, p[:, :2]], 1)
+        elif self.how == "scatter_":
+            buf.scatter_(1, torch.zeros(2, 4, 8, dtype=torch.long), p)
+        elif self.how == "out=":
+            torch.mul(torch.cat([p, p[:, :2]], 1), 2.0, out=buf)
+        elif self.how == "weights-only":  # the control: nothing from the prompt is written
+            buf[:, :4] = self.w[:, :4] * 2.0
+        buf.exp()
+        early.exp()
+        buf[:, 1:].exp()
+        return hidden_states.sum()
+
+
+@pytest.mark.parametrize("how", ["slice-assign", "empty_like-copy_", "index_put_", "scatter_", "out="])
+def test_inplace_writes_give_the_buffer_and_its_views_the_written_dependencies(how):
+    rec = _cap(Writer(how).eval(), hidden_states=torch.randn(2, 3), encoder_hidden_states=torch.randn(2, 4, 8))
+    exps = [o for o in rec.ops if o["op"] == "aten::exp"]
+    deps = [_labels(rec, o["out"][0]) for o in exps]
+    assert deps[0] == {"weights"}, deps  # before the write
+    for d in deps[1:]:  # the buffer, the view taken before the write, a view taken after it
+        assert {"prompt", "weights"} <= d and "latents" not in d, (how, deps)
+    vn = [rec.values[o["out"][0]]["vn"] for o in exps]
+    assert vn[1] != vn[0], "the same op on the buffer before and after a write is not the same value"
+    writers = [o for o in rec.ops if o.get("wr")]
+    assert writers, "the write gave new values to the tensors sharing its storage"
+    if how == "out=":
+        mul = next(o for o in rec.ops if o["op"] == "aten::mul")
+        assert "prompt" in _labels(rec, mul["out"][0])
+
+
+def test_a_buffer_written_from_weights_only_stays_weights_only():
+    rec = _cap(Writer("weights-only").eval(), hidden_states=torch.randn(2, 3), encoder_hidden_states=torch.randn(2, 4, 8))
+    exps = [o for o in rec.ops if o["op"] == "aten::exp"]
+    assert [_labels(rec, o["out"][0]) for o in exps] == [{"weights"}] * 4
+    vn = [rec.values[o["out"][0]]["vn"] for o in exps]
+    assert vn[1] != vn[0]  # written, so a new value, even if of the same labels
+
+
+def test_empty_tensors_share_no_storage():
+    """Every empty tensor's storage has address 0: a write into one is not a write into another,
+    and an op on an empty input that returns another empty tensor is no alias."""
+    class Empties(nn.Module):
+        def forward(self, hidden_states, encoder_hidden_states):
+            a = hidden_states.new_zeros(0)
+            b = torch.zeros(0)
+            a.add_(encoder_hidden_states.sum())
+            return b.exp(), torch.cat([a, b])
+
+    rec = _cap(Empties().eval(), hidden_states=torch.randn(2, 3), encoder_hidden_states=torch.randn(2, 4))
+    exp = next(o for o in rec.ops if o["op"] == "aten::exp")
+    assert "prompt" not in _labels(rec, exp["out"][0])
+    assert not next(o for o in rec.ops if o["op"] == "aten::cat").get("alias")
+
+
+class WithTable(nn.Module):
+    """A plain tensor attribute (not a parameter or buffer): a constant numbered at capture."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.table = torch.randn(4)
+
+    def forward(self, hidden_states, encoder_hidden_states):
+        return self.lin(hidden_states) * self.table + encoder_hidden_states.mean()
+
+
+def test_the_same_model_captures_to_the_same_graph():
+    """Two instances built alike capture to identical graphs: nothing in the graph comes from
+    object identity (a constant's value number is its order of first sight, not its id())."""
+    graphs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = WithTable().eval()
+        kw = dict(hidden_states=torch.ones(2, 4), encoder_hidden_states=torch.ones(2, 3))
+        graphs.append(json.dumps(_cap(m, **kw).to_json(), sort_keys=True))
+    assert graphs[0] == graphs[1]
+    assert '"const:external"' in graphs[0]
+
+
+def _labels(rec, vid):
+    d = rec.values[vid]["deps"]
+    return {n for i, n in enumerate(rec.labels) if d >> i & 1}

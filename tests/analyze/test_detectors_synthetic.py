@@ -176,6 +176,77 @@ def test_no_hoist_when_everything_depends_on_the_latents(toy):
     assert kinds(a, "hoist-constant") == []
 
 
+# ---- cfg-invariant-cache and hoist-constant through buffers written in place -------------------
+class Stash(nn.Module):
+    """Two preallocated buffers, written in place and then read:
+    A = temb.new_zeros(..) written by slice assignment (slice + copy_), read by tanh -> mul;
+    B = torch.empty_like(self.table) written by copy_ into its two halves, read by exp -> sum.
+    fill="prompt" writes a projection of the prompt into both; fill="static" writes the timestep
+    embedding into A and a multiple of the weight into B (the control)."""
+
+    def __init__(self, fill, d=16, t=6):
+        super().__init__()
+        self.fill = fill
+        self.words_in = nn.Linear(24, d)
+        self.tick = nn.Linear(16, d)
+        self.table = nn.Parameter(torch.randn(t, d))
+        self.head = nn.Linear(d, d)
+
+    def forward(self, pixels, words, tau):
+        b, t, h = words.shape[0], self.table.shape[0], self.table.shape[1] // 2
+        f = tau[:, None] * torch.arange(8, dtype=torch.float32)[None]
+        temb = self.tick(torch.cat([f.sin(), f.cos()], -1))  # [B, D] timestep
+        prompt = self.words_in(words[:, :t])  # [B, T, D]
+        a = temb.new_zeros(b, t + 1, temb.shape[-1])
+        a[:, :t] = prompt if self.fill == "prompt" else temb[:, None] * 0.5
+        a[:, t] = temb
+        read_a = torch.tanh(a) * 2.0
+        src = prompt[0] if self.fill == "prompt" else self.table * 3.0  # [T, D]
+        bb = torch.empty_like(self.table)
+        bb[:, :h].copy_(src[:, :h])
+        bb[:, h:].copy_(src[:, h:])
+        read_b = bb.exp().sum(0)  # [D]
+        return self.head(read_a) + read_b + pixels.mean()
+
+
+def _buffer_reads(g):
+    return {n: [o.id for o in g.ops if o.name == n] for n in ("tanh", "exp")}
+
+
+def _flagged(a, kind, detail=None):
+    return {i for o in kinds(a, kind, detail) for i in o["op_ids"]}
+
+
+def _passes(prompt_seeds):
+    g = torch.Generator().manual_seed(0)
+    pixels, tau = torch.randn(1, 4, 8, generator=g), torch.full((1,), 0.5)
+    return [{"pixels": pixels, "words": torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(s)), "tau": tau}
+            for s in prompt_seeds]
+
+
+def test_prompt_written_into_buffers_is_neither_cached_nor_hoisted(toy):
+    a, g = toy(Stash("prompt"), _passes([1, 2]), only=["cfg-invariant-cache", "hoist-constant"])
+    reads = _buffer_reads(g)
+    for i in reads["tanh"] + reads["exp"]:
+        assert "prompt" in g.deps(g.ops[i].outputs[0]), (g.ops[i].op, g.deps(g.ops[i].outputs[0]))
+    cfg = _flagged(a, "cfg-invariant-cache")
+    assert not cfg & set(reads["tanh"] + reads["exp"]), "a read of a prompt-filled buffer is not prompt-independent"
+    assert all("prompt" not in o["facts"]["depends_on"] for o in kinds(a, "cfg-invariant-cache"))
+    assert not _flagged(a, "hoist-constant", "load-time") & set(reads["tanh"] + reads["exp"])
+    # B holds the prompt and weights only: the same in every denoising step of a request
+    assert set(reads["exp"]) <= _flagged(a, "hoist-constant", "per-request")
+    assert not set(reads["tanh"]) & _flagged(a, "hoist-constant")  # A also holds the timestep
+
+
+def test_buffers_filled_from_timestep_and_weights_are_still_found(toy):
+    """The control: the same buffers filled without the prompt are cached and hoisted."""
+    a, g = toy(Stash("static"), _passes([1, 2]), only=["cfg-invariant-cache", "hoist-constant"])
+    reads = _buffer_reads(g)
+    tanh2 = [i for i in reads["tanh"] if g.ops[i].pass_idx == 1]
+    assert tanh2 and set(tanh2) <= _flagged(a, "cfg-invariant-cache"), [o["summary"] for o in a["opportunities"]]
+    assert set(reads["exp"]) <= _flagged(a, "hoist-constant", "load-time"), [o["summary"] for o in a["opportunities"]]
+
+
 # ---- fuse-elementwise-chain -------------------------------------------------------------------
 def test_gated_activation_and_long_chain(toy):
     class Chains(nn.Module):

@@ -1,10 +1,12 @@
 """Helpers for the analysis tests: capture and profile a small torch model in-process, then analyze.
+The graph and profile are written to tmp_path (graph.json, profile.json).
 
 The profile is the real one (runner/profiler.profile_step on CPU); the ceilings are fixed test
 values (copy 20 GB/s, matmul 0.2 TFLOP/s) so estimates do not depend on this machine's load.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,6 +36,9 @@ def run_toy(model, passes: list[dict], tmp_path: Path, only=None, profile_extra:
     profile = {**prof, "device": "cpu", "total_ms": prof["busy_ms"] * 1.5, "idle_ms": None, "passes": len(passes),
                "peaks": {"copy_gbps": 20.0, "matmul_tflops": 0.2}, "env": {"device_kind": "cpu", "device_name": "test"}}
     profile.update(profile_extra or {})
+    # kept beside the trace, for tests that analyze the same inputs again (in other processes)
+    (tmp_path / "graph.json").write_text(json.dumps(graph.raw))
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
     return analyze(graph, profile, {}, "test", only), graph
 
 

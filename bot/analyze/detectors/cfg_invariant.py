@@ -5,7 +5,9 @@ An op of pass >= 2 qualifies when (1) its dependency set holds no prompt-side la
 text_mask, or an input of unknown role), (2) it depends on some step input (timestep, latents,
 positions, guidance; work on weights alone is hoist-constant's), and (3) its value number was
 already computed in pass 1: the same op on inputs with the same content. Caching it for the later
-pass removes its whole time.
+pass removes its whole time. Dependencies are the op's results' (Graph.op_deps), which include
+what was written into a buffer in place before it was read (runner/graph_capture.py), so a read of
+a buffer holding prompt values is never taken for prompt-independent work.
 """
 from __future__ import annotations
 

@@ -64,14 +64,14 @@ def detect(ctx) -> list[Finding]:
             x = parent[x]
         return x
 
-    for i in elig:
+    for i in sorted(elig):  # op order, so the components and their order do not depend on set layout
         o = g.ops[i]
         for v in o.outputs:
             cons = g.real_consumers(v)
             if len(cons) == 1 and cons[0].id in elig and cons[0].pass_idx == o.pass_idx:
                 parent[find(i)] = find(cons[0].id)
     comps: dict[int, list[int]] = {}
-    for i in elig:
+    for i in sorted(elig):
         comps.setdefault(find(i), []).append(i)
     for ids in comps.values():
         if len(ids) < MIN_CHAIN:

@@ -8,6 +8,8 @@ Tiers, by the op's dependency set (union of its inputs' labels):
 - "repeated-in-step": an op whose value number was already computed earlier in the same pass
   (the same op on the same values; e.g. every block rebuilding one mask or one activation of the
   embedding): compute once per step.
+Dependencies and value numbers follow in-place writes (runner/graph_capture.py): a buffer made
+from a weight and then filled with prompt values is per-request work at best, never load-time.
 """
 from __future__ import annotations
 

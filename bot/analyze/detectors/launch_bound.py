@@ -50,7 +50,7 @@ def detect(ctx) -> list[Finding]:
               (f"CUDA-graph capture is blocked by {len(blockers)} op(s): {'; '.join(blocker_txt[:3])}" if blockers
                else "no host syncs or cross-device copies seen in the step"))
     out = []
-    for r, n in sorted(launches.items(), key=lambda kv: -kv[1]):
+    for r, n in sorted(launches.items(), key=lambda kv: (-kv[1], kv[0])):
         share = n / n_total
         gain = idle * share
         if gain < MIN_SHARE * total:
