@@ -20,6 +20,15 @@ Method (docs/analyze.md says more):
   timestep, guidance, pos_ids); parameters and buffers are "weights"; tensors created inside the
   step from nothing (ones, arange) or found on modules are "const". An op's dependency set is the
   union of its inputs' sets (a bit mask).
+- Host reads: ``tolist``, ``item``, ``int(t)``, ``bool(t)`` (seen by a TorchFunctionMode) turn a
+  value into Python numbers the dispatcher cannot follow, e.g. prompt lengths read off a text mask
+  and used to build position ids (Lumina2's RoPE). Every op the reading module runs afterwards
+  that makes a tensor from nothing or takes a scalar argument (sizes, indices, fill values: where
+  Python numbers enter) carries the read value's input dependencies; when the module returns
+  Python values, the tensors its caller then makes from nothing (zeros, arange, full) carry them
+  too. Over-approximate on purpose, so that no value built from a prompt's length is called
+  prompt-independent, yet narrow enough that work on the latents alone stays visible. Reads of
+  weights and constants carry nothing.
 - Value numbers: a hash of (op, scalar arguments, input value numbers), with step inputs numbered
   by their content. Two ops with the same value number computed the same value, e.g. the
   unconditional CFG pass recomputing the timestep modulation, or every block rebuilding one mask.
@@ -42,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
@@ -121,6 +131,7 @@ class Recorder:
     pass_idx: int = -1
     inputs: list[dict] = field(default_factory=list)
     suspended: int = 0  # > 0 while the recorder itself runs ops (digests), which are not the step's
+    fingerprints: bool = False  # record each op's first output's fingerprint (checks value numbers)
 
     def __post_init__(self):
         self._vid = WeakIdKeyDictionary()  # tensor -> current value id
@@ -131,6 +142,14 @@ class Recorder:
         self._keep: list[torch.Tensor] = []  # step inputs and weights stay alive (ids stay unique)
         self._param_names: dict[int, str] = {}
         self._mod_stack: list[int] = [-1]
+        # deps read back to the host (tolist, item, int(), bool()) by the module on top of the stack
+        # at the time: Python values the dispatcher cannot follow, so every op run inside that module
+        # afterwards carries them (runner/graph_capture.py docstring, "Host reads")
+        self._host_taint: dict[int, int] = {}
+        # ... and what a module that returned Python values hands its caller: only tensors the
+        # caller makes from nothing (zeros, arange, full: where returned lengths come back in) carry it
+        self._host_taint_made: dict[int, int] = {}
+        self.host_reads: list[dict] = []
         self._mod_index: dict[str, int] = {}
         self._src_index: dict[str, int] = {}
         self._code_in_engine: dict[Any, bool] = {}
@@ -190,6 +209,7 @@ class Recorder:
     def label_inputs(self, kwargs: dict, args: tuple) -> None:
         """Called at the start of each forward pass of the root model."""
         self.pass_idx += 1
+        self._host_taint, self._host_taint_made = {}, {}
         self.suspended += 1
         try:
             self._label_inputs(kwargs, args)
@@ -229,6 +249,11 @@ class Recorder:
             def post(m, args, out, _idx=idx):
                 if len(self._mod_stack) > 1 and self._mod_stack[-1] == _idx:
                     self._mod_stack.pop()
+                    taint = self._host_taint.pop(_idx, 0) | self._host_taint_made.pop(_idx, 0)
+                    # a module that returns Python values (lengths, lists) hands what they came from to its caller
+                    if taint and any(not isinstance(x, torch.Tensor) and x is not None for x in tree_flatten(out)[0]):
+                        top = self._mod_stack[-1]
+                        self._host_taint_made[top] = self._host_taint_made.get(top, 0) | taint
 
             handles.append(mod.register_forward_pre_hook(pre))
             handles.append(mod.register_forward_hook(post))
@@ -280,6 +305,8 @@ class Recorder:
         written = _written(schema, args, kwargs)
         # an in-place op writes into its input's storage but does work: never an alias
         alias = bool(out_tensors) and not written and all(_storage_key(o) in in_storages for o in out_tensors)
+        if (self._host_taint or self._host_taint_made) and not alias and _base(name) not in _LAYOUT_OPS:
+            deps |= self._host_deps(bool(in_vids), scalars)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
@@ -296,6 +323,12 @@ class Recorder:
             rec["host"] = True  # returns a Python value: the host waits for the device
         if name in _COPY_NAMES and any(t.device != o.device for t in in_tensors for o in out_tensors):
             rec["xdev"] = True  # a copy between devices inside the step (blocks CUDA-graph capture)
+        if self.fingerprints and out_tensors:
+            self.suspended += 1
+            try:
+                rec["fp"] = _fingerprint(out_tensors[0])
+            finally:
+                self.suspended -= 1
         self.ops.append(rec)
         if "attention" in name or "scaled_dot_product" in name:
             self._check_mask(rec, func, args, kwargs, arg_names)
@@ -366,9 +399,36 @@ class Recorder:
                 self.probes[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), pos, sig)
             rec["mask"]["probe"] = sig
 
+    def _host_deps(self, has_inputs: bool, scalars: dict) -> int:
+        """What host reads add to an op (not a view: a view's values are its input's). Python values
+        reach an op as scalar arguments (sizes, indices, fill values) or make a tensor from nothing;
+        an op of tensors alone gets a host read's deps through its inputs."""
+        deps = 0
+        if not has_inputs or any(v is not None for v in scalars.values()):
+            for m in self._mod_stack:
+                deps |= self._host_taint.get(m, 0)
+        if not has_inputs:
+            for m in self._mod_stack:
+                deps |= self._host_taint_made.get(m, 0)
+        return deps
+
+    def host_read(self, t: torch.Tensor, how: str) -> None:
+        """A tensor's content became a Python value (``tolist``, ``item``, ``int(t)``, ...)."""
+        if self.suspended:
+            return
+        vid = self._vid.get(t)
+        if vid is None:
+            return  # never seen by an op: a weight or constant read before any use, nothing to carry
+        deps = self.values[vid]["deps"] & ~(self.label_bit("weights") | self.label_bit("const"))
+        if deps:
+            top = self._mod_stack[-1]
+            self._host_taint[top] = self._host_taint.get(top, 0) | deps
+            self.host_reads.append({"p": self.pass_idx, "m": top, "value": vid, "how": how, "s": self._source()})
+
     def to_json(self) -> dict:
         return {"version": GRAPH_VERSION, "labels": self.labels, "modules": self.modules, "sources": self.sources,
-                "inputs": self.inputs, "values": self.values, "ops": self.ops, "passes": self.pass_idx + 1}
+                "inputs": self.inputs, "values": self.values, "ops": self.ops, "passes": self.pass_idx + 1,
+                "host_reads": self.host_reads}
 
 
 class _Mode(TorchDispatchMode):
@@ -384,18 +444,56 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+# Ops whose output holds their input's elements in another shape or layout: sizes from a host read
+# change the shape (and so the value number), never the values.
+_LAYOUT_OPS = frozenset({"view", "reshape", "_unsafe_view", "_reshape_alias", "permute", "flatten", "unflatten",
+                         "transpose", "t", "contiguous", "clone", "expand", "squeeze", "unsqueeze"})
+
+
+def _base(op: str) -> str:
+    """aten::view.dtype -> view"""
+    return op.rpartition("::")[2].split(".", 1)[0]
+
+
+# Tensor methods that turn content into Python values the dispatcher cannot follow.
+_HOST_READS = frozenset({"tolist", "item", "__int__", "__float__", "__bool__", "__index__", "__complex__"})
+
+
+class _HostReads(TorchFunctionMode):
+    def __init__(self, rec: Recorder):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _HOST_READS and args and isinstance(args[0], torch.Tensor):
+            self.rec.host_read(args[0], name)
+        return func(*args, **(kwargs or {}))
+
+
+def _fingerprint(t: torch.Tensor) -> list:
+    """Sum and sum of squares in float64, and the first and last elements, on the tensor's device:
+    equal for the same value computed twice (deterministic kernels), different otherwise (almost
+    surely). What the CFG detector's "same value number" claims is checked against."""
+    if t.numel() == 0 or t.is_complex():
+        return [int(t.numel())]
+    x = t.detach().reshape(-1).to(torch.float64)
+    return [round(v, 12) if isinstance(v, float) else v for v in
+            torch.stack([x.sum(), (x * x).sum(), x[0], x[-1]]).tolist()]
+
+
 def capture(model: torch.nn.Module, step: Callable[[], object], engine_root: str,
-            roles: dict[str, str] | None = None) -> Recorder:
+            roles: dict[str, str] | None = None, fingerprints: bool = False) -> Recorder:
     """Run `step` once under the recorder. The caller warms the step up first, so caches that a
     model fills on its first call (RoPE tables behind lru_cache) look as they do in steady state."""
-    rec = Recorder(engine_root=engine_root)
+    rec = Recorder(engine_root=engine_root, fingerprints=fingerprints)
     if roles:
         rec.roles.update(roles)
     rec.register_weights(model)
     handles = rec.attach_module_hooks(model)
     handles.append(model.register_forward_pre_hook(lambda m, a, kw: rec.label_inputs(kw, a), with_kwargs=True))
     try:
-        with _Mode(rec):
+        with _HostReads(rec), _Mode(rec):
             step()
     finally:
         for h in handles:

@@ -1,6 +1,7 @@
 """The graph job: capture the op graph of one step (runner/graph_capture.py) for `optbot analyze`.
 
 params:
+  fingerprints  record each op's output fingerprint (default on CPU; off on CUDA: a host sync per op)
   probe_iters   timed trials per side when an attention call's mask masks nothing (default 10 on
                 GPU, 5 on CPU; 0 skips the probes)
 
@@ -29,7 +30,9 @@ def run(job) -> dict:
         torch.cuda.synchronize()
     roles = inputs.spec_of(job.workload).roles()
     t0 = time.perf_counter()
-    rec = capture(built.model, step, job.engine_root, roles)
+    # fingerprints check the CFG detector's value numbers; one host sync per op, so CPU by default
+    fingerprints = bool(job.params.get("fingerprints", not job.device.startswith("cuda")))
+    rec = capture(built.model, step, job.engine_root, roles, fingerprints=fingerprints)
     capture_s = time.perf_counter() - t0
     graph = rec.to_json()
     graph.update(shape=shape, device="cuda" if job.device.startswith("cuda") else "cpu", dtype=job.dtype,
