@@ -101,3 +101,15 @@ def test_child_sees_no_secret_at_runtime(tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('ANTHROPIC_API_KEY'))"],
                          env=child_env(str(tmp_path)), capture_output=True, text=True)
     assert out.stdout.strip() == "None"
+
+
+def test_inputs_the_forward_rejects_are_a_typed_failure_naming_the_inputs(base_worktree, tmp_path):
+    """What the static check (bot/model_signature.py) cannot see, the runner still names: here a
+    job whose declared inputs include one FLUX.2's forward does not take."""
+    job = _job("flux2", base_worktree, iters=0, out_dir=str(tmp_path))
+    job.workload["inputs"]["forward"]["img_shapes"] = {"make": "literal", "value": "[(1, h, w)]"}
+    out = run_job(job, tmp_path)
+    assert out.status == "failed"
+    err = out.result["error"]
+    assert err["kind"] == "inputs" and "Flux2Transformer2DModel.forward rejected the declared inputs" in err["message"]
+    assert "img_shapes" in err["message"]
