@@ -99,8 +99,13 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
 
     t, hardware, replayed = ctx.target, ctx.hardware(), []
     knowledge = ctx.knowledge()
-    for r in replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware, t.workload.name,
-                    store_root=knowledge.kernel_store, lessons_root=knowledge.lessons):
+    results = list(replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware, t.workload.name,
+                          store_root=knowledge.kernel_store, lessons_root=knowledge.lessons))
+    if not results:
+        n = sum(1 for p in knowledge.kernel_store.glob("*/entry.yaml")) if knowledge.kernel_store.is_dir() else 0
+        res.notes.append(f"store replay: none of the {n} store entries is for {t.workload.name} on engine "
+                         f"{t.engine_name or t.workload.default_engine} (a new model starts with an empty store)")
+    for r in results:
         if r.candidate is None:
             res.notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
             continue
