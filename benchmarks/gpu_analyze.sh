@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_analyze.sh flux2
 #   bash benchmarks/gpu_analyze.sh qwen-image
 #   bash benchmarks/gpu_analyze.sh                 # both, in one call
+# FINGERPRINTS=1 checks every CFG-invariant finding against both passes' values (a host sync per op).
+#   FINGERPRINTS=1 bash benchmarks/gpu_analyze.sh wan2.1 sd3.5-large lumina2   # the three new models
 # PROFILE_DIR=benchmarks/results/h200-20261129 reuses profile-<workload>-full.json from there
 # (measured on the same H200 kind) instead of profiling again; the analysis names its source.
 # Writes analyze-<workload>-full.{json,md,txt} under $OUT (default benchmarks/results/h200-<date>/).
@@ -28,6 +30,7 @@ for wl in "${workloads[@]}"; do
     extra=(--profile "$PROFILE_DIR/profile-$wl-full.json")
   fi
   start=$(date +%s)
+  [[ -n "${FINGERPRINTS:-}" ]] && extra+=(--fingerprints)
   python3 -m bot analyze "$wl" --preset full --device cuda --top 40 --json "$OUT/analyze-$wl-full.json" "${extra[@]}" \
     > "$OUT/analyze-$wl-full.txt" 2>&1 || { tail -60 "$OUT/analyze-$wl-full.txt"; exit 1; }
   echo "analyze $wl: $(( $(date +%s) - start )) s wall" | tee -a "$OUT/wall-analyze.txt"

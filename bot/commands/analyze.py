@@ -25,7 +25,10 @@ from bot.target import base_worktree, resolve_target
 @click.option("--top", default=25, show_default=True, help="Rows in the terminal table (the JSON keeps all).")
 @click.option("--iters", default=None, type=int, help="Timed steps of the profile (default: 10 on GPU, 3 on CPU).")
 @click.option("--timeout", default=1800, show_default=True, help="Seconds before each runner job is killed.")
-def command(workload, engine, ref, preset, device, json_path, profile_path, kinds, top, iters, timeout):
+@click.option("--fingerprints/--no-fingerprints", default=None,
+              help="Record every op's output fingerprint in the graph, so each CFG-invariant finding is checked "
+                   "against both passes' values (default: on CPU; on CUDA it costs a host sync per op).")
+def command(workload, engine, ref, preset, device, json_path, profile_path, kinds, top, iters, timeout, fingerprints):
     """Find and rank model-level optimization opportunities in one step of WORKLOAD.
 
     \b
@@ -70,7 +73,7 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
                    "time is split over ops by the graph's shapes", err=True)
     meta = dict(workload=t.workload.name, preset=t.preset, dtype=t.dtype, shape=shape.label(), engine=t.checkout.name,
                 engine_sha=t.checkout.base_sha, command=command_line())
-    result = analyze_base(t, wt, run_dir, profile, source, meta, list(kinds) or None, timeout)
+    result = analyze_base(t, wt, run_dir, profile, source, meta, list(kinds) or None, timeout, fingerprints)
     print_terminal(result, top)
     (run_dir / "analysis.md").write_text(markdown(result))
     write_json(run_dir / "analysis.json", result)

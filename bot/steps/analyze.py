@@ -28,10 +28,12 @@ class Result:
 
 
 def analyze_base(t: Target, worktree: Path | str, out_dir: Path, profile: dict, profile_source: str,
-                 meta: dict, only: list[str] | None = None, timeout_s: float = 3600) -> dict:
+                 meta: dict, only: list[str] | None = None, timeout_s: float = 3600,
+                 fingerprints: bool | None = None) -> dict:
     """Capture the op graph of one step of `worktree` and run the detectors over it and `profile`:
     the analysis (bot/analyze/run.py), with the graph job's environment and capture time in `meta`."""
-    g = run_ok(t, "graph", Path(worktree), out_dir, timeout_s, iters=0, warmup=0, save_outputs=False)
+    params = {} if fingerprints is None else {"fingerprints": fingerprints}
+    g = run_ok(t, "graph", Path(worktree), out_dir, timeout_s, iters=0, warmup=0, save_outputs=False, params=params)
     meta = {**meta, "capture_s": g.get("capture_s"), "graph_file": g["graph"]}
     graph = Graph.load(g["graph"])
     check_passes(t.workload, graph)
