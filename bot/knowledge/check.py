@@ -160,6 +160,11 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
     from bot.workload import load_workload
 
     on_cuda = device.startswith("cuda")
+    if not on_cuda and entry.hardware and "cpu" not in entry.hardware:
+        # e.g. an attention-backend choice that only CUDA tensors take: on CPU it is dead code, and
+        # the validator would rightly call it "not engaged"
+        return [Check("validate", None, f"not run on cpu: the entry targets {', '.join(entry.hardware)} only "
+                                        f"(what it changes runs there alone)")]
     out = []
     for wl_name in entry.workloads or ():
         try:

@@ -41,10 +41,14 @@ def test_kernel_sources_are_the_files_the_patch_adds():
 def test_find_entries_by_pattern_engine_hardware():
     found = {e.id for e in find_entries("attention-waste", "diffusers", "h200", STORE_DIR)}
     assert found >= {"flux2-qk-rmsnorm-rope", "qwen-image-drop-all-ones-mask"}
-    assert find_entries("attention-waste", "sglang", "h200", STORE_DIR) == []
+    # replay matches by engine: the SGLang entry is SGLang's alone, and only on the GPU it targets
+    assert [e.id for e in find_entries("attention-waste", "sglang", "h200", STORE_DIR)] == ["sglang-flux2-cudnn-attention"]
+    assert find_entries("attention-waste", "sglang", "cpu", STORE_DIR) == []
+    assert "sglang-flux2-cudnn-attention" not in found
     assert find_entries("attention-waste", "diffusers", "mi300", STORE_DIR) == []
     # None asks nothing about a condition (the agent's read_store without a pattern)
-    assert {e.id for e in find_entries(None, "diffusers", None, STORE_DIR)} == {e.id for e in load_store(STORE_DIR)}
+    assert {e.id for e in find_entries(None, "diffusers", None, STORE_DIR)} == \
+        {e.id for e in load_store(STORE_DIR) if e.engine.name == "diffusers"}
 
 
 def _copy_entry(tmp_path: Path, entry_id: str = "flux2-swiglu") -> Path:
