@@ -128,6 +128,10 @@ class Recorder:
     modules: list[list] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     probes: dict[str, Probe] = field(default_factory=dict)
+    # the first SDPA call of each signature (shapes, dtype, mask, scalars), kept to time it under
+    # each backend at the workload's shapes (runner/kinds/graph.py); its calls counted
+    sdpa_calls: dict[str, Probe] = field(default_factory=dict)
+    sdpa_counts: dict[str, int] = field(default_factory=dict)
     pass_idx: int = -1
     inputs: list[dict] = field(default_factory=list)
     suspended: int = 0  # > 0 while the recorder itself runs ops (digests), which are not the step's
@@ -332,6 +336,8 @@ class Recorder:
         self.ops.append(rec)
         if "attention" in name or "scaled_dot_product" in name:
             self._check_mask(rec, func, args, kwargs, arg_names)
+        if name == "aten::scaled_dot_product_attention":
+            self._keep_sdpa(rec, func, args, kwargs, scalars)
 
     def _propagate_writes(self, written: list[torch.Tensor], out_tensors: list[torch.Tensor], op_id: int,
                           deps: int, base_vn: int) -> list[int]:
@@ -366,6 +372,18 @@ class Recorder:
             s = _scalar(a)
             if s is not None or a is None:
                 scalars[argname] = s
+
+    def _keep_sdpa(self, rec, func, args, kwargs, scalars) -> None:
+        shapes = tuple(tuple(t.shape) for t in args[:3] if isinstance(t, torch.Tensor))
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        sig = (f"sdpa{shapes}{dtype_short(args[0].dtype)}"
+               f"{'' if mask is None else ' mask' + str(tuple(mask.shape))}"
+               f"{sorted((k, v) for k, v in scalars.items() if v is not None)}")
+        rec["sdpa"] = sig
+        self.sdpa_counts[sig] = self.sdpa_counts.get(sig, 0) + 1
+        if sig not in self.sdpa_calls:
+            self.sdpa_calls[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), ("", 0), sig)
 
     def _check_mask(self, rec, func, args, kwargs, arg_names) -> None:
         pos, mask = None, None

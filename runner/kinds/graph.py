@@ -1,6 +1,8 @@
 """The graph job: capture the op graph of one step (runner/graph_capture.py) for `optbot analyze`.
 
 params:
+  backend_iters timed trials per SDPA backend for each SDPA signature (default 10 on GPU, 0 on CPU:
+                the backends that matter are CUDA's)
   fingerprints  record each op's output fingerprint (default on CPU; off on CUDA: a host sync per op)
   probe_iters   timed trials per side when an attention call's mask masks nothing (default 10 on
                 GPU, 5 on CPU; 0 skips the probes)
@@ -41,17 +43,66 @@ def run(job) -> dict:
     iters = int(job.params.get("probe_iters", 10 if job.device.startswith("cuda") else 5))
     probes = [_probe(p, job.device, iters) for p in rec.probes.values()] if iters > 0 else []
     graph["probes"] = probes
+    b_iters = int(job.params.get("backend_iters", 10 if job.device.startswith("cuda") else 0))
+    graph["sdpa_backends"] = [dict(_backends(p, job.device, b_iters), calls=rec.sdpa_counts[sig])
+                              for sig, p in rec.sdpa_calls.items()] if b_iters > 0 else []
     path = out_dir / "graph.json"
     path.write_text(json.dumps(graph, separators=(",", ":")))
     return {
         "ok": True,
         "graph": str(path),
         "summary": {"ops": len(graph["ops"]), "values": len(graph["values"]), "modules": len(graph["modules"]),
-                    "passes": graph["passes"], "probes": len(probes)},
+                    "passes": graph["passes"], "probes": len(probes), "sdpa_backends": len(graph["sdpa_backends"])},
         "probes": probes,
         "capture_s": round(capture_s, 3),
         "env": envmod.capture(job.device, job.engine_sha, built.engine_file),
     }
+
+
+# The backends SDPA can dispatch to, by their torch.nn.attention name; MATH is left out (the
+# reference, never the fast path).
+SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def _backends(p, device: str, iters: int) -> dict:
+    """One SDPA call timed as the engine runs it (its default pick) and under each backend alone,
+    at the workload's shapes on the job's device. A backend that cannot take the call says why."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def under(name):
+        def fn():
+            with sdpa_kernel([getattr(SDPBackend, name)]):
+                return p.func(*p.args, **p.kwargs)
+        return fn
+
+    fns = {"default": lambda: p.func(*p.args, **p.kwargs)}
+    out = {"op_id": p.op_id, "signature": p.signature, "device": "cuda" if device.startswith("cuda") else "cpu",
+           "backends": {}}
+    with torch.inference_mode():
+        ref = _first(fns["default"]())
+        out["ref_absmax"] = float(ref.float().abs().max())
+        for name in SDPA_BACKENDS:
+            fn = under(name)
+            try:
+                got = _first(fn())
+            except RuntimeError as e:  # "No available kernel": this backend cannot take the call
+                out["backends"][name.lower()] = {"eligible": False, "why": str(e).splitlines()[0][:200]}
+                continue
+            out["backends"][name.lower()] = {"eligible": True,
+                                             "max_abs_diff": float((got.float() - ref.float()).abs().max())}
+            fns[name.lower()] = fn
+        res = time_interleaved(fns, device, warmup=3, iters=iters)
+    for k, v in res.items():
+        stats = v if isinstance(v, str) else {"median_ms": round(v.median_ms, 5), "min_ms": round(v.min_ms, 5), "n": v.n}
+        if k == "default":
+            out["default"] = stats
+        else:
+            out["backends"][k]["time"] = stats
+    return out
+
+
+def _first(x):
+    return x[0] if isinstance(x, (tuple, list)) else x
 
 
 def _probe(p, device: str, iters: int) -> dict:

@@ -9,6 +9,9 @@ Three structural sub-patterns, found from each attention op (an aten op whose na
   positions and constants) as separate passes; one fused pass (or the GEMM's epilogue) can do it.
 - "qkv-layout-copies": copies (concatenation, contiguous, casts) on the v path or after the
   attention output, before the next GEMM, that exist only to change layout.
+- "sdpa-backend": an SDPA call whose default pick (e.g. flash, where an engine turned cuDNN off)
+  is slower than another backend that takes the same call; the graph job times each SDPA signature
+  under every backend at the workload's shapes (CUDA by default), so the gain is measured, not guessed.
 """
 from __future__ import annotations
 
@@ -103,6 +106,51 @@ def detect(ctx) -> list[Finding]:
                                "the attention op", "agent", signature="layout",
                                summary=f"layout copies around attention ({describe_ops(g, copies)[:100]})",
                                facts={"ops": describe_ops(g, copies)}))
+    return out + _backend_choice(ctx)
+
+
+def _backend_choice(ctx) -> list[Finding]:
+    """SDPA whose default pick is slower than another backend that takes the same call, both timed
+    by the graph job at the workload's shapes on the profile's device (runner/kinds/graph.py)."""
+    g, cost = ctx.graph, ctx.cost
+    raw_ops = g.raw.get("ops", [])
+    out = []
+    for rec in g.raw.get("sdpa_backends", []):
+        default = rec.get("default")
+        if rec.get("device") != cost.device or not isinstance(default, dict):
+            continue
+        timed = {name: b for name, b in rec.get("backends", {}).items()
+                 if b.get("eligible") and isinstance(b.get("time"), dict)
+                 # the same result: within bf16 rounding of the output's magnitude
+                 and b.get("max_abs_diff", 0.0) <= 1e-2 * max(rec.get("ref_absmax", 1.0), 1e-6)}
+        if not timed:
+            continue
+        best, b = min(timed.items(), key=lambda kv: kv[1]["time"]["median_ms"])
+        saved = default["median_ms"] - b["time"]["median_ms"]
+        if saved <= 0.05 * default["median_ms"]:
+            continue  # the default already is (about) the fastest
+        ids = [o["id"] for o in raw_ops if o.get("sdpa") == rec["signature"] and ctx.free(o["id"])]
+        if not ids:
+            continue
+        att_ms = cost.ms(ids)
+        gain = saved * len(ids)
+        if att_ms > 0:
+            gain = min(gain, att_ms)  # never more than the profile says these calls took
+        name = best.replace("_attention", "")
+        facts = {"backend": name, "default_ms": default["median_ms"], "calls": len(ids),
+                 "backend_ms": {k.replace("_attention", ""): v["time"]["median_ms"] for k, v in timed.items()},
+                 "not_eligible": {k.replace("_attention", ""): v.get("why", "") for k, v in rec["backends"].items()
+                                  if not v.get("eligible")},
+                 "max_abs_diff": b.get("max_abs_diff"), "signature": rec["signature"], "probe_device": rec["device"]}
+        ctx.claim(ids)
+        out.append(Finding(KIND, "sdpa-backend", ids, ids[0], gain,
+                           f"{len(ids)} calls x (default {default['median_ms']:.4f} - {name} "
+                           f"{b['time']['median_ms']:.4f} ms), each backend timed at this shape on {rec['device']}",
+                           0.9, "both timed at the workload's shapes, outputs compared", "store-replay",
+                           signature=f"sdpa-backend|{rec['signature']}",
+                           summary=f"SDPA's default pick runs {default['median_ms']:.3f} ms per call where {name} runs "
+                                   f"{b['time']['median_ms']:.3f} ms: select {name} for these calls",
+                           facts=facts))
     return out
 
 
