@@ -25,7 +25,8 @@ from bot.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("compile_blocks.py")
-USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE]
+# the diffusers engine's entries (an SGLang entry is checked on the SGLang engine, tests/sglang)
+USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE and e.engine.name == "diffusers"]
 SINGLE = [(wl, (e.id,)) for e in USABLE if e.kernel_files() for wl in e.workloads]
 # The stacks that apply together (tests/generate/test_replay.py): flux2-qkv-norm-rope-epilogue conflicts
 # with flux2-merge-qkv and flux2-qk-rmsnorm-rope (it supersedes them; its entry.yaml), so FLUX.2 has two.

@@ -13,7 +13,7 @@ from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
 from bot.workload import load_workload
 
-SEEDS = [(e.id, wl) for e in load_store(SHIPPED_STORE) for wl in e.workloads]
+SEEDS = [(e.id, wl) for e in load_store(SHIPPED_STORE) if e.engine.name == "diffusers" for wl in e.workloads]
 
 
 @pytest.mark.slow
