@@ -89,7 +89,8 @@ for _ in $(seq 1 50); do
     for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
     sleep 0.1
 done
-left=$(strays)
+# judged on the loop's last look: a fresh look here could catch a short-lived child of this
+# script itself (when the tests run it as the instance's user) and call it a survivor
 [ -z "$left" ] || die "processes of $user survive SIGKILL: $(echo "$left" | tr '\n' ' ')"
 
 # 2. the GPUs: a killed process can hold its GPU memory until the driver lets it go
