@@ -17,6 +17,7 @@ import pytest
 from bot.analyze.opportunity import Estimate, Location, Opportunity
 from bot.engine import EngineCheckout
 from bot.generate.template.generator import TemplateContext, generate_templates
+from bot.knowledge.check import run_kernel_tests
 from bot.knowledge.store import load_entry
 from bot.trailers import parse_trailers
 
@@ -172,6 +173,11 @@ def test_template_end_to_end(engine, tmp_path, cls, kind, program, old, call_arg
         want = m(**m.example(7))
     torch.testing.assert_close(got["ref"], want, atol=1e-5, rtol=1e-5)  # the reference replays the original
     torch.testing.assert_close(got["fused"], want, atol=1e-4, rtol=1e-4)  # the Triton kernel in the model
+    # the store's own kernel check (the kernel_test runner job, as `optbot store check` runs it): fp32 and bf16
+    (chk,) = run_kernel_tests(entry, str(wt), "", "cpu", tmp_path / "check", params={"seeds": [0]})
+    assert chk.ok, chk.reason
+    assert {case["path"] for case in chk.details["cases"]} == {"triton"}
+    assert {case["dtype"] for case in chk.details["cases"]} == {"float32", "bfloat16"}
 
 
 @pytest.mark.parametrize("cls, kind, why", [
@@ -191,3 +197,31 @@ def test_covered_opportunity_is_skipped(engine, tmp_path):
     opp = next(o for o in opps if o.kind == "fuse-elementwise-chain")
     (res,) = generate_templates(engine, graph, [opp], _ctx(tmp_path, {opp.id}))
     assert res.status == "covered" and res.candidate is None
+
+
+def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypatch):
+    """bot/steps/generate._template: reads the run's graph, adds the candidate, and skips an
+    opportunity a replayed entry covers, with a note each."""
+    from types import SimpleNamespace
+
+    from bot.run.context import Budget, RunContext, RunOptions
+    from bot.run.state import Results
+    from bot.steps import generate
+
+    graph, opps = _analyze(engine, "Chain", tmp_path)
+    gfile = tmp_path / "graph.json"
+    gfile.write_text(json.dumps(graph.raw))
+    (tmp_path / "analysis.full.json").write_text(json.dumps({"meta": {"graph_file": str(gfile)}}))
+    ctx = RunContext("r", tmp_path, RunOptions(workload="toy", generators=("replay", "template")), Budget(), Results(),
+                     log=lambda m: None)
+    ctx._target = SimpleNamespace(device="cpu", dtype="float32", preset="tiny", engine_name="toy",
+                                  workload=SimpleNamespace(name="toy", default_engine="toy"), checkout=engine)
+    monkeypatch.setattr(RunContext, "hardware", lambda self: "cpu")
+    chain = [o for o in opps if o.kind == "fuse-elementwise-chain"]
+    res = generate.Result("done", "")
+    notes = generate._template(ctx, [], chain, res)
+    assert [c.generator for c in res.candidates] == ["template"] and res.candidates[0].opportunity_id == chain[0].id
+    assert "sigmoid -> mul -> mul" in notes[0] and (tmp_path / "template").is_dir()
+    res2 = generate.Result("done", "")
+    notes = generate._template(ctx, [SimpleNamespace(opportunity_id=chain[0].id)], chain, res2)
+    assert res2.candidates == [] and "skipped, a replayed store entry covers it" in notes[0]
