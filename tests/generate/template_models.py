@@ -38,6 +38,26 @@ class NormModulate(nn.Module):
     example = staticmethod(_inputs)
 
 
+class AffineGelu(nn.Module):
+    """LayerNorm with weight and bias, tanh-GELU, times a per-sample gate."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        with torch.no_grad():  # not ones and zeros, so the affine part is checked
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, d))
+            self.norm.bias.copy_(torch.linspace(-0.2, 0.2, d))
+        self.mod = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        gate = self.mod(words).unsqueeze(1)
+        h = torch.nn.functional.gelu(self.norm(pixels), approximate="tanh") * gate
+        return self.proj(h)
+
+    example = staticmethod(_inputs)
+
+
 class RmsWeight(nn.Module):
     """The hand-written RMS pattern times a weight, then a broadcast shift."""
 

@@ -123,6 +123,8 @@ def engine(tmp_path_factory):
 CASES = [
     ("NormModulate", "fuse-norm-consumer", "layer_norm -> mul -> add",
      "(1 + scale) * self.norm(x) + shift", "(x, 1 + scale, shift)"),
+    ("AffineGelu", "fuse-norm-consumer", "layer_norm -> gelu -> mul",
+     'torch.nn.functional.gelu(self.norm(pixels), approximate="tanh") * gate', "(pixels, self.norm.weight, self.norm.bias, gate)"),
     ("RmsWeight", "fuse-norm-consumer", "pow -> mean -> add -> rsqrt -> mul -> mul -> add",
      "h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w + shift", "(h, self.w, shift)"),
     ("Chain", "fuse-elementwise-chain", "sigmoid -> mul -> mul", "pixels * torch.sigmoid(pixels) * y", "(pixels, y)"),

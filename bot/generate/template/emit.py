@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from bot.generate.template.lift import BINARY, NORMS, REDUCE, Input, Node, Program
+from bot.generate.template.lift import NORMS, REDUCE, Input, Node, Program
 
 ROUND_DT = {"bf16": "tl.bfloat16", "f16": "tl.float16"}
 TORCH_DT = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "f64": "torch.float64"}
@@ -112,8 +112,6 @@ def _kernel(p: Program, name: str, reduces: bool) -> str:
         body.append(f"{i.name} = tl.load({i.name.upper()} + i0 * s{k}_0 + i1 * s{k}_1 + i2 * s{k}_2 + cols * s{k}_3, "
                     f"mask=m, other=0.0).to(tl.float32)")
     for n in p.nodes:
-        if n.op in NORMS or n.op in REDUCE:
-            pass
         body += _tl_expr(n, [_arg(a) for a in n.args])
         if not n.f32 and n.op != "cast":
             body.append(f"if ROUND:  # the unfused op stores {n.name} in the activation dtype")

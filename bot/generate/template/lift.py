@@ -35,6 +35,7 @@ class Input:
     role: str  # "row" (full [..., N]) | "bcast" (broadcast over some dims)
     shape: tuple[int, ...]
     dtype: str  # graph dtype: f32, bf16, ...
+    origin: str = ""  # the graph's origin of the value, e.g. "weight:blocks.0.norm.weight" for a parameter
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             role = "bcast"
         else:
             raise Refused(f"input value {v} of shape {list(shp)} neither is a row of {list(out_shape)} nor broadcasts to one")
-        if role == "row" and not g.values[v].get("contig", True) and len(shp) > 1:
-            pass  # the wrapper passes strides; only the last dim must be dense, which it checks at run time
-        inp = Input(f"a{len(inputs)}", v, role, shp, g.values[v]["dtype"])
+        inp = Input(f"a{len(inputs)}", v, role, shp, g.values[v]["dtype"], g.values[v].get("origin", ""))
         inputs[v] = inp
         names[v] = inp.name
         return inp.name
@@ -142,7 +141,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
 
     norm_modules: dict[str, str] = {}
     for o in ops:
-        nm = o.name.rstrip("_") if o.name not in ("_to_copy",) else o.name
+        nm = o.name if o.name == "_to_copy" else o.name.rstrip("_")
         if len(o.outputs) != 1:
             raise Refused(f"op {o.id} {o.op} has {len(o.outputs)} outputs")
         per_row = False
@@ -172,12 +171,11 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
                 eps = FINFO_EPS.get(g.values[o.inputs[0]]["dtype"], FINFO_EPS["f32"])
             else:
                 eps = float(o.scalars.get("eps", 1e-5))
-            attrs = {"eps": eps}
+            args, op, attrs = (arg(o.inputs[0]),), nm, {"eps": eps}  # x first: the kernel's argument order
             extra = dict(zip(o.arg_names[1:], o.inputs[1:]))
             for k in ("weight", "bias"):
                 if k in extra:
                     attrs[k] = arg(extra[k])
-            args, op = (arg(o.inputs[0]),), nm
             norm_modules[f"t{len(nodes)}"] = o.module
         elif nm in REDUCE:
             dims = o.scalars.get("dim")
@@ -191,12 +189,10 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             args, op, per_row = (arg(o.inputs[0]),), nm, True
         else:
             raise Refused(f"op {o.id} {o.op} is not in the template's table")
-        if op not in REDUCE:
-            per_row = all(_node(nodes, a).per_row for a in args if isinstance(a, str) and a.startswith("t")) and \
-                any(isinstance(a, str) and a.startswith("t") for a in args) and \
-                not any(isinstance(a, str) and a.startswith("a") for a in args)
-            if op in NORMS:
-                per_row = False
+        if op not in REDUCE and op not in NORMS:
+            # elementwise on per-row numbers only (the `+ eps` and rsqrt of the RMS pattern) stays per row
+            tensors = [a for a in args if isinstance(a, str)]
+            per_row = bool(tensors) and all(a.startswith("t") and _node(nodes, a).per_row for a in tensors)
         shp = tuple(g.values[o.outputs[0]]["shape"])
         if not per_row and shp != out_shape and not (op in BINARY and g.numel(o.outputs[0]) == g.numel(out)):
             raise Refused(f"op {o.id} {o.op} makes shape {list(shp)}, not a row of {list(out_shape)}")
@@ -204,6 +200,8 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
         node = Node(f"t{len(nodes)}", op, args, o.id, attrs, per_row, f32)
         nodes.append(node)
         names[o.outputs[0]] = node.name
+    if not any(i.role == "row" for i in inputs.values()):
+        raise Refused("no input is a full row (the output's shape): nothing to run one program per row over")
     if nodes[-1].per_row or names.get(out) != nodes[-1].name:
         raise Refused("the instance's output is not its last full-row op")
     srcs = sorted({o.src for o in ops})

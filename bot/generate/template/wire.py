@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.generate.template.emit import Emitted
-from bot.generate.template.lift import BINARY, Node, Program, Refused
+from bot.generate.template.lift import Node, Program, Refused
 
 AST_BIN = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "div": ast.Div}
 CALL_NAMES = {"sigmoid": {"sigmoid"}, "tanh": {"tanh"}, "exp": {"exp"}, "rsqrt": {"rsqrt"}, "silu": {"silu"},
@@ -173,8 +173,24 @@ def _match_node(p: Program, n: Node, node: ast.expr, bind: dict[str, str]) -> bo
         return False
     tensor_args = _call_tensor_args(n, node)
     if tensor_args is not None:
+        if n.op in ("layer_norm", "rms_norm"):  # F.layer_norm(x, shape, weight, bias, eps) / F.rms_norm(x, shape, weight, eps)
+            spots = {"weight": 2, "bias": 3}
+            kw = {k.arg: k.value for k in node.keywords}
+            for k, i in spots.items():
+                if k in n.attrs:
+                    x = kw.get(k, node.args[i] if len(node.args) > i else None)
+                    if x is None or not _match(p, n.attrs[k], x, bind):
+                        return False
         return _match(p, n.args[0], tensor_args, bind)
     if n.op in ("layer_norm", "rms_norm") and n.name in p.norm_modules and _module_call(node, p, p.norm_modules[n.name]):
+        # the module's own parameters: bound to `self.<module>.weight` when the graph says they are
+        mod = ast.unparse(node.func)
+        for k in ("weight", "bias"):
+            if k in n.attrs:
+                inp = next(i for i in p.inputs if i.name == n.attrs[k])
+                if inp.origin != f"weight:{p.norm_modules[n.name]}.{k}" or bind.get(inp.name, f"{mod}.{k}") != f"{mod}.{k}":
+                    return False
+                bind[inp.name] = f"{mod}.{k}"
         return _match(p, n.args[0], node.args[0], bind)
     return False
 
@@ -208,5 +224,3 @@ def _module_call(node: ast.Call, p: Program, norm_module: str) -> bool:
     rel = ".".join(reversed(chain))
     return norm_module == (f"{p.module}.{rel}" if p.module else rel)
 
-
-__all__ = ["Rewrite", "rewrite", "kernel_location", "Refused", "BINARY"]
