@@ -10,6 +10,11 @@ def _inputs(seed, d=32, s=5):
     return {"pixels": torch.randn(2, s, d, generator=g), "words": torch.randn(2, d, generator=g)}
 
 
+def _inputs_tau(seed, d=32, s=5):
+    g = torch.Generator().manual_seed(seed)
+    return {"pixels": torch.randn(2, s, d, generator=g), "tau": torch.randn(2, d, generator=g)}
+
+
 class ModBlock(nn.Module):
     def __init__(self, d):
         super().__init__()
@@ -24,18 +29,19 @@ class ModBlock(nn.Module):
 
 
 class NormModulate(nn.Module):
-    """LayerNorm (no affine) then (1 + scale) * x + shift, scale/shift broadcast [B, 1, N]."""
+    """LayerNorm (no affine) then (1 + scale) * x + shift, scale/shift broadcast [B, 1, N] from the
+    timestep (so the `1 + scale` add is not hoisted: it is one of the fused ops)."""
 
     def __init__(self, d=32):
         super().__init__()
         self.blocks = nn.ModuleList([ModBlock(d), ModBlock(d)])
 
-    def forward(self, pixels, words):
+    def forward(self, pixels, tau):
         for b in self.blocks:
-            pixels = b(pixels, words)
+            pixels = b(pixels, tau)
         return pixels
 
-    example = staticmethod(_inputs)
+    example = staticmethod(_inputs_tau)
 
 
 class AffineGelu(nn.Module):

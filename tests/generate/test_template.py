@@ -23,7 +23,7 @@ from bot.trailers import parse_trailers
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ROLES = {"pixels": "latents", "words": "prompt"}
+ROLES = {"pixels": "latents", "words": "prompt", "tau": "timestep"}
 
 CHECK = r'''
 import json, os, sys, importlib.util
@@ -121,8 +121,8 @@ def engine(tmp_path_factory):
 
 
 CASES = [
-    ("NormModulate", "fuse-norm-consumer", "layer_norm -> mul -> add",
-     "(1 + scale) * self.norm(x) + shift", "(x, 1 + scale, shift)"),
+    ("NormModulate", "fuse-norm-consumer", "add -> layer_norm -> mul -> add",
+     "(1 + scale) * self.norm(x) + shift", "(scale, x, shift)"),
     ("AffineGelu", "fuse-norm-consumer", "layer_norm -> gelu -> mul",
      'torch.nn.functional.gelu(self.norm(pixels), approximate="tanh") * gate', "(pixels, self.norm.weight, self.norm.bias, gate)"),
     ("RmsWeight", "fuse-norm-consumer", "pow -> mean -> add -> rsqrt -> mul -> mul -> add",

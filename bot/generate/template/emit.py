@@ -312,7 +312,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import {name} as op  # noqa: E402
 
 SHAPES = {test_shapes(p)!r}
-CASES = [("float32", 2e-5, 2e-5), ("bfloat16", 3e-2, 2e-2)]
+# bf16: every node is rounded where the unfused op stores it, and a norm's fp32 statistics differ in
+# the last bits between kernels, so one rounding can flip and be carried through the chain (a few
+# ulps at |x| ~ 4, where one is 0.03): wider than the store's hand-tuned 3e-2 / 2e-2
+CASES = [("float32", 2e-5, 2e-5), ("bfloat16", 6e-2, 3e-2)]
 BENCH_SHAPES = [{tuple(p.out_shape)!r}]
 
 

@@ -126,8 +126,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
         shp = tuple(g.values[v]["shape"])
         if shp == out_shape:
             role = "row"
-        elif len(shp) <= len(out_shape) and all(a in (1, b) for a, b in zip(shp[::-1], out_shape[::-1])) \
-                and (shp[-1:] == (n,) or not shp or shp[-1] == 1):
+        elif _broadcasts(shp, out_shape):
             role = "bcast"
         else:
             raise Refused(f"input value {v} of shape {list(shp)} neither is a row of {list(out_shape)} nor broadcasts to one")
@@ -194,7 +193,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             tensors = [a for a in args if isinstance(a, str)]
             per_row = bool(tensors) and all(a.startswith("t") and _node(nodes, a).per_row for a in tensors)
         shp = tuple(g.values[o.outputs[0]]["shape"])
-        if not per_row and shp != out_shape and not (op in BINARY and g.numel(o.outputs[0]) == g.numel(out)):
+        if not per_row and shp != out_shape and not (op not in NORMS and _broadcasts(shp, out_shape)):
             raise Refused(f"op {o.id} {o.op} makes shape {list(shp)}, not a row of {list(out_shape)}")
         f32 = (attrs.get("dtype") == "f32") if op == "cast" else f32_of(args)
         node = Node(f"t{len(nodes)}", op, args, o.id, attrs, per_row, f32)
@@ -209,6 +208,12 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
     return Program(inputs=list(inputs.values()), nodes=nodes, output=nodes[-1].name, out_value=out,
                    out_shape=out_shape, n=n, op_ids=sorted(lifted), src=srcs[0] if len(srcs) == 1 else "",
                    srcs=srcs, module=(body or ops)[0].module, norm_modules=norm_modules)
+
+
+def _broadcasts(shp: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """shp broadcasts to out_shape ([B, 1, N], [N], [B, 1, 1]): the kernel reads it by stride 0; a
+    node of such a shape (the `1 + scale` of a modulation) is recomputed per row, on loaded values."""
+    return len(shp) <= len(out_shape) and all(a in (1, b) for a, b in zip(shp[::-1], out_shape[::-1]))
 
 
 def _node(nodes: list[Node], name: str) -> Node:
