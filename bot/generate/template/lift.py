@@ -60,8 +60,8 @@ class Program:
     op_ids: list[int]  # graph ops replaced (the lifted casts included)
     src: str  # "file:line" shared by all ops, or "" when they come from several lines
     srcs: list[str]
-    module: str  # module path of the instance's statement (its non-norm ops)
-    norm_modules: dict[str, str]  # node name -> module path of a norm op (self.norm(x) in the source)
+    module: str  # module path of the instance's statement (the caller: the shortest of its ops' modules)
+    norm_modules: dict[str, str]  # node name -> submodule that ran it (self.norm(x), self.gate_fn(x) in the source)
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -103,6 +103,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             while p is not None and p.alias and p.name in VIEWS_OK and p.id not in lifted and p.inputs:
                 lifted.add(p.id)
                 p = g.producer.get(p.inputs[0])
+    _trim(g, lifted)
     ops = [g.ops[i] for i in sorted(lifted)]
     inside = {v for o in ops for v in o.outputs}
     outs = [v for o in ops for v in o.outputs
@@ -138,7 +139,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
     def f32_of(args) -> bool:
         return any(isinstance(a, str) and a.startswith("t") and _node(nodes, a).f32 for a in args)
 
-    norm_modules: dict[str, str] = {}
+    call_modules: dict[str, str] = {}
     for o in ops:
         nm = o.name if o.name == "_to_copy" else o.name.rstrip("_")
         if len(o.outputs) != 1:
@@ -175,7 +176,6 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             for k in ("weight", "bias"):
                 if k in extra:
                     attrs[k] = arg(extra[k])
-            norm_modules[f"t{len(nodes)}"] = o.module
         elif nm in REDUCE:
             dims = o.scalars.get("dim")
             nd = len(g.values[o.inputs[0]]["shape"])
@@ -197,6 +197,7 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             raise Refused(f"op {o.id} {o.op} makes shape {list(shp)}, not a row of {list(out_shape)}")
         f32 = (attrs.get("dtype") == "f32") if op == "cast" else f32_of(args)
         node = Node(f"t{len(nodes)}", op, args, o.id, attrs, per_row, f32)
+        call_modules[node.name] = o.module
         nodes.append(node)
         names[o.outputs[0]] = node.name
     if not any(i.role == "row" for i in inputs.values()):
@@ -204,10 +205,28 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
     if nodes[-1].per_row or names.get(out) != nodes[-1].name:
         raise Refused("the instance's output is not its last full-row op")
     srcs = sorted({o.src for o in ops})
-    body = [o for o in ops if o.name not in NORMS]
+    # the statement's module is the caller: the shortest path; ops in its submodules ran inside a
+    # module call (self.norm(x), self.gate_fn(x)) that wire.py may match
+    module = min((o.module for o in ops), key=lambda m: (len(m.split(".")) if m else 0, m))
+    sub = {k: m for k, m in call_modules.items() if m != module}
     return Program(inputs=list(inputs.values()), nodes=nodes, output=nodes[-1].name, out_value=out,
                    out_shape=out_shape, n=n, op_ids=sorted(lifted), src=srcs[0] if len(srcs) == 1 else "",
-                   srcs=srcs, module=(body or ops)[0].module, norm_modules=norm_modules)
+                   srcs=srcs, module=module, norm_modules=sub)
+
+
+def _trim(g: Graph, lifted: set[int]) -> None:
+    """Leave outside an op whose result reaches the instance only through a view (`(1 + scale)[:, None]`):
+    the view changes how it broadcasts, so the viewed value is the kernel's input instead."""
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(lifted):
+            o = g.ops[i]
+            real_in = [c for v in o.outputs for c in g.real_consumers(v) if c.id in lifted]
+            direct_in = [c for v in o.outputs for c in g.consumers.get(v, []) if c.id in lifted]
+            if real_in and not direct_in:
+                lifted.discard(i)
+                changed = True
 
 
 def _broadcasts(shp: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:

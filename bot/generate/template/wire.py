@@ -23,6 +23,8 @@ CALL_NAMES = {"sigmoid": {"sigmoid"}, "tanh": {"tanh"}, "exp": {"exp"}, "rsqrt":
               "cast": {"float", "half", "bfloat16", "to", "type_as"},
               "layer_norm": {"layer_norm"}, "rms_norm": {"rms_norm"}, "neg": {"neg"}}
 NAMESPACES = {"torch", "F", "nn", "functional"}
+# ops a module's forward may run on its one argument (nn.LayerNorm, nn.RMSNorm, nn.SiLU, nn.GELU, ...)
+UNARY_MODULES = {"layer_norm", "rms_norm", "silu", "gelu", "sigmoid", "tanh"}
 KERNEL_PACKAGE = "optbot_kernels"
 
 
@@ -182,7 +184,7 @@ def _match_node(p: Program, n: Node, node: ast.expr, bind: dict[str, str]) -> bo
                     if x is None or not _match(p, n.attrs[k], x, bind):
                         return False
         return _match(p, n.args[0], tensor_args, bind)
-    if n.op in ("layer_norm", "rms_norm") and n.name in p.norm_modules and _module_call(node, p, p.norm_modules[n.name]):
+    if n.name in p.norm_modules and n.op in UNARY_MODULES and _module_call(node, p, p.norm_modules[n.name]):
         # the module's own parameters: bound to `self.<module>.weight` when the graph says they are
         mod = ast.unparse(node.func)
         for k in ("weight", "bias"):
