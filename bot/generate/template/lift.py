@@ -36,6 +36,7 @@ class Input:
     shape: tuple[int, ...]
     dtype: str  # graph dtype: f32, bf16, ...
     origin: str = ""  # the graph's origin of the value, e.g. "weight:blocks.0.norm.weight" for a parameter
+    contig: bool = True  # as captured: a slice of a wider row (x[..., :half]) is not
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ def lift(g: Graph, opp: Opportunity, instance: list[int] | None = None) -> Progr
             role = "bcast"
         else:
             raise Refused(f"input value {v} of shape {list(shp)} neither is a row of {list(out_shape)} nor broadcasts to one")
-        inp = Input(f"a{len(inputs)}", v, role, shp, g.values[v]["dtype"], g.values[v].get("origin", ""))
+        inp = Input(f"a{len(inputs)}", v, role, shp, g.values[v]["dtype"], g.values[v].get("origin", ""),
+                    bool(g.values[v].get("contig", True)))
         inputs[v] = inp
         names[v] = inp.name
         return inp.name
