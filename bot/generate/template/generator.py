@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bot.analyze.graph import Graph
 from bot.analyze.opportunity import Opportunity
-from bot.engine import EngineCheckout, add_worktree
+from bot.engine import EngineCheckout, add_worktree, remove_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
 from bot.generate.template.emit import Emitted, describe, emit
@@ -84,7 +84,11 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
             taken: set[str]) -> TemplateResult:
     wt = add_worktree(checkout, f"template-{opp.id}")
     root = wt / checkout.import_root if checkout.import_root else wt
-    rw: Rewrite = rewrite(p, e, root)
+    try:
+        rw: Rewrite = rewrite(p, e, root)
+    except Refused:
+        remove_worktree(checkout, wt)  # nothing was written: no worktree left behind for a refusal
+        raise
     (root / rw.engine_file).write_text(rw.source)
     kfile = root / rw.kernel_file
     kfile.parent.mkdir(parents=True, exist_ok=True)
