@@ -60,7 +60,7 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
 @click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
-              metavar="LIST", help="Which generators run (comma-separated subset of the default).")
+              metavar="LIST", help="Which generators run (comma-separated: replay, template, variants, compile-region, agent).")
 @click.option("--ablation-rounds", default=2, show_default=True, type=click.IntRange(0, 10),
               help="Leave-one-out rounds over the stack on a GPU (0: no ablation).")
 @click.option("--revalidate", is_flag=True,

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from bot.run.state import Results
     from bot.target import Target
 
-GENERATORS = ("replay", "variants", "compile-region", "agent")
+GENERATORS = ("replay", "template", "variants", "compile-region", "agent")
+# what runs without --generators: the template generator (bot/generate/template) is opt-in for now
+DEFAULT_GENERATORS = ("replay", "variants", "compile-region", "agent")
 
 
 @dataclass
@@ -56,7 +58,7 @@ class RunOptions:
     github_api_url: str | None = None
     iters: int | None = None
     command: str = ""
-    generators: tuple[str, ...] = GENERATORS
+    generators: tuple[str, ...] = DEFAULT_GENERATORS
     revalidate: bool = False  # ignore the store's recorded GPU verdicts: validate every candidate
     ablation_rounds: int = 2  # leave-one-out rounds of the stack on a GPU; 0 = no ablation
 

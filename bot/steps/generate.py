@@ -1,6 +1,8 @@
 """Step 5, generate: candidates from the opportunities, one engine commit each in its own worktree.
 
-The generators (bot/generate/), in order: store replay (every matching kernel_store entry), variant
+The generators (bot/generate/), in order: store replay (every matching kernel_store entry), the
+template generator (opt-in: `--generators ...,template`; norm + elementwise and elementwise chains
+written by rule, skipped where a replayed entry covers the opportunity), variant
 search (a replayed entry's config space, on a GPU), compile region (the hot repeated blocks under
 torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY). What the knowledge holds
 for this run (bot/knowledge/recall.py) decides what is not generated again: a known-rejected entry
@@ -71,6 +73,8 @@ def run(ctx: RunContext) -> Result:
     replayed = _replay(ctx, opps, res) if "replay" in gens else []
     if "replay" not in gens:
         res.notes.append("store replay: not selected (--generators)")
+    if "template" in gens:
+        res.notes += _template(ctx, replayed, opps, res)
     if "variants" in gens:
         res.notes += _variants(ctx, replayed, opps, res)
     else:
@@ -122,6 +126,35 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
         res.notes.append(f"store replay {r.entry_id}: {r.reason}"
                          + (f"; known on {hardware}: {known.line()}" if known else (f"; {why}" if why else "")))
     return replayed
+
+
+def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Result) -> list[str]:
+    """The template generator (no LLM) on the norm + elementwise and elementwise-chain opportunities
+    no replayed entry covers; a refused one stays for the agent. Entry files go to <run dir>/template/."""
+    import json
+
+    from bot.analyze.graph import Graph
+    from bot.generate.template.generator import TemplateContext, generate_templates
+
+    full = ctx.run_dir / "analysis.full.json"
+    graph_file = json.loads(full.read_text()).get("meta", {}).get("graph_file") if full.is_file() else None
+    if not graph_file or not os.path.isfile(graph_file):
+        return [f"template: no captured graph for this run ({full.name} names none)"]
+    t = ctx.target
+    tctx = TemplateContext(workload=t.workload.name, engine=t.engine_name or t.workload.default_engine,
+                           engine_source=str(t.checkout.repo_path), hardware=ctx.hardware() or "", run_id=ctx.run_id,
+                           entries_dir=ctx.run_dir / "template",
+                           covered=frozenset(r.opportunity_id for r in replayed))
+    notes = []
+    for r in generate_templates(t.checkout, Graph.load(graph_file), opps, tctx):
+        if r.candidate is not None:
+            _add(ctx, res, r.candidate, opps)
+            notes.append(f"template {r.opportunity_id}: {r.program}: {r.reason}; entry files {r.entry_dir}")
+        elif r.status == "covered":
+            notes.append(f"template {r.opportunity_id}: skipped, {r.reason}")
+        else:
+            notes.append(f"template {r.opportunity_id}: {r.status}: {r.reason} (left to the agent)")
+    return notes or ["template: no fuse-norm-consumer or fuse-elementwise-chain opportunity"]
 
 
 def _variants(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Result) -> list[str]:

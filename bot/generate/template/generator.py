@@ -1,0 +1,124 @@
+"""generate_templates(): fuse-norm-consumer and fuse-elementwise-chain opportunities -> candidate
+commits written by rule (lift -> emit -> wire), each with its store-entry files.
+
+Per opportunity: its first instance (in op order) is lifted; the emitted kernel module goes into a
+package folder beside the engine file (`optbot_kernels/`), the one engine statement is rewritten,
+and the worktree is committed with the Optbot-* trailers. The entry files (entry.yaml named
+`<workload>-fuse-<module pattern>`, the kernel module, its test, config_space, patch.diff,
+bench.json) are written by the learn step's writer (bot/knowledge/learn.write_entry) with status
+`candidate`, into `entries_dir` (the run's folder, not the store: validation decides what is kept).
+A refused opportunity is a result with the reason, for the agent to take over.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.analyze.graph import Graph
+from bot.analyze.opportunity import Opportunity
+from bot.engine import EngineCheckout, add_worktree, remove_worktree
+from bot.generate.candidate import Candidate, commit_message, make_trailers
+from bot.generate.commits import commit_all, run_git
+from bot.generate.template.emit import Emitted, describe, emit
+from bot.generate.template.lift import Program, Refused, instances, lift
+from bot.generate.template.wire import KERNEL_PACKAGE, Rewrite, rewrite
+from bot.knowledge.learn import Outcome, write_entry
+
+KINDS = ("fuse-norm-consumer", "fuse-elementwise-chain")
+GENERATOR = "template"
+
+
+@dataclass
+class TemplateResult:
+    opportunity_id: str
+    status: str  # candidate | refused | covered | error
+    reason: str
+    candidate: Candidate | None = None
+    entry_dir: Path | None = None
+    program: str = ""  # the lifted op sequence, e.g. "layer_norm -> mul -> add"
+    worktree: str = ""
+
+
+@dataclass(frozen=True)
+class TemplateContext:
+    """What the generator needs besides the checkout, graph and opportunities."""
+    workload: str
+    engine: str
+    engine_source: str
+    hardware: str
+    run_id: str
+    entries_dir: Path  # where the entry folders go (the run's directory)
+    covered: frozenset[str] = field(default_factory=frozenset)  # opportunity ids a replayed entry covers
+
+
+def entry_name(workload: str, pattern: str, taken: set[str]) -> str:
+    base = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", f"{workload}-fuse-{pattern}".lower().replace("*", ""))).strip("-")
+    name, k = base[:80], 2
+    while name in taken:
+        name, k = f"{base[:76]}-{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def generate_templates(checkout: EngineCheckout, graph: Graph, opportunities: list[Opportunity],
+                       ctx: TemplateContext) -> list[TemplateResult]:
+    out: list[TemplateResult] = []
+    taken: set[str] = set()
+    for opp in opportunities:
+        if opp.kind not in KINDS:
+            continue
+        if opp.id in ctx.covered:
+            out.append(TemplateResult(opp.id, "covered", "a replayed store entry covers it"))
+            continue
+        try:
+            p = lift(graph, opp, instances(graph, opp)[0])
+            e = emit(p)
+            out.append(_commit(checkout, opp, p, e, ctx, taken))
+        except Refused as why:
+            out.append(TemplateResult(opp.id, "refused", str(why)))
+    return out
+
+
+def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, ctx: TemplateContext,
+            taken: set[str]) -> TemplateResult:
+    wt = add_worktree(checkout, f"template-{opp.id}")
+    root = wt / checkout.import_root if checkout.import_root else wt
+    try:
+        rw: Rewrite = rewrite(p, e, root)
+    except Refused:
+        remove_worktree(checkout, wt)  # nothing was written: no worktree left behind for a refusal
+        raise
+    (root / rw.engine_file).write_text(rw.source)
+    kfile = root / rw.kernel_file
+    kfile.parent.mkdir(parents=True, exist_ok=True)
+    init = kfile.parent / "__init__.py"
+    if not init.exists():
+        init.write_text(f'"""Kernels optbot\'s template generator wrote ({KERNEL_PACKAGE}).\"\"\"\n')
+    kfile.write_text(e.module_source)
+    trailers = make_trailers(opp.id, opp.kind, [e.kernel_name], [], "", generator=GENERATOR, run_id=ctx.run_id)
+    title = f"optbot: fuse {describe(p)} at {opp.location.module_pattern} into one Triton row kernel"
+    body = (f"Template-generated (no LLM) for {opp.kind} {opp.id} ({opp.location.instances} instances; "
+            f"estimated {opp.gain_ms} ms).\n\n{rw.engine_file}:{rw.line}\n  was: {rw.old_statement}\n"
+            f"  now: {rw.new_statement}\nKernel module: {rw.kernel_file} ({e.kernel_name}).")
+    sha, err = commit_all(wt, commit_message(title, body, trailers))
+    if not sha:
+        return TemplateResult(opp.id, "error", err, program=describe(p), worktree=str(wt))
+    rel = lambda f: str(Path(checkout.import_root) / f) if checkout.import_root else f  # noqa: E731
+    patch = run_git(wt, "diff", checkout.base_sha, sha).stdout
+    kernel_rel = rel(rw.kernel_file)
+    name = entry_name(ctx.workload, opp.location.module_pattern, taken)
+    outcome = Outcome(
+        candidate_id=f"template-{opp.id}", kind=opp.kind, generator=GENERATOR, run_id=ctx.run_id, status="candidate",
+        reason="template-generated, not validated yet", numbers={}, device="", hardware=ctx.hardware,
+        engine=ctx.engine, engine_source=ctx.engine_source, base_sha=checkout.base_sha, commit_sha=sha, title=title,
+        patch=patch, changed_files=[rel(rw.engine_file), kernel_rel], added_files={kernel_rel: e.module_source},
+        workload=ctx.workload, dtype="float32", adds_kernels=[e.kernel_name], entry_name=name, entry_status="candidate",
+        config_space=e.config_space, extra_files={f"test_{e.op_name}.py": e.test_source})
+    entry_dir = write_entry(outcome, ctx.entries_dir)
+    cand = Candidate(id=f"template-{opp.id}", opportunity_id=opp.id, kind=opp.kind, generator=GENERATOR,
+                     worktree=str(wt), commit_sha=sha, base_sha=checkout.base_sha, entry_id="",
+                     adds_kernels=[e.kernel_name], trailers=trailers, title=title,
+                     estimated_gain_ms=opp.gain_ms)
+    return TemplateResult(opp.id, "candidate", f"rewrote {rw.engine_file}:{rw.line} as {sha[:12]}", cand, entry_dir,
+                          describe(p), str(wt))

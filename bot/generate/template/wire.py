@@ -1,0 +1,228 @@
+"""The checked rewrite of the engine: the one source statement the instance's ops came from gets
+the emitted kernel call in place of the sub-expression that computes the program.
+
+Only when every op (the lifted casts included) has the same engine line, that line belongs to a
+simple assignment `name = <expr>`, and some sub-expression of <expr> has the program's op sequence
+structurally (`(1 + scale) * self.norm(x) + shift`: add(mul(., layer_norm(.)), .)). Program inputs
+bind to the AST sub-expressions in their places (`1 + scale` is one input when its add was left to
+another opportunity); a norm may be a module call `self.<attr>(x)` when the graph says that module
+ran the norm op. The rewritten file is parsed again. Anything else is refused with the reason.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.generate.template.emit import Emitted
+from bot.generate.template.lift import Node, Program, Refused
+
+AST_BIN = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "div": ast.Div}
+CALL_NAMES = {"sigmoid": {"sigmoid"}, "tanh": {"tanh"}, "exp": {"exp"}, "rsqrt": {"rsqrt"}, "silu": {"silu"},
+              "gelu": {"gelu"}, "mean": {"mean"}, "sum": {"sum"}, "pow": {"pow"},
+              "cast": {"float", "half", "bfloat16", "to", "type_as"},
+              "layer_norm": {"layer_norm"}, "rms_norm": {"rms_norm"}, "neg": {"neg"}}
+NAMESPACES = {"torch", "F", "nn", "functional"}
+# ops a module's forward may run on its one argument (nn.LayerNorm, nn.RMSNorm, nn.SiLU, nn.GELU, ...)
+UNARY_MODULES = {"layer_norm", "rms_norm", "silu", "gelu", "sigmoid", "tanh"}
+KERNEL_PACKAGE = "optbot_kernels"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    engine_file: str  # relative to the import root
+    line: int
+    old_statement: str
+    new_statement: str
+    kernel_file: str  # where the kernel module goes, relative to the import root
+    import_line: str
+    source: str  # the engine file's new text
+
+
+def kernel_location(engine_file: str, op_name: str) -> tuple[str, str]:
+    """(kernel module path relative to the import root, its dotted module name): a package folder
+    beside the engine file, so the import is absolute from the import root."""
+    parent = Path(engine_file).parent
+    rel = parent / KERNEL_PACKAGE / f"{op_name}.py"
+    dotted = ".".join([*parent.parts, KERNEL_PACKAGE, op_name])
+    return str(rel), dotted
+
+
+def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
+    if not p.src:
+        raise Refused(f"the instance's ops come from {len(p.srcs)} source lines ({', '.join(p.srcs)}); "
+                      "the template rewrites one statement")
+    efile, _, eline = p.src.rpartition(":")
+    path = import_root / efile
+    if not efile or not eline.isdigit() or not path.is_file():
+        raise Refused(f"engine line {p.src!r} is not a file under the import root {import_root}")
+    line = int(eline)
+    text = path.read_text()
+    tree = ast.parse(text, filename=str(path))
+    stmts = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and s.lineno <= line <= (s.end_lineno or s.lineno)]
+    if not stmts:
+        raise Refused(f"{p.src}: no statement at that line")
+    stmt = min(stmts, key=lambda s: (s.end_lineno or s.lineno) - s.lineno)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        raise Refused(f"{p.src}: the statement is a {type(stmt).__name__} ({ast.unparse(stmt)[:80]!r}), "
+                      "not a simple assignment `name = <expr>`")
+    found = None
+    for sub in ast.walk(stmt.value):
+        if isinstance(sub, ast.expr):
+            bind: dict[str, str] = {}
+            if _match(p, p.output, sub, bind) and _complete(p, bind):
+                found = (sub, bind)
+                break
+    if found is None:
+        raise Refused(f"{p.src}: no sub-expression of {ast.unparse(stmt.value)[:120]!r} has the program's op "
+                      f"sequence ({' -> '.join(n.op for n in p.nodes)})")
+    sub, bind = found
+    kfile, dotted = kernel_location(efile, e.op_name)
+    alias = f"_optbot_{e.op_name}"
+    call = f"{alias}({', '.join(bind[i.name] for i in p.inputs)})"
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+    a = starts[sub.lineno - 1] + _col(lines[sub.lineno - 1], sub.col_offset)
+    b = starts[sub.end_lineno - 1] + _col(lines[sub.end_lineno - 1], sub.end_col_offset)
+    new_text = text[:a] + call + text[b:]
+    import_line = f"from {dotted.rsplit('.', 1)[0]}.{e.op_name} import {e.op_name} as {alias}  # optbot template kernel\n"
+    at = _import_point(tree)
+    new_lines = new_text.splitlines(keepends=True)
+    new_text = "".join(new_lines[:at] + [import_line] + new_lines[at:])
+    try:
+        new_tree = ast.parse(new_text, filename=str(path))
+    except SyntaxError as err:
+        raise Refused(f"{p.src}: the rewritten file does not parse ({err})") from None
+    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == stmt.lineno + 1), None)
+    if new_stmt is None or alias not in ast.unparse(new_stmt):
+        raise Refused(f"{p.src}: the rewritten statement was not found after the rewrite")
+    return Rewrite(efile, line, ast.unparse(stmt), ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+
+
+def _col(line: str, byte_col: int) -> int:
+    """ast columns are UTF-8 byte offsets."""
+    return len(line.encode()[:byte_col].decode(errors="replace"))
+
+
+def _import_point(tree: ast.Module) -> int:
+    """Line index after the module's leading imports (after the docstring when there are none)."""
+    at = 0
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            at = node.end_lineno or node.lineno
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and at == 0 and node is tree.body[0]:
+            at = node.end_lineno or node.lineno
+        elif at:
+            break
+    return at
+
+
+def _complete(p: Program, bind: dict[str, str]) -> bool:
+    texts = [bind.get(i.name) for i in p.inputs]
+    return None not in texts and len(set(texts)) == len(texts)
+
+
+def _const(node: ast.expr) -> float | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        c = _const(node.operand)
+        return None if c is None else -c
+    return None
+
+
+def _match(p: Program, name, node: ast.expr, bind: dict[str, str]) -> bool:
+    """Whether AST `node` computes program value `name`; binds inputs to source text (on success)."""
+    if isinstance(name, float):
+        return _const(node) == name
+    if name.startswith("a"):
+        text = ast.unparse(node)
+        if bind.get(name, text) != text:
+            return False
+        bind[name] = text
+        return True
+    n = p.node(name)
+    return _try(lambda b: _match_node(p, n, node, b), bind)
+
+
+def _try(f, bind: dict[str, str]) -> bool:
+    trial = dict(bind)
+    if f(trial):
+        bind.update(trial)
+        return True
+    return False
+
+
+def _args_match(p: Program, names, exprs, bind) -> bool:
+    return len(names) == len(exprs) and _try(lambda b: all(_match(p, a, x, b) for a, x in zip(names, exprs)), bind)
+
+
+def _match_node(p: Program, n: Node, node: ast.expr, bind: dict[str, str]) -> bool:
+    if n.op in AST_BIN and isinstance(node, ast.BinOp) and isinstance(node.op, AST_BIN[n.op]):
+        pairs = [n.args]
+        if n.op in ("add", "mul"):
+            pairs.append(n.args[::-1])  # Python's `1 + t` reaches aten as add(t, 1)
+        return any(_args_match(p, list(pr), [node.left, node.right], bind) for pr in pairs)
+    if n.op == "rsub" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+        return _args_match(p, [n.args[1], n.args[0]], [node.left, node.right], bind)
+    if n.op == "neg" and isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _match(p, n.args[0], node.operand, bind)
+    if n.op == "pow" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return _const(node.right) == n.attrs["exponent"] and _match(p, n.args[0], node.left, bind)
+    if not isinstance(node, ast.Call):
+        return False
+    tensor_args = _call_tensor_args(n, node)
+    if tensor_args is not None:
+        if n.op in ("layer_norm", "rms_norm"):  # F.layer_norm(x, shape, weight, bias, eps) / F.rms_norm(x, shape, weight, eps)
+            spots = {"weight": 2, "bias": 3}
+            kw = {k.arg: k.value for k in node.keywords}
+            for k, i in spots.items():
+                if k in n.attrs:
+                    x = kw.get(k, node.args[i] if len(node.args) > i else None)
+                    if x is None or not _match(p, n.attrs[k], x, bind):
+                        return False
+        return _match(p, n.args[0], tensor_args, bind)
+    if n.name in p.norm_modules and n.op in UNARY_MODULES and _module_call(node, p, p.norm_modules[n.name]):
+        # the module's own parameters: bound to `self.<module>.weight` when the graph says they are
+        mod = ast.unparse(node.func)
+        for k in ("weight", "bias"):
+            if k in n.attrs:
+                inp = next(i for i in p.inputs if i.name == n.attrs[k])
+                if inp.origin != f"weight:{p.norm_modules[n.name]}.{k}" or bind.get(inp.name, f"{mod}.{k}") != f"{mod}.{k}":
+                    return False
+                bind[inp.name] = f"{mod}.{k}"
+        return _match(p, n.args[0], node.args[0], bind)
+    return False
+
+
+def _call_tensor_args(n: Node, node: ast.Call) -> ast.expr | None:
+    """The expression a call applies op n to: `x.sigmoid()` -> x, `torch.sigmoid(x)` / `F.silu(x)` -> x."""
+    f = node.func
+    fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    if fname not in CALL_NAMES.get(n.op, ()):
+        return None
+    if isinstance(f, ast.Attribute) and not _namespace(f.value):
+        return f.value  # a method of the tensor
+    return node.args[0] if node.args else None
+
+
+def _namespace(x: ast.expr) -> bool:
+    root = x
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return isinstance(root, ast.Name) and (root.id in NAMESPACES or (x is root and root.id in NAMESPACES))
+
+
+def _module_call(node: ast.Call, p: Program, norm_module: str) -> bool:
+    """`self.a.b(x)` where the graph's norm op ran in submodule <statement's module>.a.b."""
+    chain, f = [], node.func
+    while isinstance(f, ast.Attribute):
+        chain.append(f.attr)
+        f = f.value
+    if not (isinstance(f, ast.Name) and f.id == "self" and chain and len(node.args) == 1 and not node.keywords):
+        return False
+    rel = ".".join(reversed(chain))
+    return norm_module == (f"{p.module}.{rel}" if p.module else rel)
+

@@ -1,0 +1,132 @@
+"""The engine file of the template generator's tests: small models whose fused result is known.
+Written into a temp git repo as `toyeng/model.py` (the "engine"); each class has `example(seed)`,
+its step's keyword inputs."""
+import torch
+import torch.nn as nn
+
+
+def _inputs(seed, d=32, s=5):
+    g = torch.Generator().manual_seed(seed)
+    return {"pixels": torch.randn(2, s, d, generator=g), "words": torch.randn(2, d, generator=g)}
+
+
+def _inputs_tau(seed, d=32, s=5):
+    g = torch.Generator().manual_seed(seed)
+    return {"pixels": torch.randn(2, s, d, generator=g), "tau": torch.randn(2, d, generator=g)}
+
+
+class ModBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, c):
+        scale, shift = self.mod(c).unsqueeze(1).chunk(2, dim=-1)  # [B, 1, D] each
+        h = (1 + scale) * self.norm(x) + shift
+        return x + self.proj(h)
+
+
+class NormModulate(nn.Module):
+    """LayerNorm (no affine) then (1 + scale) * x + shift, scale/shift broadcast [B, 1, N] from the
+    timestep (so the `1 + scale` add is not hoisted: it is one of the fused ops)."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.blocks = nn.ModuleList([ModBlock(d), ModBlock(d)])
+
+    def forward(self, pixels, tau):
+        for b in self.blocks:
+            pixels = b(pixels, tau)
+        return pixels
+
+    example = staticmethod(_inputs_tau)
+
+
+class AffineGelu(nn.Module):
+    """LayerNorm with weight and bias, tanh-GELU, times a per-sample gate."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        with torch.no_grad():  # not ones and zeros, so the affine part is checked
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, d))
+            self.norm.bias.copy_(torch.linspace(-0.2, 0.2, d))
+        self.mod = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        gate = self.mod(words).unsqueeze(1)
+        h = torch.nn.functional.gelu(self.norm(pixels), approximate="tanh") * gate
+        return self.proj(h)
+
+    example = staticmethod(_inputs)
+
+
+class RmsWeight(nn.Module):
+    """The hand-written RMS pattern times a weight, then a broadcast shift."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+        self.mod = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        shift = self.mod(words).unsqueeze(1)
+        h = self.proj(pixels)
+        r = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w + shift
+        return self.proj(r)
+
+    example = staticmethod(_inputs)
+
+
+class Chain(nn.Module):
+    """x * sigmoid(x) * y: three memory-bound ops in a row."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.mod = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        y = self.mod(words).unsqueeze(1)
+        g = pixels * torch.sigmoid(pixels) * y
+        return self.proj(g)
+
+    example = staticmethod(_inputs)
+
+
+class TwoStatements(nn.Module):
+    """The norm and its consumers on two lines: the template refuses (one statement only)."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, elementwise_affine=False)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        scale, shift = self.mod(words).unsqueeze(1).chunk(2, dim=-1)
+        h = self.norm(pixels)
+        h = h * (1 + scale) + shift
+        return self.proj(h)
+
+    example = staticmethod(_inputs)
+
+
+class Clamped(nn.Module):
+    """A chain holding an op outside the template's table (clamp): refused."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.mod = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        y = self.mod(words).unsqueeze(1)
+        g = torch.clamp(pixels * torch.sigmoid(pixels), -1.0, 1.0) * y
+        return self.proj(g)
+
+    example = staticmethod(_inputs)

@@ -1,0 +1,229 @@
+"""The template generator end to end on small models in a temp "engine" repo: real capture
+(runner/graph_capture), real profile and analyzer, then lift -> emit -> rewrite -> commit; the
+emitted kernel under TRITON_INTERPRET=1 (a child process) against its reference and the original
+model; and the refusals, with their reasons."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from bot.analyze.opportunity import Estimate, Location, Opportunity
+from bot.engine import EngineCheckout
+from bot.generate.template.generator import TemplateContext, generate_templates
+from bot.knowledge.check import run_kernel_tests
+from bot.knowledge.store import load_entry
+from bot.trailers import parse_trailers
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ROLES = {"pixels": "latents", "words": "prompt", "tau": "timestep"}
+
+CHECK = r'''
+import json, os, sys, importlib.util
+import torch
+wt, cls, entry, out = sys.argv[1:5]
+sys.path.insert(0, wt)
+from toyeng import model as M
+# the entry's kernel module: its own test inputs, fresh seeds, every shape
+test_file = next(p for p in os.listdir(entry) if p.startswith("test_"))
+spec = importlib.util.spec_from_file_location("t", os.path.join(entry, test_file))
+t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)
+worst = 0.0
+for shape in t.SHAPES:
+    for seed in (3, 4):
+        ins = t.make_inputs(shape, "float32", "cpu", seed)
+        k, r = t.kernel(*ins), t.reference(*ins)
+        assert t.kernel_path() == "triton", t.kernel_path()
+        worst = max(worst, (k - r).abs().max().item())
+torch.manual_seed(0)
+m = getattr(M, cls)().eval()
+kw = m.example(7)
+with torch.inference_mode():
+    fused = m(**kw)
+    os.environ["TRITON_INTERPRET"] = "0"  # the wrapper's torch path: the reference replay of the ops
+    ref = m(**kw)
+torch.save({"fused": fused, "ref": ref}, out)
+print(json.dumps({"kernel_vs_reference": worst}))
+'''
+
+
+def _engine(tmp_path: Path) -> EngineCheckout:
+    repo_dir = tmp_path / "engine"
+    (repo_dir / "toyeng").mkdir(parents=True)
+    (repo_dir / "toyeng" / "__init__.py").write_text("")
+    shutil.copy(HERE / "template_models.py", repo_dir / "toyeng" / "model.py")
+    repo = git.Repo.init(repo_dir)
+    repo.git.add("-A")
+    repo.git.commit("-qm", "engine", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                          "GIT_COMMITTER_EMAIL": "t@t"})
+    return EngineCheckout("toy", repo_dir, repo.head.commit.hexsha, "HEAD", "")
+
+
+def _base_model(checkout: EngineCheckout, cls: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"toyeng_base_{cls}", checkout.repo_path / "toyeng" / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _analyze(checkout: EngineCheckout, cls: str, tmp_path: Path):
+    """Capture and profile one step of model `cls` of the engine (as tests/analyze/toy_helpers.py)."""
+    import torch
+
+    from bot.analyze.graph import Graph
+    from bot.analyze.run import analyze
+    from runner.graph_capture import capture
+    from runner.profiler import profile_step
+
+    sys.path.insert(0, str(checkout.repo_path))
+    try:
+        import toyeng.model as M
+    finally:
+        sys.path.remove(str(checkout.repo_path))
+    torch.manual_seed(0)
+    model = getattr(M, cls)().eval().requires_grad_(False)
+    kw = model.example(0)
+
+    def step():
+        with torch.inference_mode():
+            return model(**kw)
+
+    step()
+    rec = capture(model, step, str(checkout.repo_path), ROLES)
+    graph = Graph.from_json({**rec.to_json(), "device": "cpu", "probes": []})
+    prof = profile_step(model, step, "cpu", tmp_path / f"trace-{cls}.json.gz")
+    profile = {**prof, "device": "cpu", "total_ms": prof["busy_ms"] * 1.5, "idle_ms": None, "passes": 1,
+               "peaks": {"copy_gbps": 20.0, "matmul_tflops": 0.2}, "env": {"device_kind": "cpu", "device_name": "test"}}
+    ana = analyze(graph, profile, {}, "test")
+    opps = [Opportunity(**{**o, "location": Location(**o["location"]), "estimate": Estimate(**o["estimate"])})
+            for o in ana["opportunities"]]
+    return graph, opps
+
+
+def _ctx(tmp_path: Path, covered=frozenset()) -> TemplateContext:
+    return TemplateContext(workload="toy", engine="toy", engine_source="git:toy", hardware="cpu",
+                           run_id="20261201-000000-optimize-abc123", entries_dir=tmp_path / "entries",
+                           covered=frozenset(covered))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return _engine(tmp_path_factory.mktemp("tpl"))
+
+
+CASES = [
+    ("NormModulate", "fuse-norm-consumer", "add -> layer_norm -> mul -> add",
+     "(1 + scale) * self.norm(x) + shift", "(scale, x, shift)"),
+    ("AffineGelu", "fuse-norm-consumer", "layer_norm -> gelu -> mul",
+     'torch.nn.functional.gelu(self.norm(pixels), approximate="tanh") * gate', "(pixels, self.norm.weight, self.norm.bias, gate)"),
+    ("RmsWeight", "fuse-norm-consumer", "pow -> mean -> add -> rsqrt -> mul -> mul -> add",
+     "h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w + shift", "(h, self.w, shift)"),
+    ("Chain", "fuse-elementwise-chain", "sigmoid -> mul -> mul", "pixels * torch.sigmoid(pixels) * y", "(pixels, y)"),
+]
+
+
+@pytest.mark.parametrize("cls, kind, program, old, call_args", CASES)
+def test_template_end_to_end(engine, tmp_path, cls, kind, program, old, call_args):
+    import torch
+
+    graph, opps = _analyze(engine, cls, tmp_path)
+    opp = next(o for o in opps if o.kind == kind)
+    (res,) = [r for r in generate_templates(engine, graph, [opp], _ctx(tmp_path))]
+    assert res.status == "candidate", res.reason
+    assert res.program == program
+    c = res.candidate
+    wt = Path(c.worktree)
+    # the commit: the rewritten statement, the kernel module beside the engine file, the trailers
+    msg = git.Repo(wt).commit(c.commit_sha).message
+    tr = parse_trailers(msg)
+    assert tr["Optbot-Kind"] == kind and tr["Optbot-Opportunity"] == opp.id
+    assert tr["Optbot-Adds-Kernels"] == c.adds_kernels[0] and c.adds_kernels[0].endswith("_kernel")
+    assert tr["Optbot-Entry"] == "none" and tr["Optbot-Generator"] == "template"
+    src = (wt / "toyeng" / "model.py").read_text()
+    base = (engine.repo_path / "toyeng" / "model.py").read_text()
+    assert old in base and old not in src and call_args in src
+    kfiles = list((wt / "toyeng" / "optbot_kernels").glob("tpl_*.py"))
+    assert len(kfiles) == 1 and c.adds_kernels[0] in kfiles[0].read_text()
+    # the entry files: parse as a store entry, with the kernel, its test and a config space
+    entry = load_entry(res.entry_dir)
+    assert entry.id == res.entry_dir.name and entry.id.startswith("toy-fuse-")
+    assert entry.status == "candidate" and entry.pattern == kind and entry.config_space
+    assert [p.name for p in entry.kernel_files()] == [kfiles[0].name] and len(entry.test_files()) == 1
+    assert (res.entry_dir / "patch.diff").read_text().count("diff --git") == 3  # engine file, package, kernel
+    assert (res.entry_dir / "bench.json").is_file()
+    # kernel vs reference (fresh seeds, every test shape) and the rewritten model vs the original
+    out = tmp_path / "out.pt"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(wt), cls, str(res.entry_dir), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["kernel_vs_reference"] < 1e-4
+    got = torch.load(out)
+    M = _base_model(engine, cls)
+    torch.manual_seed(0)
+    m = getattr(M, cls)().eval()
+    with torch.inference_mode():
+        want = m(**m.example(7))
+    torch.testing.assert_close(got["ref"], want, atol=1e-5, rtol=1e-5)  # the reference replays the original
+    torch.testing.assert_close(got["fused"], want, atol=1e-4, rtol=1e-4)  # the Triton kernel in the model
+    # the store's own kernel check (the kernel_test runner job, as `optbot store check` runs it): fp32 and bf16
+    (chk,) = run_kernel_tests(entry, str(wt), "", "cpu", tmp_path / "check", params={"seeds": [0]})
+    assert chk.ok, chk.reason
+    assert {case["path"] for case in chk.details["cases"]} == {"triton"}
+    assert {case["dtype"] for case in chk.details["cases"]} == {"float32", "bfloat16"}
+
+
+@pytest.mark.parametrize("cls, kind, why", [
+    ("TwoStatements", "fuse-norm-consumer", "come from 2 source lines"),
+    ("Clamped", "fuse-elementwise-chain", "aten::clamp is not in the template's table"),
+])
+def test_refusals_name_the_reason(engine, tmp_path, cls, kind, why):
+    graph, opps = _analyze(engine, cls, tmp_path)
+    opp = next(o for o in opps if o.kind == kind)
+    (res,) = generate_templates(engine, graph, [opp], _ctx(tmp_path))
+    assert res.status == "refused" and res.candidate is None
+    assert why in res.reason, res.reason
+
+
+def test_covered_opportunity_is_skipped(engine, tmp_path):
+    graph, opps = _analyze(engine, "Chain", tmp_path)
+    opp = next(o for o in opps if o.kind == "fuse-elementwise-chain")
+    (res,) = generate_templates(engine, graph, [opp], _ctx(tmp_path, {opp.id}))
+    assert res.status == "covered" and res.candidate is None
+
+
+def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypatch):
+    """bot/steps/generate._template: reads the run's graph, adds the candidate, and skips an
+    opportunity a replayed entry covers, with a note each."""
+    from types import SimpleNamespace
+
+    from bot.run.context import Budget, RunContext, RunOptions
+    from bot.run.state import Results
+    from bot.steps import generate
+
+    graph, opps = _analyze(engine, "Chain", tmp_path)
+    gfile = tmp_path / "graph.json"
+    gfile.write_text(json.dumps(graph.raw))
+    (tmp_path / "analysis.full.json").write_text(json.dumps({"meta": {"graph_file": str(gfile)}}))
+    ctx = RunContext("r", tmp_path, RunOptions(workload="toy", generators=("replay", "template")), Budget(), Results(),
+                     log=lambda m: None)
+    ctx._target = SimpleNamespace(device="cpu", dtype="float32", preset="tiny", engine_name="toy",
+                                  workload=SimpleNamespace(name="toy", default_engine="toy"), checkout=engine)
+    monkeypatch.setattr(RunContext, "hardware", lambda self: "cpu")
+    chain = [o for o in opps if o.kind == "fuse-elementwise-chain"]
+    res = generate.Result("done", "")
+    notes = generate._template(ctx, [], chain, res)
+    assert [c.generator for c in res.candidates] == ["template"] and res.candidates[0].opportunity_id == chain[0].id
+    assert "sigmoid -> mul -> mul" in notes[0] and (tmp_path / "template").is_dir()
+    res2 = generate.Result("done", "")
+    notes = generate._template(ctx, [SimpleNamespace(opportunity_id=chain[0].id)], chain, res2)
+    assert res2.candidates == [] and "skipped, a replayed store entry covers it" in notes[0]
