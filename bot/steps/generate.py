@@ -226,6 +226,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     ANTHROPIC_API_KEY; the USD budget (--budget $N) caps its spend."""
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return "agent: off (no ANTHROPIC_API_KEY)"
+    from bot.generate.agent.brief import graph_file_of
     from bot.generate.agent.config import AgentConfig
     from bot.generate.agent.loop import AgentTask
     from bot.generate.agent.parallel import generate
@@ -243,7 +244,8 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
                      vctx=ValidationContext.from_target(t, work / "validation", kernel_store=knowledge.kernel_store),
                      opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
-                     profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store)
+                     profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store,
+                     graph_file=graph_file_of(ctx.run_dir))
     cfg = AgentConfig.from_env()
     if ctx.options.budget_cost_usd is not None:
         cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)

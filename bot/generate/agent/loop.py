@@ -9,7 +9,6 @@ another reason. Then the worktree becomes one candidate commit with trailers and
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +17,16 @@ import anthropic
 
 from bot.errors import OptbotError
 from bot.generate.agent import prompts
+from bot.generate.agent.brief import OpportunityBrief, for_task
 from bot.generate.agent.budget import AgentBudget, CostPool, Spend
 from bot.generate.agent.config import AgentConfig
-from bot.generate.agent.tools import TOOL_SPECS, ToolError, ToolHooks, Workspace
+from bot.generate.agent.tools import TOOL_SPECS, ToolError, ToolHooks, Workspace, read_profile_text
 from bot.generate.agent.transcript import Transcript
 from bot.generate.agent.validation import ValidationContext, validate_commit, verdict_line
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import changed_since, commit_candidate, snapshot
-from bot.knowledge import lessons, store
-from bot.knowledge.prompt import prompt_context, store_entry_text
+from bot.knowledge import store
+from bot.knowledge.prompt import store_entry_text
 from bot.validate.verdict import Verdict
 
 
@@ -43,6 +43,7 @@ class AgentTask:
     profile: dict | None = None
     lessons_dir: Path | None = None
     store_dir: Path | None = None
+    graph_file: str | None = None  # the base step's captured graph (analysis meta graph_file): the brief's slice
 
     def target_info(self) -> dict:
         t = self.vctx.target
@@ -75,7 +76,7 @@ class AgentResult:
                 "validations": self.validations}
 
 
-def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str) -> ToolHooks:
+def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str, brief: OpportunityBrief) -> ToolHooks:
     def run(mode: str) -> str:
         sha = snapshot(ws_root, f"optbot agent snapshot ({strategy})")
         rec: dict = {"mode": mode, "commit": sha}
@@ -90,16 +91,10 @@ def _hooks(task: AgentTask, ws_root: Path, result: AgentResult, strategy: str) -
         return f"commit {sha[:12]}{same}: {v.status}\n{v.render()}"
 
     def read_profile(top: int) -> str:
-        p = task.profile
-        if not p:
-            return "no profile is available for this run"
-        keep = {k: p.get(k) for k in ("device", "total_ms", "step_ms", "launches", "idle_ms", "categories") if k in p}
-        keep["kernels"] = (p.get("kernels") or [])[:max(1, min(top, 200))]
-        return json.dumps(keep, indent=1, default=str)
+        return read_profile_text(task.profile, top, brief.kernels)
 
     def read_lessons(pattern, query) -> str:
-        ls = lessons.search(query or "", pattern or None, task.engine, task.hardware, root=task.lessons_dir,
-                            caveats_first=True)
+        ls = prompts.agent_lessons(query or "", pattern or None, task.engine, task.hardware, task.lessons_dir)
         return "\n\n".join(f"## {lv.slug} [{lv.kind}]\n{lv.body}" for lv in ls[:20]) or "no matching lessons"
 
     def read_store(pattern, entry_id) -> str:
@@ -138,16 +133,18 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     wt = add_worktree(task.checkout, f"agent-{task.run_id}-{name}", ref=start_ref)
     transcript = Transcript(task.run_dir / "agent" / f"{name}.jsonl")
     result = AgentResult(name, strategy, "", Spend(), str(transcript.path), str(wt))
-    ws = Workspace(wt, _hooks(task, wt, result, strategy))
+    brief = for_task(task)
+    ws = Workspace(wt, _hooks(task, wt, result, strategy, brief))
     budget = AgentBudget(cfg.price, cfg.max_turns, cfg.max_tokens, pool, cfg.max_output_tokens)
     result.spend = budget.spent
 
-    knowledge = prompt_context(task.opportunity.get("kind"), task.engine, task.hardware,
-                               lessons_dir=task.lessons_dir, store_dir=task.store_dir)
+    knowledge = prompts.knowledge_block(task.opportunity.get("kind"), task.engine, task.hardware,
+                                        task.vctx.target.workload.name, lessons_dir=task.lessons_dir,
+                                        store_dir=task.store_dir)
     tools = copy.deepcopy(TOOL_SPECS)
     tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
     system = prompts.system_blocks(knowledge)
-    messages: list[dict] = [{"role": "user", "content": prompts.task_message(strategy, task.opportunity, task.target_info(), feedback)}]
+    messages: list[dict] = [{"role": "user", "content": prompts.task_message(strategy, brief, task.target_info(), feedback)}]
     transcript.write("start", agent=name, strategy=strategy, model=cfg.model, worktree=str(wt), start_ref=start_ref,
                      budgets={"turns": cfg.max_turns, "tokens": cfg.max_tokens, "usd_pool": cfg.max_cost_usd})
     last_text = ""

@@ -1,9 +1,30 @@
-"""What the agent is told. The static part (rules, then the lessons and store entries that match the
-pattern, engine and hardware) is the cached system prompt; the opportunity and the strategy go in the
-first user message, so agents of different strategies share one cache prefix."""
+"""What the agent is told. The static part (rules, then the lessons and worked store entries that
+match the pattern, engine and workload) is the cached system prompt; the opportunity brief
+(brief.py) and the strategy go in the first user message, so agents of different strategies share
+one cache prefix.
+
+The knowledge block is ranked, then filled: lessons first (caveats first, as lessons.search ranks
+them), then the worked examples (store entries in full: entry.yaml, kernel sources, test_<op>.py,
+patch.diff) ranked by pattern, then engine, then workload. Each item goes in whole or not at all;
+one that does not fit the budget is named at the end with its size (read_lessons / read_store show
+it), and smaller items after it still go in.
+
+Lessons and hardware: a lesson's `hardware` condition is where its evidence was measured. A lesson
+tagged with another hardware is kept unless it is a speed result (`is_speed_lesson`: its text
+reports a measured speed: a speedup factor such as 1.01x, "speedup", "ms per step", "no-change",
+"slower", "faster"). Correctness and fallback lessons (a CPU-interpreter pitfall, a kernel that
+faults under CUDA graphs, a fallback that must replay the unfused ops) apply on any hardware.
+"""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.generate.agent.brief import OpportunityBrief, build_brief
+from bot.knowledge import lessons as lessons_mod
+from bot.knowledge.store import find_entries
 
 RULES = """You are optbot's kernel engineer. You improve the inference speed of a diffusion transformer by \
 editing the engine's source in a git worktree (your tools see only that worktree).
@@ -20,7 +41,11 @@ one shape, lowering precision, work on a side stream) are detected and rejected.
 - New kernels are Triton (they run on CPU under TRITON_INTERPRET=1) or plain torch.
 - Use run_correctness after each meaningful change, and run_microbenchmark when correct. When done, \
 answer with a short summary (first line: a one-line commit title) and stop calling tools.
-- Read the lessons below: they are what earlier attempts learned, failures first."""
+- Read the lessons below: they are what earlier attempts learned, failures first. The worked examples \
+after them are validated store entries in full (kernel, its test, the engine patch): follow their layout.
+- The first message briefs your opportunity: where it is, what it is estimated to save and why, the ops \
+of one instance with their shapes, dtypes and scalar arguments, its kernels' measured times, the \
+roofline floor at the measured peaks, and the tolerance your outputs must meet."""
 
 STRATEGIES = {
     "fuse": "Strategy: fuse. Remove memory traffic by fusing the operations of this opportunity into fewer "
@@ -34,6 +59,79 @@ STRATEGIES = {
 }
 
 
+KNOWLEDGE_CHARS = 80_000  # the knowledge block's budget (~20k tokens, cached once per generation)
+MAX_EXAMPLES = 3  # worked examples at most
+_SPEED = re.compile(r"\b\d+(?:\.\d+)?x\b|speed-?up|ms per step|no-change|\bslower\b|\bfaster\b", re.I)
+
+
+def is_speed_lesson(lesson) -> bool:
+    """A lesson that reports a measured speed: true only of the hardware it names."""
+    return bool(_SPEED.search(lesson.text()))
+
+
+def agent_lessons(query: str, pattern: str | None, engine: str | None, hardware: str | None,
+                  root: Path | None = None) -> list:
+    """The lessons an agent on `hardware` is shown: those of the pattern and engine, minus the speed
+    results of other hardware (the module docstring gives the rule)."""
+    found = lessons_mod.search(query, pattern, engine, None, root=root, caveats_first=True)
+    return [le for le in found if le.applies(hardware=hardware) or not is_speed_lesson(le)]
+
+
+@dataclass(frozen=True)
+class _Item:
+    label: str  # how a left-out item is named
+    text: str
+
+
+def _example_text(e) -> str:
+    """One store entry in full, as a worked example."""
+    parts = [f"### Worked example: store entry {e.id} ({e.pattern}; engine {e.engine.name}; "
+             f"workloads {', '.join(e.workloads)}; {e.status})\n{e.title}"]
+    files = [e.path / "entry.yaml"] + e.kernel_files() + e.test_files() + [e.patch_path]
+    for f in files:
+        if f.is_file():
+            lang = "diff" if f.suffix == ".diff" else "yaml" if f.suffix == ".yaml" else "python"
+            parts.append(f"{f.name}:\n```{lang}\n{f.read_text().rstrip()}\n```")
+    return "\n\n".join(parts)
+
+
+def worked_examples(pattern: str | None, engine: str | None, workload: str | None, store_dir: Path | None = None) -> list:
+    """Store entries ranked by matching pattern, then engine, then workload; entries that match none
+    of pattern and engine are no example for this opportunity."""
+    def key(e):
+        return (e.pattern != pattern, e.engine.name != engine, workload not in e.workloads, e.id)
+    es = [e for e in find_entries(None, None, None, store_dir) if e.pattern == pattern or e.engine.name == engine]
+    return sorted(es, key=key)[:MAX_EXAMPLES]
+
+
+def knowledge_block(pattern: str | None, engine: str | None, hardware: str | None, workload: str | None = None, *,
+                    lessons_dir: Path | None = None, store_dir: Path | None = None,
+                    max_chars: int = KNOWLEDGE_CHARS) -> str:
+    """The knowledge part of the system prompt: ranked lessons and worked examples, filled whole
+    within `max_chars` (the module docstring gives the order and the rule)."""
+    items = [_Item(f"lesson {le.slug}", f"### [{le.kind}, confidence {le.confidence}] {le.slug}\n{le.body}")
+             for le in agent_lessons("", pattern, engine, hardware, lessons_dir)]
+    n_lessons = len(items)
+    items += [_Item(f"store entry {e.id}", _example_text(e)) for e in worked_examples(pattern, engine, workload, store_dir)]
+    kept, left, used = [], [], 0
+    for i, it in enumerate(items):
+        if used + len(it.text) + 2 <= max_chars:
+            kept.append((i, it))
+            used += len(it.text) + 2
+        else:
+            left.append(f"{it.label} ({len(it.text):,} characters)")
+    parts = []
+    ls = [it.text for i, it in kept if i < n_lessons]
+    ex = [it.text for i, it in kept if i >= n_lessons]
+    if ls:
+        parts += ["## Lessons from earlier runs (caveats first)"] + ls
+    if ex:
+        parts += ["## Worked examples: validated kernel-store entries, in full"] + ex
+    if left:
+        parts.append("Left out for space (read_lessons / read_store show them): " + "; ".join(left))
+    return "\n\n".join(parts) if parts else "No lessons or store entries match this pattern, engine and hardware yet."
+
+
 def system_blocks(knowledge: str) -> list[dict]:
     return [
         {"type": "text", "text": RULES},
@@ -41,12 +139,12 @@ def system_blocks(knowledge: str) -> list[dict]:
     ]
 
 
-def task_message(strategy: str, opportunity: dict, target: dict, feedback: str = "") -> str:
+def task_message(strategy: str, opportunity, target: dict, feedback: str = "") -> str:
+    """The first user message: strategy, the opportunity brief (an OpportunityBrief, or an
+    Opportunity's JSON, briefed without graph or profile), the target."""
     strat = STRATEGIES.get(strategy, f"Strategy: {strategy}.")
-    opp = json.dumps(opportunity, indent=1, default=str)
-    if len(opp) > 8000:  # e.g. long op id lists: the location, ops and estimate come first anyway
-        opp = opp[:8000] + "\n... (truncated)"
-    parts = [strat, "", "Opportunity (from optbot analyze):", opp, "",
+    brief = opportunity if isinstance(opportunity, OpportunityBrief) else build_brief(opportunity)
+    parts = [strat, "", "# The opportunity (from optbot analyze)", "", brief.render(), "",
              "Target:", json.dumps(target, indent=1, default=str)]
     if feedback:
         parts += ["", "Verdict of the candidate you start from:", feedback]

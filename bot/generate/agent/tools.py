@@ -124,8 +124,9 @@ TOOL_SPECS: list[dict] = [
                     "device that measured it is named). Returns the numbers and the verdict.",
      "input_schema": {"type": "object", "properties": {}}},
     {"name": "read_profile",
-     "description": "The base engine's profile of one step: total, categories and the top kernels with the "
-                    "module that launched each. Optional top (default 30).",
+     "description": "The base engine's profile of one step: total, categories, the top kernels with the "
+                    "module that launched each (optional top, default 30), and always every kernel row of "
+                    "your opportunity's ops with the time attributed to them, however low they rank.",
      "input_schema": {"type": "object", "properties": {"top": {"type": "integer"}}}},
     {"name": "read_lessons",
      "description": "Lessons learned in earlier runs (what worked, what failed and why), filtered by "
@@ -154,6 +155,22 @@ def _check_args(name: str, args: dict) -> None:
         if v is not None and want in _JSON_TYPES and (not isinstance(v, _JSON_TYPES[want]) or isinstance(v, bool)):
             raise ToolError(f"{name}: argument {k} must be a{'n' if want == 'integer' else ''} {want}, "
                             f"got {type(v).__name__} {json.dumps(v)[:40]}")
+
+
+PROFILE_KEYS = ("device", "total_ms", "step_ms", "launches", "idle_ms", "categories", "peaks")
+MAX_PROFILE_TOP = 200
+
+
+def read_profile_text(profile: dict | None, top: int, opportunity_rows: list) -> str:
+    """read_profile's answer: the profile's summary, its `top` kernel rows, and the opportunity's own
+    rows (brief.KernelRow, from brief.kernel_rows) in full, so the agent always sees the kernels it
+    works on, not only the step's heaviest."""
+    if not profile:
+        return "no profile is available for this run"
+    keep = {k: profile.get(k) for k in PROFILE_KEYS if k in profile}
+    keep["kernels"] = (profile.get("kernels") or [])[:max(1, min(top, MAX_PROFILE_TOP))]
+    keep["opportunity_kernels"] = [r.to_json() for r in opportunity_rows]
+    return json.dumps(keep, indent=1, default=str)
 
 
 @dataclass
