@@ -59,7 +59,7 @@ STRATEGIES = {
 }
 
 
-KNOWLEDGE_CHARS = 80_000  # the knowledge block's budget (~20k tokens, cached once per generation)
+KNOWLEDGE_CHARS = 120_000  # the knowledge block's budget (~30k tokens, written to the cache once per generation)
 MAX_EXAMPLES = 3  # worked examples at most
 _SPEED = re.compile(r"\b\d+(?:\.\d+)?x\b|speed-?up|ms per step|no-change|\bslower\b|\bfaster\b", re.I)
 
