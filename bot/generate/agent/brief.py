@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.analyze.cost import CostModel, attribute, fused_gain
-from bot.analyze.graph import Graph, Op, kind, op_family
+from bot.analyze.graph import Graph, Op, kind, module_pattern, op_family
 
 OP_IDS_SHOWN = 12  # op ids listed in the brief (the rest are counted)
 MAX_SLICE_OPS = 80  # ops of one instance listed; a larger instance says how many were left out
-MAX_KERNEL_ROWS = 60  # profile rows of the opportunity listed in the brief (read_profile lists them all)
+MAX_KERNEL_ROWS = 40  # rows of the instance, then groups of the other instances' rows (read_profile lists all)
+MAX_KERNEL_NAME = 160  # a GPU kernel's templated name is cut here in the brief (read_profile has it whole)
 _WEIGHT_PREFIXES = ("weight:", "buffer:", "param:")
 
 
@@ -89,8 +90,12 @@ class KernelRow:
                 "attributed_ms": round(self.attributed_ms, 5), "instance": self.instance}
 
     def text(self) -> str:
-        return (f"{self.ms:10.4f} ms  {self.calls:4d} calls  {self.name} @ {self.module or '(top level)'}"
+        return (f"{self.ms:10.4f} ms  {self.calls:4d} calls  {_short(self.name)} @ {self.module or '(top level)'}"
                 f"  ({self.attributed_ms:.4f} ms on this opportunity's ops)")
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= MAX_KERNEL_NAME else name[:MAX_KERNEL_NAME] + "..."
 
 
 @dataclass(frozen=True)
@@ -203,19 +208,35 @@ class OpportunityBrief:
             if left > 0:
                 out.append(f"... {left} more ops of this instance not listed")
         if self.kernels:
-            inst = [k for k in self.kernels if k.instance]
-            tot = math.fsum(k.attributed_ms for k in self.kernels)
-            out += ["", f"## Profile rows of this opportunity's kernels ({len(self.kernels)} rows, "
-                        f"{tot:.4f} ms attributed to its ops; {len(inst)} rows of the instance above first)"]
-            out += [k.text() for k in self.kernels[:MAX_KERNEL_ROWS]]
-            if len(self.kernels) > MAX_KERNEL_ROWS:
-                out.append(f"... {len(self.kernels) - MAX_KERNEL_ROWS} more rows: read_profile lists them all")
+            out += [""] + self._kernels_text()
         if self.roofline:
             out += ["", "## Roofline of one instance", self.roofline.text()]
         out += ["", "## Numeric tolerance", self.tolerance_text()]
         if self.notes:
             out += ["", "Not available: " + "; ".join(self.notes)]
         return "\n".join(out)
+
+    def _kernels_text(self) -> list[str]:
+        """The instance's rows one by one, then the other instances' rows grouped by kernel and module
+        pattern (48 blocks' copies of one kernel are one line)."""
+        inst = [k for k in self.kernels if k.instance]
+        tot = math.fsum(k.attributed_ms for k in self.kernels)
+        out = [f"## Profile rows of this opportunity's kernels ({len(self.kernels)} rows, {tot:.4f} ms attributed "
+               f"to its ops; read_profile lists every row as `opportunity_kernels`)",
+               f"Rows of the instance above ({len(inst)}):"] + [k.text() for k in inst[:MAX_KERNEL_ROWS]]
+        groups: dict[tuple[str, str], list[KernelRow]] = {}
+        for k in self.kernels:
+            if not k.instance:
+                groups.setdefault((k.name, module_pattern(k.module)), []).append(k)
+        if groups:
+            ranked = sorted(groups.items(), key=lambda kv: -math.fsum(r.ms for r in kv[1]))
+            out.append(f"Rows of the other instances, grouped by kernel and module pattern ({len(groups)} groups):")
+            for (name, pat), rs in ranked[:MAX_KERNEL_ROWS]:
+                out.append(f"{math.fsum(r.ms for r in rs):10.4f} ms  {len(rs):4d} rows  {_short(name)} @ {pat}  "
+                           f"({math.fsum(r.attributed_ms for r in rs):.4f} ms on this opportunity's ops)")
+            if len(ranked) > MAX_KERNEL_ROWS:
+                out.append(f"... {len(ranked) - MAX_KERNEL_ROWS} more groups")
+        return out
 
     def tolerance_text(self) -> str:
         if self.bit_exact:
