@@ -193,3 +193,15 @@ def test_for_task_reads_the_runs_graph_and_target(toy, make_task):
     assert b.kernels and b.roofline is not None
     bare = for_task(dataclasses.replace(task, graph_file=None))
     assert not bare.slice and "no captured graph" in bare.render() and "0.85" in bare.render()
+
+
+def test_graph_file_of_the_run(toy, tmp_path):
+    """The step that starts the agent finds the graph through the run's analysis.full.json."""
+    from bot.generate.agent.brief import graph_file_of
+
+    *_, graph_file = toy
+    assert graph_file_of(tmp_path) is None
+    (tmp_path / "analysis.full.json").write_text(json.dumps({"meta": {"graph_file": str(graph_file)}}))
+    assert graph_file_of(tmp_path) == str(graph_file)
+    (tmp_path / "analysis.full.json").write_text(json.dumps({"meta": {"graph_file": str(tmp_path / "gone.json")}}))
+    assert graph_file_of(tmp_path) is None
