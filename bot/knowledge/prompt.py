@@ -1,33 +1,10 @@
-"""What the knowledge tells an agent: the knowledge block of its system prompt and the text of one
-store entry (its read_store tool). The lessons and entries come from the real loaders
-(lessons.search with caveats first, store.find_entries); a None folder means location.py's.
-"""
+"""The text of one store entry (the agent's read_store tool); a None folder means location.py's.
+The knowledge block of the agent's system prompt is bot/generate/agent/prompts.knowledge_block."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from bot.knowledge.lessons import search
 from bot.knowledge.location import locate
-from bot.knowledge.store import find_entries
-
-
-def prompt_context(pattern: str | None, engine: str | None, hardware: str | None, *, lessons_dir: Path | None = None,
-                   store_dir: Path | None = None, max_chars: int = 12_000) -> str:
-    """Matching lessons (caveats first), then the store entries of the pattern."""
-    parts = []
-    lessons = search("", pattern, engine, hardware, root=lessons_dir, caveats_first=True)
-    if lessons:
-        parts.append("## Lessons from earlier runs (caveats first)")
-        for lesson in lessons:
-            parts.append(f"### [{lesson.kind}, confidence {lesson.confidence}] {lesson.slug}\n{lesson.body}")
-    entries = find_entries(pattern, engine, hardware, store_dir)
-    if entries:
-        parts.append("## Kernel-store entries for this pattern (validated optimizations; read_store shows a patch)")
-        for e in entries:
-            prov = f"{e.provenance.kind} {e.provenance.agent or e.provenance.author}".strip()
-            parts.append(f"- {e.id}: {e.title} [{e.status}; {prov}; hardware {', '.join(e.hardware)}]")
-    text = "\n\n".join(parts) if parts else "No lessons or store entries match this pattern, engine and hardware yet."
-    return text if len(text) <= max_chars else text[:max_chars] + "\n... (truncated; use read_lessons/read_store)"
 
 
 def store_entry_text(entry_id: str, store_dir: Path | None = None, max_chars: int = 30_000) -> str:
