@@ -102,7 +102,10 @@ NOOP_EDITS = {  # a line of SGLang's real source, rewritten without changing wha
 }
 
 
-@pytest.mark.parametrize("wl", ["flux2", "qwen-image"])
+# FLUX.2 only: the validator's SGLang path is the same for both models (Qwen-Image's adapter
+# translation is covered by the fp32 and profile tests above), and Qwen-Image's run cost 46 s of the
+# 30-minute CI budget
+@pytest.mark.parametrize("wl", ["flux2"])
 def test_validate_a_patch_of_sglang_s_source(sglang_engine, tmp_path, wl):
     """`optbot validate --engine sglang` on a patch of SGLang's own file: outputs bit-identical on
     every seed and shape, and the validator sees that nothing new runs (not engaged)."""
