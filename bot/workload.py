@@ -406,12 +406,12 @@ def _parse_inputs(r: _Reader, data: dict, file: Path, step: Step, presets: dict[
                 spec.check(sh.to_json(), pr.config, step_d)
             except input_spec.SpecError as e:
                 raise ConfigError(file, e.key, e.value, f"{e.expected} [preset {pname}, shape {sh.label()}]") from None
-    differ = [d.name for d in spec.forward if d.cfg != "same"]
+    differ = [d for d in spec.forward if d.cfg != "same"]
     if step.cfg == "true-cfg" and not differ:
         raise ConfigError(file, "step.cfg", step.cfg,
                           "true-cfg with an input that differs in the unconditional pass: mark the prompt's inputs "
                           "`cfg: redraw` (or `cfg: zeros`) under inputs.forward; otherwise both passes are the same")
     if step.cfg != "true-cfg" and differ:
-        raise ConfigError(file, f"inputs.forward.{differ[0]}.cfg", spec.forward[[d.name for d in spec.forward].index(differ[0])].cfg,
+        raise ConfigError(file, f"inputs.forward.{differ[0].name}.cfg", differ[0].cfg,
                           f"cfg: same (step.cfg is {step.cfg!r}: there is no unconditional pass)")
     return spec
