@@ -149,6 +149,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     job.to_file(job_path)
     env = child_env(job.engine_root, job.device)
     env.update(cache_env(job.engine_sha))
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
     # The report channel: SOCK_SEQPACKET, so each mark arrives as a packet the kernel timestamped
     # when the child sent it (SO_TIMESTAMPNS); a pipe would only say when our thread read it.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

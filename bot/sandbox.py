@@ -80,9 +80,13 @@ def compile_cache(engine_sha: str) -> Path:
 
 
 def cache_env(engine_sha: str) -> dict[str, str]:
+    """Every cache a job may write, inside its engine commit's compile cache. HOME too: engines
+    write under a literal ~ (SGLang's JIT kernels go to ~/.cache/sglang/jit whatever XDG says), and
+    the real $HOME is hidden in the sandbox (measured on the H200: SGLang's FLUX.2 failed with
+    'Read-only file system: /root/.cache' before this)."""
     c = compile_cache(engine_sha)
     return {"TRITON_CACHE_DIR": str(c / "triton"), "TRITON_HOME": str(c), "TORCHINDUCTOR_CACHE_DIR": str(c / "inductor"),
-            "XDG_CACHE_HOME": str(c / "xdg")}
+            "XDG_CACHE_HOME": str(c / "xdg"), "HOME": str(c / "home")}
 
 
 def _python_paths() -> list[str]:

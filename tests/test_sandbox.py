@@ -73,6 +73,16 @@ found["CapEff"] = [ln.split()[1] for ln in open("/proc/self/status") if ln.start
 # 6. a process in a session of its own, to outlive the job
 subprocess.Popen(["setsid", "sleep", "{marker}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                  stderr=subprocess.DEVNULL, start_new_session=True)
+# 7. an engine's own cache under a literal ~ (SGLang writes its JIT kernels to ~/.cache/sglang/jit):
+# it must work, inside the job's compile cache, never in the real $HOME
+try:
+    d = os.path.join(os.path.expanduser("~"), ".cache", "probe-jit")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "kernel.so"), "w") as f:
+        f.write("built")
+    found["home cache"] = os.path.expanduser("~")
+except OSError as e:
+    found["home cache"] = f"failed: {{e}}"
 with open("probe.json", "w") as f:
     json.dump({{k: (v.decode("latin1") if isinstance(v, bytes) else v) for k, v in found.items()}}, f)
 '''
@@ -152,6 +162,9 @@ def test_generated_code_reaches_no_secret_and_writes_nowhere(tmp_path):
         assert found["home file"] is None, found  # only the interpreter's own tree under $HOME is visible
         assert found["root-only files"] == [], found
         assert found["optbot tree"] == [], found
+        from bot.sandbox import compile_cache
+        assert found["home cache"] == str(compile_cache("probe") / "home"), found  # writable, not the real one
+        assert (compile_cache("probe") / "home" / ".cache" / "probe-jit" / "kernel.so").read_text() == "built"
         assert found["connected"] is False, found
         assert int(found["CapEff"], 16) == 0, found
         assert _leftover(marker) == []  # the session-leader grandchild died with the job
