@@ -142,6 +142,25 @@ def _one_trial(fn: Callable[[], object], dev: torch.device, flush: bool) -> floa
     return max(start.elapsed_time(end), wall)
 
 
+def captured(capture, fn: Callable[[], object]) -> object:
+    """fn() inside the capture context, raising the error fn raised rather than the one capture's
+    end raises after it: when fn fails mid-capture, torch.cuda.graph's exit fails too ("operation
+    failed due to a previous error during capture") and Python would report only that. Measured on
+    the H200: Qwen-Image's stack under compile + CUDA graph said only that, the cause was lost."""
+    first: BaseException | None = None
+    try:
+        with capture:
+            try:
+                return fn()
+            except BaseException as e:
+                first = e
+                raise
+    except BaseException as end:
+        if first is not None and end is not first:
+            raise first from end
+        raise
+
+
 def capture_graph(fn: Callable[[], object], warmup: int = 2) -> Callable[[], object]:
     """Capture fn into a CUDA graph; the returned callable replays it and returns the outputs that
     the captured call produced (static tensors the replay rewrites). Raises if capture fails."""
@@ -153,8 +172,7 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> Callable[[], obj
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out = fn()
+    static_out = captured(torch.cuda.graph(g), fn)
     torch.cuda.synchronize()
 
     def replay():
