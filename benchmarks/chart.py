@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 COLORS = {"upstream": "#8a8a8a", "candidate": "#2a9d6f"}
+OTHER = ["#2a9d6f", "#4a78b5", "#d08c2e", "#8e5ea2"]  # several candidates / engines, in row order
 LABELS = {"upstream": "upstream", "candidate": "optbot branch"}
 
 
@@ -38,7 +39,7 @@ def panel(ax, bench: dict) -> None:
                 continue
             x = mi + (vi - (len(variants) - 1) / 2) * width
             if r.get("median_ms"):
-                ax.bar(x, r["median_ms"], width * 0.95, color=COLORS.get(v, "#4a78b5"),
+                ax.bar(x, r["median_ms"], width * 0.95, color=COLORS.get(v, OTHER[vi % len(OTHER)]),
                        label=None if v in labelled else LABELS.get(v, v))
                 labelled.add(v)
                 ax.text(x, r["median_ms"], f"{r['median_ms']:.0f}", ha="center", va="bottom", fontsize=7)
@@ -51,7 +52,7 @@ def panel(ax, bench: dict) -> None:
                 ha="right", va="bottom", color="#c0392b")
     if bench.get("best_compile_ms"):
         ax.axhline(bench["best_compile_ms"], color="#555", ls=":", lw=1)
-        ax.text(-0.5, bench["best_compile_ms"], f"best upstream compile ({bench['best_compile_mode']}) "
+        ax.text(-0.5, bench["best_compile_ms"] * 1.12, f"best upstream compile ({bench['best_compile_mode']}) "
                 f"{bench['best_compile_ms']:.0f}", fontsize=7, ha="left", va="bottom", color="#555")
     ax.set_xticks(range(len(modes)))
     ax.set_xticklabels([m.replace("+", "\n+") for m in modes], fontsize=7)
