@@ -116,6 +116,17 @@ def check_sources(entry: Entry) -> Check:
     return Check("sources", True, ", ".join(matched) or "no kernel sources (patch-only entry)")
 
 
+def micro_text(m: dict) -> str:
+    """One microbenchmark row: speed against the eager reference, and against the reference as
+    inductor compiles it (the bar under torch.compile) where that was timed."""
+    text = f"{m['shape']} {m['speedup']:.2f}x"
+    if m.get("vs_compiled"):
+        text += f" ({m['vs_compiled']:.2f}x vs compiled)"
+    elif m.get("compile_error"):
+        text += " (reference does not compile)"
+    return text
+
+
 def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: str, work_dir: Path,
                      timeout_s: float = 900, params: dict | None = None) -> list[Check]:
     out = []
@@ -142,7 +153,7 @@ def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: st
                       + (" (TRITON_INTERPRET=1)" if r.get("interpret") else "") + f", kernel path {'/'.join(paths)}, "
                       f"worst max abs {worst:.3g}")
         if r.get("micro"):
-            reason += "; micro: " + ", ".join(f"{m['shape']} {m['speedup']:.2f}x" for m in r["micro"] if m.get("speedup"))
+            reason += "; micro: " + ", ".join(micro_text(m) for m in r["micro"] if m.get("speedup"))
         out.append(Check(f"kernels:{test.name}", not bad, reason, r))
     if not out:
         out.append(Check("kernels", None, "no test_<op>.py in the entry (patch-only entry)"))

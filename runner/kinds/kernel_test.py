@@ -22,6 +22,8 @@ params:
                   kernel can run Triton: CUDA, or CPU with interpret)
     bench         on CUDA, time kernel vs reference (default true on CUDA; never on CPU)
     bench_iters   timed trials per callable (default 50)
+    bench_compiled  also time the reference compiled by inductor (torch.compile), the bar a kernel
+                  must beat to be worth its place under compile (default true)
     modes         the production modes each (shape, dtype) is also checked in, on its first seed
                   (default on CUDA: compile and compile+graph; on CPU: none). compile is
                   torch.compile(kernel, fullgraph=True): a graph break fails the case. compile+graph
@@ -31,7 +33,8 @@ params:
                   interpreter at a full model's size takes minutes)
 
 Result: {"ok", "passed", "cases": [{mode, shape, dtype, seed, atol, rtol, max_abs, max_rel, where, path,
-         passed, reason}], "micro": [...] | null, "env"}.
+         passed, reason}], "micro": [{shape, dtype, kernel, reference, reference_aa, reference_compiled,
+         speedup (reference / kernel), vs_compiled (compiled reference / kernel), noise}] | null, "env"}.
 A mode that crashes (a CUDA fault poisons the process's context) fails its case with the error and
 ends the mode checks; the eager cases before it stand.
 A case passes when every element obeys |k - r| <= atol + rtol * |r|, nothing is NaN/Inf, the inputs
@@ -168,13 +171,32 @@ def run(job: Job) -> dict:
             dtype = "bfloat16" if any(c[0] == "bfloat16" for c in mod.CASES) else mod.CASES[0][0]
             inputs = mod.make_inputs(shape, dtype, job.device, 0)
             # A/A pair (reference twice) estimates the noise; kernel and reference interleaved A/B.
-            t = time_interleaved({"kernel": lambda: mod.kernel(*inputs), "reference": lambda: mod.reference(*inputs),
-                                  "reference_aa": lambda: mod.reference(*inputs)}, job.device,
-                                 warmup=5, iters=int(p.get("bench_iters", 50)))
+            # The reference compiled by inductor is the other bar: under torch.compile a registered
+            # op stands where inductor would have fused the same ops itself, so a kernel that does
+            # not beat that costs the compiled model time (H200, 2026-12-02: both FLUX.2 stacks
+            # slower than compile alone).
+            fns = {"kernel": lambda: mod.kernel(*inputs), "reference": lambda: mod.reference(*inputs),
+                   "reference_aa": lambda: mod.reference(*inputs)}
+            if p.get("bench_compiled", True):
+                torch._dynamo.reset()
+                compiled_ref = torch.compile(mod.reference)
+                try:
+                    compiled_ref(*inputs)
+                    fns["reference_compiled"] = lambda: compiled_ref(*inputs)
+                except Exception as e:  # noqa: BLE001 - a reference inductor cannot compile is a note
+                    compile_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                else:
+                    compile_error = None
+            t = time_interleaved(fns, job.device, warmup=5, iters=int(p.get("bench_iters", 50)))
             row = {"shape": list(shape), "dtype": dtype, **{k: v.to_json() for k, v in t.items() if not isinstance(v, str)}}
             k_ms, r_ms, aa = t["kernel"].median_ms, t["reference"].median_ms, t["reference_aa"].median_ms
             row["speedup"] = r_ms / k_ms if k_ms > 0 else None
             row["noise"] = abs(aa - r_ms) / r_ms if r_ms > 0 else None
+            if "reference_compiled" in t and not isinstance(t["reference_compiled"], str):
+                c_ms = t["reference_compiled"].median_ms
+                row["vs_compiled"] = c_ms / k_ms if k_ms > 0 else None
+            elif p.get("bench_compiled", True):
+                row["vs_compiled"], row["compile_error"] = None, compile_error
             micro.append(row)
     passed = bool(cases) and all(c["passed"] for c in cases)
     return {"ok": True, "passed": passed, "test_file": str(test_file), "device": job.device,

@@ -81,3 +81,25 @@ def test_a_graph_break_fails_the_compile_mode(tmp_path, base_worktree):
     failed = [case for case in c.details["cases"] if not case["passed"]]
     assert failed and {case["mode"] for case in failed} == {"compile"}, c.reason
     assert "crashed under compile" in failed[0]["reason"] and "graph_break" in failed[0]["reason"], failed[0]["reason"]
+
+
+def test_micro_text_names_the_compiled_bar():
+    from bot.knowledge.check import micro_text
+
+    assert micro_text({"shape": [512, 36864], "speedup": 1.15, "vs_compiled": 0.83}) == "[512, 36864] 1.15x (0.83x vs compiled)"
+    assert micro_text({"shape": [4], "speedup": 2.0, "vs_compiled": None, "compile_error": "Unsupported: x"}) == \
+        "[4] 2.00x (reference does not compile)"
+    assert micro_text({"shape": [4], "speedup": 2.0}) == "[4] 2.00x"  # a record from before the compiled bar
+
+
+@pytest.mark.gpu
+def test_micro_times_the_kernel_against_the_compiled_reference_on_cuda(tmp_path, base_worktree):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    (c,) = run_kernel_tests(load_entry(STORE_DIR / "flux2-swiglu"), str(base_worktree / "src"), "", "cuda", tmp_path,
+                            params={"seeds": [0], "modes": [], "bench_iters": 5})
+    assert c.ok, c.reason
+    for row in c.details["micro"]:
+        assert row["reference_compiled"]["median_ms"] > 0 and row["vs_compiled"] > 0, row
