@@ -99,7 +99,7 @@ class Chain(nn.Module):
 
 
 class TwoStatements(nn.Module):
-    """The norm and its consumers on two lines: the template refuses (one statement only)."""
+    """The norm and its consumers on two lines, FLUX.2's way: the template joins the two statements."""
 
     def __init__(self, d=32):
         super().__init__()
@@ -112,6 +112,26 @@ class TwoStatements(nn.Module):
         h = self.norm(pixels)
         h = h * (1 + scale) + shift
         return self.proj(h)
+
+    example = staticmethod(_inputs)
+
+
+class NotAdjacent(nn.Module):
+    """As TwoStatements with an unrelated statement between the norm and its consumers: joining the
+    two would move the norm past it, so the template refuses."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, elementwise_affine=False)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        scale, shift = self.mod(words).unsqueeze(1).chunk(2, dim=-1)
+        h = self.norm(pixels)
+        g = self.proj(words).unsqueeze(1)
+        h = shift + h * (1 + scale)
+        return self.proj(h) + g
 
     example = staticmethod(_inputs)
 

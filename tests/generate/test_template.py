@@ -128,6 +128,9 @@ CASES = [
     ("RmsWeight", "fuse-norm-consumer", "pow -> mean -> add -> rsqrt -> mul -> mul -> add",
      "h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w + shift", "(h, self.w, shift)"),
     ("Chain", "fuse-elementwise-chain", "sigmoid -> mul -> mul", "pixels * torch.sigmoid(pixels) * y", "(pixels, y)"),
+    # two statements (FLUX.2's norm, then its modulation on the next line), joined into one
+    ("TwoStatements", "fuse-norm-consumer", "layer_norm -> mul -> add", "h = h * (1 + scale) + shift",
+     "h = _optbot_tpl_layer_norm_mul_add_"),
 ]
 
 
@@ -183,7 +186,7 @@ def test_template_end_to_end(engine, tmp_path, cls, kind, program, old, call_arg
 
 
 @pytest.mark.parametrize("cls, kind, why", [
-    ("TwoStatements", "fuse-norm-consumer", "come from 2 source lines"),
+    ("NotAdjacent", "fuse-norm-consumer", "are not adjacent in one block"),
     ("Clamped", "fuse-elementwise-chain", "aten::clamp is not in the template's table"),
 ])
 def test_refusals_name_the_reason(engine, tmp_path, cls, kind, why):

@@ -2,15 +2,23 @@
 the emitted kernel call in place of the sub-expression that computes the program.
 
 Only when every op (the lifted casts included) has the same engine line, that line belongs to a
-simple assignment `name = <expr>`, and some sub-expression of <expr> has the program's op sequence
-structurally (`(1 + scale) * self.norm(x) + shift`: add(mul(., layer_norm(.)), .)). Program inputs
+simple assignment `name = <expr>` (or the ops' lines are a run of such assignments, below), and some
+sub-expression of <expr> has the program's op sequence structurally (`(1 + scale) * self.norm(x) + shift`: add(mul(., layer_norm(.)), .)). Program inputs
 bind to the AST sub-expressions in their places (`1 + scale` is one input when its add was left to
 another opportunity); a norm may be a module call `self.<attr>(x)` when the graph says that module
 ran the norm op. The rewritten file is parsed again. Anything else is refused with the reason.
+
+Several lines (FLUX.2's `norm_hidden_states = self.norm1(hidden_states)` then
+`norm_hidden_states = (1 + scale_msa) * norm_hidden_states + shift_msa`): the statements must be
+adjacent simple assignments of one block, each earlier one's value read exactly once by the later
+ones, no name it reads reassigned before it would be inlined, and no earlier target (other than the
+last statement's own) read after the run. They are inlined into the last one's expression, matched as
+one statement, and replaced by one assignment to the last target.
 """
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +56,12 @@ def kernel_location(engine_file: str, op_name: str) -> tuple[str, str]:
     return str(rel), dotted
 
 
+MAX_STATEMENTS = 4
+
+
 def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     if not p.src:
-        raise Refused(f"the instance's ops come from {len(p.srcs)} source lines ({', '.join(p.srcs)}); "
-                      "the template rewrites one statement")
+        return _rewrite_run(p, e, import_root)
     efile, _, eline = p.src.rpartition(":")
     path = import_root / efile
     if not efile or not eline.isdigit() or not path.is_file():
@@ -87,6 +97,13 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     a = starts[sub.lineno - 1] + _col(lines[sub.lineno - 1], sub.col_offset)
     b = starts[sub.end_lineno - 1] + _col(lines[sub.end_lineno - 1], sub.end_col_offset)
     new_text = text[:a] + call + text[b:]
+    return _finish(p.src, efile, path, tree, new_text, stmt.lineno, ast.unparse(stmt), dotted, alias, e, kfile)
+
+
+def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str, lineno: int, old: str, dotted: str,
+            alias: str, e: Emitted, kfile: str) -> Rewrite:
+    """The import of the kernel added after the module's imports, the file parsed again, and the
+    new statement (at `lineno`, one line down for the import) found holding the kernel call."""
     import_line = f"from {dotted.rsplit('.', 1)[0]}.{e.op_name} import {e.op_name} as {alias}  # optbot template kernel\n"
     at = _import_point(tree)
     new_lines = new_text.splitlines(keepends=True)
@@ -94,11 +111,123 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     try:
         new_tree = ast.parse(new_text, filename=str(path))
     except SyntaxError as err:
-        raise Refused(f"{p.src}: the rewritten file does not parse ({err})") from None
-    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == stmt.lineno + 1), None)
+        raise Refused(f"{where}: the rewritten file does not parse ({err})") from None
+    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == lineno + 1), None)
     if new_stmt is None or alias not in ast.unparse(new_stmt):
-        raise Refused(f"{p.src}: the rewritten statement was not found after the rewrite")
-    return Rewrite(efile, line, ast.unparse(stmt), ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+        raise Refused(f"{where}: the rewritten statement was not found after the rewrite")
+    return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+
+
+def _loads(node: ast.AST) -> list[ast.Name]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+
+
+class _Inline(ast.NodeTransformer):
+    """Replaces each load of `name` with a copy of `value`."""
+
+    def __init__(self, name: str, value: ast.expr):
+        self.name, self.value = name, value
+
+    def visit_Name(self, node: ast.Name):
+        return copy.deepcopy(self.value) if node.id == self.name and isinstance(node.ctx, ast.Load) else node
+
+
+def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
+    """The ops' lines are a run of adjacent simple assignments: inline them into the last one
+    (module docstring), match that, and replace the run by one assignment."""
+    where = ", ".join(p.srcs)
+    files = {s.rpartition(":")[0] for s in p.srcs}
+    lines = sorted({int(s.rpartition(":")[2]) for s in p.srcs if s.rpartition(":")[2].isdigit()})
+    if len(files) != 1 or len(lines) != len(p.srcs):
+        raise Refused(f"the instance's ops come from {len(p.srcs)} source lines in {len(files)} file(s) ({where}); "
+                      "the template rewrites statements of one file")
+    efile = files.pop()
+    path = import_root / efile
+    if not efile or not path.is_file():
+        raise Refused(f"engine file {efile!r} is not a file under the import root {import_root}")
+    text = path.read_text()
+    tree = ast.parse(text, filename=str(path))
+    stmts: list[ast.stmt] = []
+    for line in lines:
+        cover = [s for s in ast.walk(tree) if isinstance(s, ast.stmt) and s.lineno <= line <= (s.end_lineno or s.lineno)]
+        if not cover:
+            raise Refused(f"{efile}:{line}: no statement at that line")
+        stmt = min(cover, key=lambda s: (s.end_lineno or s.lineno) - s.lineno)
+        if stmt not in stmts:
+            stmts.append(stmt)
+    if len(stmts) > MAX_STATEMENTS:
+        raise Refused(f"the instance's ops come from {len(stmts)} statements ({where}); the template joins at most "
+                      f"{MAX_STATEMENTS}")
+    for s in stmts:
+        if not (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)):
+            raise Refused(f"{efile}:{s.lineno}: the statement is a {type(s).__name__} ({ast.unparse(s)[:80]!r}), "
+                          "not a simple assignment `name = <expr>`")
+    body = next((b for node in ast.walk(tree) for b in _bodies(node) if stmts[0] in b), None)
+    k = body.index(stmts[0]) if body else -1
+    if body is None or body[k:k + len(stmts)] != stmts:
+        raise Refused(f"the statements at {where} are not adjacent in one block")
+    func = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and f.lineno <= stmts[0].lineno <= (f.end_lineno or f.lineno)
+                 and any(st is stmts[0] for st in ast.walk(f))), None)
+    last = stmts[-1]
+    final = last.targets[0].id
+    expr = copy.deepcopy(last.value)
+    for i in range(len(stmts) - 2, -1, -1):
+        s = stmts[i]
+        name = s.targets[0].id
+        reads = [n for n in _loads(expr) if n.id == name]
+        if len(reads) != 1:
+            raise Refused(f"{efile}:{s.lineno}: {name!r} is read {len(reads)} times by the statements after it; "
+                          "the template inlines a value read once")
+        later = {t.targets[0].id for t in stmts[i + 1:-1]}
+        moved = sorted({n.id for n in _loads(s.value)} & later)
+        if moved:
+            raise Refused(f"{efile}:{s.lineno}: {', '.join(moved)} is reassigned before {name!r} would be computed")
+        expr = _Inline(name, s.value).visit(expr)
+    if func is not None:
+        after = {n.id for st in ast.walk(func) if isinstance(st, ast.stmt) and st.lineno > (last.end_lineno or last.lineno)
+                 for n in _loads(st)}
+        live = sorted({s.targets[0].id for s in stmts[:-1]} - {final} & after)
+        if live:
+            raise Refused(f"{efile}:{last.lineno}: {', '.join(live)} is read after the statements; "
+                          "joining them would drop it")
+    found = None
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.expr):
+            bind: dict[str, str] = {}
+            if _match(p, p.output, sub, bind) and _complete(p, bind):
+                found = (sub, bind)
+                break
+    if found is None:
+        raise Refused(f"{where}: no sub-expression of the joined {ast.unparse(expr)[:120]!r} has the program's op "
+                      f"sequence ({' -> '.join(n.op for n in p.nodes)})")
+    sub, bind = found
+    kfile, dotted = kernel_location(efile, e.op_name)
+    alias = f"_optbot_{e.op_name}"
+    call = ast.parse(f"{alias}({', '.join(bind[i.name] for i in p.inputs)})", mode="eval").body
+    expr = ast.fix_missing_locations(_Replace(sub, call).visit(expr))
+    src_lines = text.splitlines(keepends=True)
+    first_line = src_lines[stmts[0].lineno - 1]
+    indent = first_line[:len(first_line) - len(first_line.lstrip())]
+    end_line = src_lines[(last.end_lineno or last.lineno) - 1]
+    if first_line[:_col(first_line, stmts[0].col_offset)].strip() or end_line[_col(end_line, last.end_col_offset):].split("#")[0].strip():
+        raise Refused(f"{where}: the statements share their lines with other code")
+    new_text = "".join(src_lines[:stmts[0].lineno - 1] + [f"{indent}{final} = {ast.unparse(expr)}\n"]
+                       + src_lines[last.end_lineno or last.lineno:])
+    old = "\n".join(ast.unparse(s) for s in stmts)
+    return _finish(where, efile, path, tree, new_text, stmts[0].lineno, old, dotted, alias, e, kfile)
+
+
+class _Replace(ast.NodeTransformer):
+    def __init__(self, target: ast.AST, new: ast.expr):
+        self.target, self.new = target, new
+
+    def visit(self, node):
+        return self.new if node is self.target else super().visit(node)
+
+
+def _bodies(node: ast.AST) -> list[list[ast.stmt]]:
+    return [getattr(node, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(node, f, None), list)]
 
 
 def _col(line: str, byte_col: int) -> int:
