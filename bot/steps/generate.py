@@ -223,7 +223,7 @@ def _compile_region(ctx: RunContext, replayed: list, opps: list[Opportunity], re
 
 def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     """The Anthropic agent on the best-ranked opportunity no other candidate covers. Off without
-    ANTHROPIC_API_KEY; the USD budget (--budget $N) caps its spend."""
+    ANTHROPIC_API_KEY; the run's budget (--budget) caps its spend in USD and in wall seconds."""
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return "agent: off (no ANTHROPIC_API_KEY)"
     from bot.generate.agent.brief import graph_file_of
@@ -249,6 +249,9 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     cfg = AgentConfig.from_env()
     if ctx.options.budget_cost_usd is not None:
         cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
+    left = ctx.budget.remaining_s()
+    if left is not None:  # the agents stop, with their best snapshots, when the run's wall time is spent
+        cfg = dataclasses.replace(cfg, max_wall_s=min(max(0.0, left), cfg.max_wall_s or float("inf")))
     g = generate(task, cfg, log=ctx.log)
     res.agent_cost_usd += g.spend.cost_usd
     note = f"agent on {opp.get('kind')} {opp.get('id')}: {len(g.results)} agents, spend {g.spend.to_json()}"
