@@ -136,7 +136,8 @@ def run_kernel_test(test: Path, engine_root: str, engine_sha: str, device: str, 
     res = run_job(job, work_dir, timeout_s=timeout_s, name=name or Path(test).stem)
     label = f"kernels:{Path(test).name}"
     if not res.ok:
-        return Check(label, False, f"kernel_test job {res.reason()}", {"log": res.log_path, "log_tail": res.log_tail[-1500:]})
+        return Check(label, False, f"kernel_test job {res.reason()}",
+                     {"log": res.log_path, "log_tail": res.log_tail[-1500:]})
     r = res.result
     bad = [c for c in r["cases"] if not c["passed"]]
     worst = max((c["max_abs"] or 0.0 for c in r["cases"]), default=0.0)

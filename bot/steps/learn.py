@@ -2,8 +2,8 @@
 
 An accepted candidate becomes a kernel_store entry (a replayed entry gets a history row instead),
 a rejection a caveat lesson, and so does every failed attempt of an agent that was not handed on
-(generate's `attempts`, judged by the agent's own calls of the validator); the stack's measured leave-one-out and every finished variant search
-are recorded in the member entries' bench.json. All of it is written into a staging copy of the
+(generate's `attempts`, judged by the agent's own calls of the validator); the stack's measured
+leave-one-out and every finished variant search are recorded in the member entries' bench.json. All of it is written into a staging copy of the
 knowledge in the run directory, never into the knowledge repository's working tree; deliver commits
 what changed to the knowledge branch.
 """

@@ -80,7 +80,8 @@ def test_the_agent_gets_the_runs_wall_time_and_its_failed_attempts_are_kept(tmp_
     monkeypatch.setattr(parallel, "generate", fake_generate)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
     commit = SimpleNamespace(message="t\n\nOptbot-Kind: fuse-elementwise-chain", summary="t")
-    ctx = _generate_ctx(tmp_path, "cpu", SimpleNamespace(base_sha="0" * 40, repo=SimpleNamespace(commit=lambda s: commit)))
+    checkout = SimpleNamespace(base_sha="0" * 40, repo=SimpleNamespace(commit=lambda sha: commit))
+    ctx = _generate_ctx(tmp_path, "cpu", checkout)
     ctx.budget = Budget(wall_s=900.0)
     ctx.results = Results(profile=SimpleNamespace(load=lambda: None))
     ctx._target.engine_name = "diffusers"

@@ -120,14 +120,17 @@ def trailers_for(task: "AgentTask", strategy: str, declared: Declaration) -> dic
 
 
 def _kernel_test_text(rel: str, check) -> str:
-    """run_kernel_test's answer for one test: pass/fail, the reason (first failing case, or the cases
-    and the worst error; on CUDA the microbenchmark speedups)."""
-    cases = (check.details or {}).get("cases") or []
+    """run_kernel_test's answer for one test: PASS/FAIL and the reason (the first failing case, or the
+    cases and the worst error; on CUDA the microbenchmark speedups); on a failure the worst error over
+    all cases, and the log tail of a job that did not finish (an import error in the test, say)."""
+    d = check.details or {}
+    cases = d.get("cases") or []
     worst = max((c["max_abs"] for c in cases if c.get("max_abs") is not None), default=None)
     extra = f"; worst max abs over all cases {worst:.3g}" if worst is not None and not check.ok else ""
-    if cases and not (check.details or {}).get("micro"):
-        extra += "; no microbenchmark (speed needs a GPU)" if not str((check.details or {}).get("device", "")).startswith(
-            "cuda") else "; no microbenchmark"
+    if cases and not d.get("micro"):
+        extra += "; no microbenchmark" + ("" if str(d.get("device", "")).startswith("cuda") else " (speed needs a GPU)")
+    if d.get("log_tail"):
+        extra += f"\nlog tail:\n{d['log_tail']}"
     return f"{rel}: {'PASS' if check.ok else 'FAIL'}: {check.reason}{extra}"
 
 
