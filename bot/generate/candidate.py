@@ -36,9 +36,10 @@ class Candidate:
 
 
 def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list[str], entry_id: str = "", *,
-                  generator: str = "", run_id: str = "") -> dict[str, str]:
-    """The five DESIGN trailers, plus who generated the candidate (Optbot-Generator) in which run
-    (Optbot-Run) when given."""
+                  generator: str = "", run_id: str = "", kernel_tests: list[str] = ()) -> dict[str, str]:
+    """The five DESIGN trailers, plus the kernel tests the validator's kernel check runs
+    (Optbot-Kernel-Tests: paths in the engine repository), who generated the candidate
+    (Optbot-Generator) in which run (Optbot-Run), when given."""
     trailers = {
         "Optbot-Opportunity": opportunity_id or "none",
         "Optbot-Kind": kind,
@@ -46,6 +47,8 @@ def make_trailers(opportunity_id: str, kind: str, adds: list[str], removes: list
         "Optbot-Removes-Kernels": ", ".join(removes) or "none",
         "Optbot-Entry": entry_id or "none",
     }
+    if kernel_tests:
+        trailers["Optbot-Kernel-Tests"] = ", ".join(kernel_tests)
     if generator:
         trailers["Optbot-Generator"] = generator
     if run_id:

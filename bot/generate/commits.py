@@ -68,6 +68,22 @@ def commit_candidate(wt: Path, base_sha: str, title: str, body: str, trailers: d
     return sha
 
 
+def squash_of(wt: Path, base_sha: str, message: str) -> str:
+    """One commit on base_sha holding HEAD's tree, with `message`; HEAD does not move. The agent's
+    validations judge these: a one-commit stack whose trailers are the declaration in effect (a
+    stack of snapshots would carry the union of every earlier declaration)."""
+    tree = _out(wt, "rev-parse", "HEAD^{tree}").strip()
+    proc = run_git(wt, "commit-tree", tree, "-p", base_sha, "-F", "-", input=message)
+    if proc.returncode != 0:
+        raise CommitError(f"git commit-tree in {wt} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    return proc.stdout.strip()
+
+
+def reset_to(wt: Path, sha: str) -> None:
+    """Make the worktree (HEAD, index, files) commit `sha`'s, e.g. an earlier snapshot."""
+    _out(wt, "reset", "-q", "--hard", sha)
+
+
 def changed_since(wt: Path, base_sha: str, sha: str = "HEAD") -> bool:
     """Whether commit `sha` holds other files than base_sha."""
     return _out(wt, "rev-parse", f"{base_sha}^{{tree}}") != _out(wt, "rev-parse", f"{sha}^{{tree}}")

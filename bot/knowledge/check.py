@@ -129,35 +129,42 @@ def micro_text(m: dict) -> str:
 
 def run_kernel_tests(entry: Entry, engine_root: str, engine_sha: str, device: str, work_dir: Path,
                      timeout_s: float = 900, params: dict | None = None) -> list[Check]:
-    out = []
-    for test in entry.test_files():
-        job = Job(kind="kernel_test", workload={}, preset="", device=device, dtype="", engine_root=engine_root,
-                  engine_sha=engine_sha, model_class="", shapes=[], out_dir=str(work_dir),
-                  params={"test_file": str(test.resolve()), **(params or {})})
-        res = run_job(job, work_dir, timeout_s=timeout_s, name=f"{entry.id}-{test.stem}")
-        if not res.ok:
-            out.append(Check(f"kernels:{test.name}", False, f"kernel_test job {res.reason()}",
-                             {"log": res.log_path, "log_tail": res.log_tail[-1500:]}))
-            continue
-        r = res.result
-        bad = [c for c in r["cases"] if not c["passed"]]
-        worst = max((c["max_abs"] or 0.0 for c in r["cases"]), default=0.0)
-        paths = sorted({str(c["path"]) for c in r["cases"]})
-        if bad:
-            c = bad[0]
-            reason = (f"{len(bad)}/{len(r['cases'])} cases failed; first: {c.get('mode', 'eager')} shape {c['shape']} "
-                      f"{c['dtype']} seed {c['seed']}: {c['reason']}")
-        else:
-            modes = sorted({c.get("mode", "eager") for c in r["cases"]}, key=lambda m: (m != "eager", m))
-            reason = (f"{len(r['cases'])} cases passed on {device} ({', '.join(modes)})"
-                      + (" (TRITON_INTERPRET=1)" if r.get("interpret") else "") + f", kernel path {'/'.join(paths)}, "
-                      f"worst max abs {worst:.3g}")
-        if r.get("micro"):
-            reason += "; micro: " + ", ".join(micro_text(m) for m in r["micro"] if m.get("speedup"))
-        out.append(Check(f"kernels:{test.name}", not bad, reason, r))
+    out = [run_kernel_test(test, engine_root, engine_sha, device, work_dir, timeout_s, params, f"{entry.id}-{test.stem}")
+           for test in entry.test_files()]
     if not out:
         out.append(Check("kernels", None, "no test_<op>.py in the entry (patch-only entry)"))
     return out
+
+
+def run_kernel_test(test: Path, engine_root: str, engine_sha: str, device: str, work_dir: Path,
+                    timeout_s: float = 900, params: dict | None = None, name: str = "") -> Check:
+    """One test_<op>.py as a `kernel_test` runner job (the store's and the agent's one way to run a
+    kernel test): pass/fail with the first failing case or the worst error, and on CUDA the
+    microbenchmark's speedups."""
+    job = Job(kind="kernel_test", workload={}, preset="", device=device, dtype="", engine_root=engine_root,
+              engine_sha=engine_sha, model_class="", shapes=[], out_dir=str(work_dir),
+              params={"test_file": str(Path(test).resolve()), **(params or {})})
+    res = run_job(job, work_dir, timeout_s=timeout_s, name=name or Path(test).stem)
+    label = f"kernels:{Path(test).name}"
+    if not res.ok:
+        return Check(label, False, f"kernel_test job {res.reason()}",
+                     {"log": res.log_path, "log_tail": res.log_tail[-1500:]})
+    r = res.result
+    bad = [c for c in r["cases"] if not c["passed"]]
+    worst = max((c["max_abs"] or 0.0 for c in r["cases"]), default=0.0)
+    paths = sorted({str(c["path"]) for c in r["cases"]})
+    if bad:
+        c = bad[0]
+        reason = (f"{len(bad)}/{len(r['cases'])} cases failed; first: {c.get('mode', 'eager')} shape {c['shape']} "
+                  f"{c['dtype']} seed {c['seed']}: {c['reason']}")
+    else:
+        modes = sorted({c.get("mode", "eager") for c in r["cases"]}, key=lambda m: (m != "eager", m))
+        reason = (f"{len(r['cases'])} cases passed on {device} ({', '.join(modes)})"
+                  + (" (TRITON_INTERPRET=1)" if r.get("interpret") else "") + f", kernel path {'/'.join(paths)}, "
+                  f"worst max abs {worst:.3g}")
+    if r.get("micro"):
+        reason += "; micro: " + ", ".join(micro_text(m) for m in r["micro"] if m.get("speedup"))
+    return Check(label, not bad, reason, r)
 
 
 def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_dir: Path,

@@ -22,6 +22,7 @@ from bot.knowledge.known import KnownVerdict
 from bot.run.context import RunContext
 from bot.run.resume import bundle_candidates
 from bot.trailers import parse_trailers
+from bot.validate.verdict import Verdict
 
 
 @dataclass
@@ -35,6 +36,14 @@ class Search:
 
 
 @dataclass
+class Attempt:
+    """An agent's candidate that was not handed to validation (another agent's was stronger), with
+    the verdict of the agent's own validation: the learn step writes a caveat lesson of a failed one."""
+    candidate: Candidate
+    verdict: Verdict
+
+
+@dataclass
 class Result:
     status: str
     reason: str
@@ -44,6 +53,7 @@ class Result:
     searches: list[Search] = field(default_factory=list)
     # candidate id -> the store's recorded GPU verdict that applies unchanged (validate reuses it)
     known: dict[str, KnownVerdict] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)  # the agents' failed attempts besides the best
 
     def summary(self) -> str:
         return self.reason
@@ -86,7 +96,8 @@ def run(ctx: RunContext) -> Result:
         res.notes.append("wall-time budget spent during generation")
     if res.candidates:
         res.notes.append(bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id,
-                                           [c.commit_sha for c in res.candidates]))
+                                           [c.commit_sha for c in res.candidates]
+                                           + [a.candidate.commit_sha for a in res.attempts]))
     res.reason = f"{len(res.candidates)} candidates"
     return res
 
@@ -223,7 +234,7 @@ def _compile_region(ctx: RunContext, replayed: list, opps: list[Opportunity], re
 
 def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     """The Anthropic agent on the best-ranked opportunity no other candidate covers. Off without
-    ANTHROPIC_API_KEY; the USD budget (--budget $N) caps its spend."""
+    ANTHROPIC_API_KEY; the run's budget (--budget) caps its spend in USD and in wall seconds."""
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return "agent: off (no ANTHROPIC_API_KEY)"
     from bot.generate.agent.brief import graph_file_of
@@ -249,8 +260,14 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     cfg = AgentConfig.from_env()
     if ctx.options.budget_cost_usd is not None:
         cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
+    left = ctx.budget.remaining_s()
+    if left is not None:  # the agents stop, with their best snapshots, when the run's wall time is spent
+        cfg = dataclasses.replace(cfg, max_wall_s=min(max(0.0, left), cfg.max_wall_s or float("inf")))
     g = generate(task, cfg, log=ctx.log)
     res.agent_cost_usd += g.spend.cost_usd
+    res.attempts += [Attempt(r.candidate, r.verdict) for r in g.results
+                     if r is not g.best and r.candidate is not None and r.verdict is not None
+                     and r.verdict.status != "accepted"]
     note = f"agent on {opp.get('kind')} {opp.get('id')}: {len(g.results)} agents, spend {g.spend.to_json()}"
     if g.best is not None and g.best.candidate is not None:
         c = _add(ctx, res, g.best.candidate, opps)

@@ -1,8 +1,9 @@
 """Step 8, learn: verdicts -> knowledge the next run starts from (bot/knowledge/learn.py).
 
 An accepted candidate becomes a kernel_store entry (a replayed entry gets a history row instead),
-a rejection a caveat lesson; the stack's measured leave-one-out and every finished variant search
-are recorded in the member entries' bench.json. All of it is written into a staging copy of the
+a rejection a caveat lesson, and so does every failed attempt of an agent that was not handed on
+(generate's `attempts`, judged by the agent's own calls of the validator); the stack's measured
+leave-one-out and every finished variant search are recorded in the member entries' bench.json. All of it is written into a staging copy of the
 knowledge in the run directory, never into the knowledge repository's working tree; deliver commits
 what changed to the knowledge branch.
 """
@@ -32,40 +33,45 @@ class Result:
         return self.reason
 
 
+def _outcome(ctx: RunContext, c, v) -> Outcome:
+    """What learn is told about candidate `c` and its Verdict `v`."""
+    t = ctx.target
+    repo, base = t.checkout.repo, t.checkout.base_sha
+    added = {f: repo.git.show(f"{c.commit_sha}:{f}", strip_newline_in_stdout=False) for f in
+             repo.git.diff(base, c.commit_sha, "--name-only", "--diff-filter=A").splitlines() if f}
+    kt = c.trailers
+    return Outcome(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id, status=v.status,
+                   reason=(v.reason or "accepted") + (f": {v.summary}" if v.summary else ""),
+                   numbers={s.mode: {"speedup": s.speedup, "device": s.device, "outcome": s.outcome} for s in v.speed},
+                   device=(v.env or {}).get("device_kind") or v.device or t.device, hardware=ctx.hardware(),
+                   engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
+                   base_sha=base, commit_sha=c.commit_sha, title=c.title, patch=repo.git.diff(base, c.commit_sha),
+                   verdict=v.to_json(), command=ctx.options.command, config=kt.get("Optbot-Config", ""),
+                   changed_files=repo.git.diff(base, c.commit_sha, "--name-only").splitlines(), added_files=added,
+                   workload=t.workload.name, dtype=t.dtype,
+                   adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
+                   removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate",
+                   entry_id=next(iter(trailer_values(kt.get("Optbot-Entry"))), "")
+                   if c.generator in ("replay", "variant-search") else "")
+
+
 def run(ctx: RunContext) -> Result:
     gen, val = ctx.results.generate, ctx.results.validate
     verdicts = val.verdicts if val else {}
     searches = gen.searches if gen else []
-    if not verdicts and not searches:
+    attempts = [a for a in (gen.attempts if gen else []) if a.verdict.status != "accepted"]
+    if not verdicts and not searches and not attempts:
         return Result("skipped", "nothing validated, nothing to learn")
     known_root = ctx.knowledge().root
     root = staging_copy(known_root, ctx.run_dir / "knowledge-staging")
-    t = ctx.target
     cands = gen.by_id()
-    repo, base = t.checkout.repo, t.checkout.base_sha
+    judged = [(cands.get(cid), v) for cid, v in verdicts.items()] + [(a.candidate, a.verdict) for a in attempts]
     entries, lessons = [], []
     entry_of: dict[str, Path] = {}  # candidate id -> its store entry in the staging copy
-    for cid, v in verdicts.items():
-        c = cands.get(cid)
+    for c, v in judged:
         if c is None or v.reused_from:
             continue  # a reused store verdict is already the store's knowledge
-        added = {f: repo.git.show(f"{c.commit_sha}:{f}", strip_newline_in_stdout=False) for f in
-                 repo.git.diff(base, c.commit_sha, "--name-only", "--diff-filter=A").splitlines() if f}
-        kt = c.trailers
-        o = Outcome(candidate_id=c.id, kind=c.kind, generator=c.generator, run_id=ctx.run_id, status=v.status,
-                    reason=(v.reason or "accepted") + (f": {v.summary}" if v.summary else ""),
-                    numbers={s.mode: {"speedup": s.speedup, "device": s.device, "outcome": s.outcome} for s in v.speed},
-                    device=(v.env or {}).get("device_kind") or v.device or t.device, hardware=ctx.hardware(),
-                    engine=t.engine_name or t.workload.default_engine, engine_source=str(t.checkout.repo_path),
-                    base_sha=base, commit_sha=c.commit_sha, title=c.title, patch=repo.git.diff(base, c.commit_sha),
-                    verdict=v.to_json(), command=ctx.options.command, config=kt.get("Optbot-Config", ""),
-                    changed_files=repo.git.diff(base, c.commit_sha, "--name-only").splitlines(), added_files=added,
-                    workload=t.workload.name, dtype=t.dtype,
-                    adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
-                    removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate",
-                    entry_id=next(iter(trailer_values(kt.get("Optbot-Entry"))), "")
-                    if c.generator in ("replay", "variant-search") else "")
-        learned = learn(o, store_dir=root / "kernel_store", lessons_dir=root / "lessons")
+        learned = learn(_outcome(ctx, c, v), store_dir=root / "kernel_store", lessons_dir=root / "lessons")
         if learned.entry_dir:
             entry_of[c.id] = Path(learned.entry_dir)
             entries.append(str(Path(learned.entry_dir).relative_to(root) / "entry.yaml"))

@@ -53,3 +53,42 @@ def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffu
     assert "committed" in notes[0], notes
     assert res.searches == []  # a search that gave a candidate is recorded by learn from its verdict
     assert (tmp_path / "variants" / "flux2-swiglu" / "variants.json").is_file()
+
+
+def test_the_agent_gets_the_runs_wall_time_and_its_failed_attempts_are_kept(tmp_path, monkeypatch):
+    """The generate step hands the agents what is left of the run's wall time, and keeps every
+    agent's failed attempt besides the best (learn writes their caveats); the best is the candidate."""
+    import bot.generate.agent.parallel as parallel
+    from tests.fakes import opportunity
+    from bot.generate.agent.budget import Spend
+    from bot.generate.agent.loop import AgentResult
+    from bot.generate.candidate import Candidate
+    from tests.knowledge.verdicts import gpu_verdict
+
+    def agent(name, status):
+        c = Candidate(f"agent-{name}", "o1", "fuse-elementwise-chain", f"agent/{name}", "", name[0] * 40)
+        return AgentResult(name, name, "done (end_turn)", Spend(), "", "", candidate=c,
+                           verdict=gpu_verdict(status=status, candidate_sha=c.commit_sha))
+
+    best, bad, held = agent("fuse", "accepted"), agent("restructure", "rejected"), agent("tile", "held")
+    seen = {}
+
+    def fake_generate(task, cfg, log=print):
+        seen["wall"] = cfg.max_wall_s
+        return parallel.AgentGeneration(results=[best, bad, held, agent("refine", "accepted")], best=best)
+
+    monkeypatch.setattr(parallel, "generate", fake_generate)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+    commit = SimpleNamespace(message="t\n\nOptbot-Kind: fuse-elementwise-chain", summary="t")
+    checkout = SimpleNamespace(base_sha="0" * 40, repo=SimpleNamespace(commit=lambda sha: commit))
+    ctx = _generate_ctx(tmp_path, "cpu", checkout)
+    ctx.budget = Budget(wall_s=900.0)
+    ctx.results = Results(profile=SimpleNamespace(load=lambda: None))
+    ctx._target.engine_name = "diffusers"
+    res = generate.Result("done", "")
+    opp = opportunity("fuse-elementwise-chain", id="o1")
+    note = generate._agent(ctx, [opp], res)
+    assert 800 < seen["wall"] <= 900 and "best fuse" in note, note
+    assert [c.id for c in res.candidates] == ["agent-fuse"]
+    assert [(a.candidate.id, a.verdict.status) for a in res.attempts] == [("agent-restructure", "rejected"),
+                                                                          ("agent-tile", "held")]

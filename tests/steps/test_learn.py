@@ -99,3 +99,38 @@ def test_a_search_that_kept_the_entrys_config_is_not_run_again(tmp_path):
     assert "searched in run run-1 on h200: block_n=1024,num_warps=4 kept" in said, said
     assert recall.searched(recall.RunKey(**{**key.__dict__, "env": {**ENV, "triton": "3.7.0"}}),
                            get_entry("flux2-swiglu", staged)) == ""  # another triton: searched again
+
+
+def test_every_failed_agent_attempt_is_a_caveat_lesson(tmp_path):
+    """An agent's rejected attempt that was not handed on (another agent's candidate was stronger) is
+    learned too: the learn step writes its caveat lesson through the one learner, and the generate
+    step's result carrying it reads back from JSON (a resumed run learns it the same)."""
+    from bot.jsonable import from_json, to_json
+
+    root = tmp_path / "knowledge"
+    (root / "kernel_store").mkdir(parents=True)
+    eng = git.Repo.init(tmp_path / "engine")
+    with eng.config_writer() as cw:
+        cw.set_value("user", "name", "t")
+        cw.set_value("user", "email", "t@localhost")
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return x * 2\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "base")
+    base = eng.head.commit.hexsha
+    (tmp_path / "engine" / "model.py").write_text("def f(x):\n    return x + x + 1\n")
+    eng.git.add("-A")
+    eng.git.commit("-m", "f: add\n\nOptbot-Kind: fuse-elementwise-chain\nOptbot-Generator: agent/restructure")
+    cand = Candidate("agent-r1-restructure-1", "opp-1", "fuse-elementwise-chain", "agent/restructure", "",
+                     eng.head.commit.hexsha, base, title="f: add instead of multiply",
+                     trailers={"Optbot-Kind": "fuse-elementwise-chain", "Optbot-Generator": "agent/restructure"})
+    verdict = gpu_verdict(status="rejected", speedup=0.97, base_sha=base, candidate_sha=cand.commit_sha)
+    gen = generate.Result("done", "0 candidates", attempts=[generate.Attempt(cand, verdict)])
+    gen = from_json(generate.Result, to_json(gen))
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(repo=eng, base_sha=base, repo_path=tmp_path / "engine"),
+                             preset="full", dtype="bfloat16", device="cuda")
+    res = learn.run(_ctx(tmp_path, root, target, Results(
+        baseline=_baseline(), generate=gen, validate=validate.Result("skipped", "no candidates to validate"))))
+    assert res.status == "done" and res.entries == [] and len(res.lessons) == 1, res.reason
+    text = (Path(res.knowledge_root) / res.lessons[0]).read_text()
+    assert "kind: caveat" in text and "agent/restructure" in text and cand.commit_sha[:12] in text

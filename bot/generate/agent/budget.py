@@ -1,9 +1,11 @@
-"""Budgets of an agent run: turns, billed tokens and USD. Cost is computed from the usage fields each
-response returns (bot/generate/agent/prices.py); the USD budget is shared by every agent of a generation, so it
-is guarded by a lock (agents run in threads)."""
+"""Budgets of an agent run: turns, billed tokens, USD and wall seconds. Cost is computed from the usage
+fields each response returns (bot/generate/agent/prices.py); the USD and wall-time budgets are shared by
+every agent of a generation (the pool), the USD one guarded by a lock (agents run in threads). The
+wall-time budget counts from the pool's creation (`optimize` passes what is left of its --budget)."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from bot.generate.agent.prices import Price, cost_usd, usage_dict
@@ -43,10 +45,23 @@ class Spend:
 
 @dataclass
 class CostPool:
-    """The USD budget shared by all agents of one generation."""
+    """The USD and wall-time budgets shared by all agents of one generation."""
     max_cost_usd: float
+    max_wall_s: float | None = None  # None: no wall-time limit
     spent: Spend = field(default_factory=Spend)
+    started: float = field(default_factory=time.monotonic)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def wall_left(self) -> float | None:
+        """Seconds left of the wall-time budget (None: unlimited)."""
+        return None if self.max_wall_s is None else self.max_wall_s - (time.monotonic() - self.started)
+
+    def wall_spent(self) -> str | None:
+        """Why the wall-time budget stops further work, or None."""
+        left = self.wall_left()
+        if left is not None and left <= 0:
+            return f"wall-time budget reached ({time.monotonic() - self.started:.0f} of {self.max_wall_s:.0f} s)"
+        return None
 
     def charge(self, usage: dict, cost: float) -> None:
         with self._lock:
@@ -71,6 +86,9 @@ class AgentBudget:
             return f"turn budget reached ({self.spent.turns} of {self.max_turns} turns)"
         if self.spent.billed_tokens >= self.max_tokens:
             return f"token budget reached ({self.spent.billed_tokens:,} of {self.max_tokens:,} tokens)"
+        wall = self.pool.wall_spent()
+        if wall:
+            return wall
         left = self.pool.left()
         if left <= 0:
             return f"cost budget reached (${self.pool.spent.cost_usd:.4f} of ${self.pool.max_cost_usd:.4f})"

@@ -6,6 +6,8 @@
   OPTBOT_AGENT_MAX_TURNS   model calls per agent (default 30)
   OPTBOT_AGENT_MAX_TOKENS  billed tokens per agent: input + output + cache writes + cache reads (default 2,000,000)
   OPTBOT_AGENT_MAX_COST    USD for the whole generation (all agents, all rounds; default 5.0)
+  OPTBOT_AGENT_MAX_WALL_S  wall seconds for the whole generation (default: none; `optimize` passes what is left
+                           of its --budget wall time)
   OPTBOT_AGENT_STRATEGIES  comma-separated strategy names run in parallel (default fuse,tile-tune,restructure)
   OPTBOT_AGENT_ROUNDS      refinement rounds on the strongest candidate after the first (default 1)
 """
@@ -45,6 +47,7 @@ class AgentConfig:
     max_turns: int = 30
     max_tokens: int = 2_000_000
     max_cost_usd: float = 5.0
+    max_wall_s: float | None = None  # the whole generation, all agents
     max_output_tokens: int = 8192  # per response
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     rounds: int = 1
@@ -65,6 +68,7 @@ class AgentConfig:
             max_turns=_env_num("OPTBOT_AGENT_MAX_TURNS", 30, int),
             max_tokens=_env_num("OPTBOT_AGENT_MAX_TOKENS", 2_000_000, int),
             max_cost_usd=_env_num("OPTBOT_AGENT_MAX_COST", 5.0, float),
+            max_wall_s=_env_num("OPTBOT_AGENT_MAX_WALL_S", None, float),
             rounds=int(os.environ.get("OPTBOT_AGENT_ROUNDS", "1") or 1),
         )
         strat = os.environ.get("OPTBOT_AGENT_STRATEGIES")

@@ -3,7 +3,8 @@
 Round 1 runs every strategy at once (threads: the work is HTTP calls and runner subprocesses), each
 in its own worktree. The strongest by validated result (accepted first, then speedup) starts round 2
 ("refine"), which begins from that candidate's commit with its verdict as feedback. A refinement
-replaces the best only if its own validated result is stronger. All agents share one USD budget.
+replaces the best only if its own validated result is stronger. All agents share one USD budget and
+one wall-time budget.
 """
 from __future__ import annotations
 
@@ -44,16 +45,17 @@ def generate(task: AgentTask, cfg: AgentConfig | None = None, client: anthropic.
         return AgentGeneration(off=True, message=OFF_MESSAGE)
     cfg = cfg or AgentConfig.from_env()
     client = client or make_client(cfg)
-    pool = CostPool(cfg.max_cost_usd)
+    pool = CostPool(cfg.max_cost_usd, cfg.max_wall_s)
     gen = AgentGeneration(spend=pool.spent)
     log(f"agent: {len(cfg.strategies)} strategies ({', '.join(cfg.strategies)}) on {task.opportunity.get('kind')} "
-        f"with {cfg.model}; budgets {cfg.max_turns} turns / {cfg.max_tokens:,} tokens per agent, ${cfg.max_cost_usd:.2f} in all")
+        f"with {cfg.model}; budgets {cfg.max_turns} turns / {cfg.max_tokens:,} tokens per agent, ${cfg.max_cost_usd:.2f} in all"
+        + (f", {cfg.max_wall_s:.0f} wall s" if cfg.max_wall_s is not None else ""))
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.parallel, len(cfg.strategies)))) as ex:
         futs = [(s, ex.submit(run_agent, task, s, cfg, client, pool, name=f"r1-{s}", log=log)) for s in cfg.strategies]
         gen.results = [_result_or_failure(s, f"r1-{s}", f, log) for s, f in futs]
     best = _strongest(gen.results)
     for rnd in range(2, 2 + max(0, cfg.rounds)):
-        if best is None or best.candidate is None or pool.left() <= 0:
+        if best is None or best.candidate is None or pool.left() <= 0 or pool.wall_spent():
             break
         fb = best.verdict.render() if best.verdict else best.error
         try:

@@ -38,7 +38,11 @@ one shape, lowering precision, work on a side stream) are detected and rejected.
 "not engaged".
 - The weights are loaded in the base model's state-dict format: if you change a parameter layout \
 (e.g. merge Q/K/V), convert at load time.
-- New kernels are Triton (they run on CPU under TRITON_INTERPRET=1) or plain torch.
+- New kernels are Triton (they run on CPU under TRITON_INTERPRET=1) or plain torch. Write each kernel \
+with its test_<op>.py beside it (the kernel test contract of the worked examples: SHAPES with M=1 and odd \
+sizes, CASES [(dtype, atol, rtol)], make_inputs, reference, kernel, kernel_path), declare them with \
+declare_kernels (the kernels added and removed, and the tests), and run run_kernel_test until it passes \
+before run_correctness: the validator checks the declared kernels run in the step and re-runs their tests.
 - Use run_correctness after each meaningful change, and run_microbenchmark when correct. When done, \
 answer with a short summary (first line: a one-line commit title) and stop calling tools.
 - Read the lessons below: they are what earlier attempts learned, failures first. The worked examples \

@@ -9,6 +9,11 @@ Search is a Python regex scan, never a shell: its glob is a file-name pattern (n
 a catastrophic pattern cannot hang the bot. Every argument is checked against the tool's schema, and
 every mistake comes back to the agent as an error result, never as an exception in the bot.
 
+declare_kernels records the kernels the agent adds and removes and each one's test_<op>.py (a
+confined path in the worktree): they become the candidate's Optbot-Adds-Kernels,
+Optbot-Removes-Kernels and Optbot-Kernel-Tests trailers, so THE validator checks engagement by name
+and runs the kernel tests. run_kernel_test runs a declared test against its reference as a
+`kernel_test` runner job (bot/knowledge/check.run_kernel_test, the path `store check` takes).
 run_correctness and run_microbenchmark snapshot the worktree as a commit and hand that commit to THE
 validator (bot.validate, through bot/generate/agent/validation.py); the model reads the verdict as the
 validator renders it. The candidate's code runs only in runner child processes whose environment
@@ -31,7 +36,9 @@ MAX_SEARCH_HITS = 200
 MAX_SEARCH_BYTES = 20_000_000  # text handed to one search's scanner
 MAX_WRITE_BYTES = 2_000_000
 SEARCH_TIMEOUT_S = 10.0
-_JSON_TYPES = {"string": (str,), "integer": (int,)}
+_JSON_TYPES = {"string": (str,), "integer": (int,), "array": (list,)}
+MAX_DECLARED = 16  # kernels (or tests) one declaration names
+_KERNEL_NAME = re.compile(r"[A-Za-z0-9_:.*@\[\]<>+-]{1,200}")  # a trailer value: no comma, space or newline
 # The search's scanner: reads {"pattern", "files": [[path, text], ...], "max"} on stdin, prints the
 # hits as JSON. It runs in its own process so that its time can be limited (re has no timeout).
 _SCANNER = """
@@ -123,6 +130,24 @@ TOOL_SPECS: list[dict] = [
      "description": "Time the worktree's current state against the base engine (per-step latency; the "
                     "device that measured it is named). Returns the numbers and the verdict.",
      "input_schema": {"type": "object", "properties": {}}},
+    {"name": "declare_kernels",
+     "description": "Declare the kernels your change adds and removes, and the kernel test of each added "
+                    "kernel (test_<op>.py in the worktree, beside the kernel: SHAPES with M=1 and odd sizes, "
+                    "CASES [(dtype, atol, rtol)], make_inputs(shape, dtype, device, seed), reference(*inputs), "
+                    "kernel(*inputs), kernel_path() -> 'triton' | 'torch'). The names go on the candidate "
+                    "commit: the validator requires each added kernel to run in the step and each removed "
+                    "one to be gone (on CPU, aten ops or module paths; KERNEL@MODULE_GLOB scopes a name), "
+                    "and runs every declared test. A new call replaces the declaration.",
+     "input_schema": {"type": "object", "properties": {
+         "adds": {"type": "array", "items": {"type": "string"}},
+         "removes": {"type": "array", "items": {"type": "string"}},
+         "tests": {"type": "array", "items": {"type": "string"}}}}},
+    {"name": "run_kernel_test",
+     "description": "Run a declared kernel test (path, default every declared test) against its reference "
+                    "on randomized inputs in an isolated runner process: pass/fail, the first failing case, "
+                    "the worst error, and on CUDA the kernel's speedup over the reference per shape (on CPU "
+                    "Triton runs under TRITON_INTERPRET=1, correctness only).",
+     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}},
     {"name": "read_profile",
      "description": "The base engine's profile of one step: total, categories, the top kernels with the "
                     "module that launched each (optional top, default 30), and always every kernel row of "
@@ -153,8 +178,13 @@ def _check_args(name: str, args: dict) -> None:
     for k, v in args.items():
         want = props[k].get("type")
         if v is not None and want in _JSON_TYPES and (not isinstance(v, _JSON_TYPES[want]) or isinstance(v, bool)):
-            raise ToolError(f"{name}: argument {k} must be a{'n' if want == 'integer' else ''} {want}, "
+            raise ToolError(f"{name}: argument {k} must be a{'n' if want in ('integer', 'array') else ''} {want}, "
                             f"got {type(v).__name__} {json.dumps(v)[:40]}")
+        item = props[k].get("items", {}).get("type")
+        if want == "array" and v is not None and item in _JSON_TYPES:
+            bad = [x for x in v if not isinstance(x, _JSON_TYPES[item]) or isinstance(x, bool)]
+            if bad:
+                raise ToolError(f"{name}: argument {k} must be a list of {item}s, got {json.dumps(bad[0])[:40]}")
 
 
 PROFILE_KEYS = ("device", "total_ms", "step_ms", "launches", "idle_ms", "categories", "peaks")
@@ -173,14 +203,28 @@ def read_profile_text(profile: dict | None, top: int, opportunity_rows: list) ->
     return json.dumps(keep, indent=1, default=str)
 
 
+@dataclass(frozen=True)
+class Declaration:
+    """What declare_kernels recorded: kernel names (trailer values) and test paths relative to the
+    worktree root (the engine repository's root, where Optbot-Kernel-Tests paths are read)."""
+    adds: tuple[str, ...] = ()
+    removes: tuple[str, ...] = ()
+    tests: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"adds": list(self.adds), "removes": list(self.removes), "tests": list(self.tests)}
+
+
 @dataclass
 class ToolHooks:
-    """What the non-file tools call; each returns text for the model (or raises ToolError)."""
-    run_correctness: Callable[[], str]
-    run_microbenchmark: Callable[[], str]
+    """What the non-file tools call; each returns text for the model (or raises ToolError). The
+    validator and the kernel test get the current declaration."""
+    run_correctness: Callable[[Declaration], str]
+    run_microbenchmark: Callable[[Declaration], str]
     read_profile: Callable[[int], str]
     read_lessons: Callable[[str | None, str | None], str]
     read_store: Callable[[str | None, str | None], str]
+    run_kernel_test: Callable[[list[str]], str]
 
 
 class Workspace:
@@ -190,6 +234,7 @@ class Workspace:
         self.root = Path(root).resolve()
         self.hooks = hooks
         self.edits = 0  # successful edit_file/write_file calls
+        self.declared = Declaration()  # the last declare_kernels call
 
     def call(self, name: str, args: dict) -> tuple[str, bool]:
         """Run one tool; returns (text for the model, is_error). Never raises for the agent's mistakes."""
@@ -312,10 +357,54 @@ class Workspace:
     # ---- validator, profile, knowledge
 
     def tool_run_correctness(self) -> str:
-        return self.hooks.run_correctness()
+        return self.hooks.run_correctness(self.declared)
 
     def tool_run_microbenchmark(self) -> str:
-        return self.hooks.run_microbenchmark()
+        return self.hooks.run_microbenchmark(self.declared)
+
+    # ---- kernels
+
+    def tool_declare_kernels(self, adds: list | None = None, removes: list | None = None,
+                             tests: list | None = None) -> str:
+        adds, removes, tests = list(adds or []), list(removes or []), list(tests or [])
+        for what, names in (("adds", adds), ("removes", removes), ("tests", tests)):
+            if len(names) > MAX_DECLARED:
+                raise ToolError(f"declare_kernels: {what} names {len(names)} items; at most {MAX_DECLARED}")
+        for n in adds + removes:
+            if not _KERNEL_NAME.fullmatch(n) or n.lower() == "none":
+                raise ToolError(f"declare_kernels: kernel name {n!r}: one kernel, aten op or module path (letters, "
+                                f"digits, _ : . * @ [ ] < > + -; no comma, space or newline)")
+        if adds and not tests:
+            raise ToolError("declare_kernels: every added kernel needs its kernel test: pass tests "
+                            "(test_<op>.py in the worktree)")
+        rels = []
+        for t in tests:
+            p = confine(self.root, t)
+            if not (p.name.startswith("test_") and p.suffix == ".py"):
+                raise ToolError(f"declare_kernels: {t}: a kernel test is a file named test_<op>.py")
+            if not p.is_file():
+                raise ToolError(f"declare_kernels: {t}: no such file (write the test first)")
+            rel = p.relative_to(self.root).as_posix()
+            if not _KERNEL_NAME.fullmatch(rel.replace("/", "")):
+                raise ToolError(f"declare_kernels: {t}: the path must have no comma, space or newline")
+            rels.append(rel)
+        self.declared = Declaration(tuple(dict.fromkeys(adds)), tuple(dict.fromkeys(removes)),
+                                    tuple(dict.fromkeys(rels)))
+        d = self.declared
+        return (f"declared: adds {', '.join(d.adds) or 'none'}; removes {', '.join(d.removes) or 'none'}; "
+                f"kernel tests {', '.join(d.tests) or 'none'}. The validator checks these from now on (a new "
+                f"declare_kernels call replaces them).")
+
+    def tool_run_kernel_test(self, path: str | None = None) -> str:
+        if not self.declared.tests:
+            raise ToolError("run_kernel_test: no kernel test is declared; call declare_kernels with tests first")
+        if path is None:
+            return self.hooks.run_kernel_test(list(self.declared.tests))
+        rel = confine(self.root, path).relative_to(self.root).as_posix()
+        if rel not in self.declared.tests:
+            raise ToolError(f"run_kernel_test: {path} is not a declared kernel test "
+                            f"(declared: {', '.join(self.declared.tests)})")
+        return self.hooks.run_kernel_test([rel])
 
     def tool_read_profile(self, top: int = 30) -> str:
         return self.hooks.read_profile(int(top))

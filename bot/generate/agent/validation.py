@@ -1,8 +1,9 @@
 """The agent's way into THE validator (DESIGN decision 6): ``validate_commit`` calls
 ``bot.validate.validate`` and hands back its Verdict (bot/validate/verdict.py) unchanged.
 
-Verdicts are kept per (git tree, speed) for the run, so a snapshot the agent validated and the final
-candidate commit of the same files share one validation. Calls are serialized: the validator adds
+Verdicts are kept per (git tree, declared trailers, speed) for the run, so a snapshot the agent
+validated and the final candidate commit of the same files and the same declaration (the kernels it
+adds and removes, its kernel tests) share one validation. Calls are serialized: the validator adds
 shared base worktrees, and an agent asking for a tree another agent is validating waits for that
 verdict instead of running it again.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.target import Target
+from bot.trailers import parse_trailer_lists
 from bot.validate import Options, validate
 from bot.validate.verdict import Verdict
 
@@ -34,11 +36,31 @@ class ValidationContext:
                    kernel_store=kernel_store)
 
 
+# the trailers the validator acts on (bot/validate/resolve.py): part of what a verdict is about
+JUDGED_TRAILERS = ("Optbot-Adds-Kernels", "Optbot-Removes-Kernels", "Optbot-Kernel-Tests", "Optbot-Entry")
+
+
+def _key(ctx: ValidationContext, sha: str, speed: bool) -> tuple:
+    """(tree, the stack's judged trailers, speed): what makes two commits the same validation."""
+    repo = ctx.target.checkout.repo
+    declared: set[tuple[str, str]] = set()
+    for c in repo.iter_commits(f"{ctx.base_sha}..{sha}"):
+        declared |= {(k, v) for k, vs in parse_trailer_lists(c.message).items() if k in JUDGED_TRAILERS for v in vs}
+    return (repo.commit(sha).tree.hexsha, tuple(sorted(declared)), speed)
+
+
+def cached_verdict(ctx: ValidationContext, sha: str, *, speed: bool) -> Verdict | None:
+    """The verdict already given to commit `sha` (or the same tree and declaration), else None."""
+    key = _key(ctx, sha, speed)
+    with ctx._lock:
+        return ctx._verdicts.get(key)
+
+
 def validate_commit(ctx: ValidationContext, sha: str, *, speed: bool) -> Verdict:
     """The validator's verdict on commit `sha` against the base: correctness (and engagement, kernel
     checks), plus end-to-end speed when `speed`. Raises OptbotError when the validator cannot judge
     (e.g. the base engine itself fails)."""
-    key = (ctx.target.checkout.repo.commit(sha).tree.hexsha, speed)
+    key = _key(ctx, sha, speed)
     with ctx._lock:
         hit = ctx._verdicts.get(key)
         if hit is not None:

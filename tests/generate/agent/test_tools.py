@@ -10,7 +10,7 @@ from bot.generate.agent.tools import ToolError, ToolHooks, Workspace, confine
 
 def _ws(root):
     nope = lambda *a: "unused"  # noqa: E731
-    return Workspace(root, ToolHooks(nope, nope, nope, nope, nope))
+    return Workspace(root, ToolHooks(nope, nope, nope, nope, nope, nope))
 
 
 @pytest.fixture
@@ -139,3 +139,45 @@ def test_every_tool_error_comes_back_as_a_tool_result(tree, name, args, says):
     (root / "src" / "bin.py").write_bytes(b"\xff\xfe\x00a\x80")
     out, err = _ws(root).call(name, args)  # never raises
     assert err and says in out, out
+
+
+# ------------------------------------------------------------------------------------------------
+# declare_kernels / run_kernel_test: schema checks, confinement, the declaration the validator gets
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"adds": "k"}, "must be an array"),
+    ({"adds": [3]}, "list of strings"),
+    ({"adds": ["a,b"], "tests": ["src/test_k.py"]}, "no comma"),
+    ({"adds": ["k"]}, "needs its kernel test"),
+    ({"adds": ["k"], "tests": ["../outside/test_x.py"]}, "'..' is not allowed"),
+    ({"adds": ["k"], "tests": ["link_out/test_x.py"]}, "symlink"),
+    ({"adds": ["k"], "tests": [".git/test_x.py"]}, ".git"),
+    ({"adds": ["k"], "tests": ["src/a.py"]}, "test_<op>.py"),
+    ({"adds": ["k"], "tests": ["src/test_missing.py"]}, "no such file"),
+    ({"kernels": ["k"]}, "unknown arguments"),
+])
+def test_declare_kernels_checks_its_arguments(tree, args, says):
+    root, _ = tree
+    ws = _ws(root)
+    out, err = ws.call("declare_kernels", args)
+    assert err and says in out, out
+    assert ws.declared.tests == () and ws.declared.adds == ()
+
+
+def test_declared_kernels_and_tests_go_to_the_hooks(tree):
+    root, _ = tree
+    (root / "src" / "test_k.py").write_text("SHAPES = []\n")
+    seen = []
+    ws = Workspace(root, ToolHooks(seen.append, seen.append, None, None, None, seen.append))
+    out, err = ws.call("run_kernel_test", {})
+    assert err and "no kernel test is declared" in out
+    out, err = ws.call("declare_kernels", {"adds": ["_k_kernel", "_k_kernel"], "removes": ["aten::silu@*gate_fn"],
+                                            "tests": [str(root / "src" / "test_k.py")]})
+    assert not err and "src/test_k.py" in out, out
+    assert ws.declared.adds == ("_k_kernel",) and ws.declared.tests == ("src/test_k.py",)
+    assert ws.call("run_kernel_test", {"path": "src/a.py"})[1]  # not a declared test
+    assert ws.call("run_kernel_test", {"path": "../outside/secret.txt"})[1]
+    ws.call("run_kernel_test", {"path": "./src/test_k.py"})
+    ws.call("run_correctness", {})
+    assert seen == [["src/test_k.py"], ws.declared]

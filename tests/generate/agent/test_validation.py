@@ -3,6 +3,8 @@ the ranking of verdicts, a validator that cannot judge, and candidate code runni
 children without keys."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import bot.generate.agent.validation as validation
@@ -116,3 +118,129 @@ def test_agent_code_runs_without_keys(api_env, make_task, tmp_path):
     assert r.validations[0]["mode"] == "speed" and r.validations[0]["status"] == "rejected"
     assert isinstance(r.verdict, Verdict) and (r.verdict.status, r.verdict.reason) == ("rejected", "crashed")
     assert "has no class 'M'" in r.verdict.summary
+
+
+# ------------------------------------------------------------------------------------------------
+# kernels declared by the agent; the best validated snapshot; the wall-time budget
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"  # scaled_add.py and its test (kernel test contract)
+# its float32 case only: under the interpreter its bf16 store of an fp32 sum is garbage (it is the
+# variant search's fixture, checked in float32 there)
+FP32_ONLY = ('CASES = [("float32", 1e-6, 1e-6), ("bfloat16", 1e-2, 1e-2)]', 'CASES = [("float32", 1e-6, 1e-6)]')
+GOOD, BROKEN = "def f(x):\n    return x + x\n", "def f(x):\n    return x + x + 1  # BROKEN\n"
+
+
+def _write(path, content):
+    return {"type": "tool_use", "name": "write_file", "input": {"path": path, "content": content}}
+
+
+def _call(name, **inp):
+    return {"type": "tool_use", "name": name, "input": inp}
+
+
+@pytest.fixture
+def by_content(monkeypatch, scratch_target):
+    """bot.validate.validate replaced by a judge of the file the scripts edit: BROKEN is a correctness
+    rejection, anything else accepted. Records (sha, trailers of the stack) per call."""
+    from bot.trailers import parse_trailer_lists
+
+    calls = []
+    repo = scratch_target.checkout.repo
+
+    def judge(target, candidate, base=None, opts=None):
+        calls.append((candidate, parse_trailer_lists(repo.commit(candidate).message)))
+        broken = "BROKEN" in repo.git.show(f"{candidate}:src/pkg/mod.py")
+        return _verdict("rejected", "correctness") if broken else _verdict("accepted", sha=candidate)
+
+    monkeypatch.setattr(validation, "validate", judge)
+    return calls
+
+
+def test_declared_kernels_are_tested_and_reach_the_validator(api_env, make_task, by_content):
+    """declare_kernels -> run_kernel_test runs the store's kernel_test job (sandboxed child, Triton
+    under TRITON_INTERPRET=1 on CPU); the validated commit and the candidate carry the declaration,
+    and the validator's kernel check (kernel_tests_for) finds the test in the candidate's worktree."""
+    from bot.validate.correctness import kernel_tests_for
+    from bot.validate.resolve import resolve_candidate
+
+    test = "src/pkg/kernels/test_scaled_add.py"
+    test_text = (KERNELS / "test_scaled_add.py").read_text()
+    assert FP32_ONLY[0] in test_text
+    script = {"conversations": [{"match": "Strategy: fuse", "turns": [
+        {"content": [_write("src/pkg/kernels/scaled_add.py", (KERNELS / "scaled_add.py").read_text()),
+                     _write(test, test_text.replace(*FP32_ONLY)), _write("src/pkg/mod.py", GOOD)]},
+        {"content": [_call("declare_kernels", adds=["_scaled_add"], removes=["aten::mul"], tests=[test])]},
+        {"expect": "declared", "content": [_call("run_kernel_test")]},
+        {"expect": "PASS", "content": [_call("run_correctness")]},
+        {"expect": "accepted", "content": [text_block("scaled add kernel")], "stop_reason": "end_turn"}]}]}
+    task = make_task()
+    with MessagesStandin(script) as s:
+        api_env(s.base_url)
+        cfg = AgentConfig(max_turns=8)
+        r = run_agent(task, "fuse", cfg, make_client(cfg), CostPool(5.0), log=lambda *_: None)
+    assert not s.expect_failures, s.expect_failures
+    assert [k["ok"] for k in r.kernel_tests] == [True] and "TRITON_INTERPRET=1" in r.kernel_tests[0]["reason"]
+    assert "kernel path triton" in r.kernel_tests[0]["reason"]
+    declared = {"Optbot-Adds-Kernels": ["_scaled_add"], "Optbot-Removes-Kernels": ["aten::mul"],
+                "Optbot-Kernel-Tests": [test]}
+    (sha, trailers), = by_content  # one validation: the final commit shares the snapshot's verdict
+    assert all(trailers[k] == v for k, v in declared.items()) and sha == r.validations[0]["commit"]
+    c = r.candidate
+    assert c.adds_kernels == ["_scaled_add"] and c.removes_kernels == ["aten::mul"]
+    assert c.trailers["Optbot-Kernel-Tests"] == test and r.verdict.status == "accepted"
+    rev = resolve_candidate(task.checkout, c.commit_sha, task.vctx.base_sha)
+    assert all(rev.trailers[k] == v for k, v in declared.items())
+    assert kernel_tests_for(rev, task.store_dir) == [str(rev.worktree / test)]
+
+
+def text_block(t):
+    return {"type": "text", "text": t}
+
+
+def test_a_later_break_hands_on_the_best_snapshot(api_env, make_task, by_content):
+    """Correct, validated; then an edit that breaks it: the candidate is the correct snapshot."""
+    script = {"conversations": [{"match": "Strategy: fuse", "turns": [
+        {"content": [_write("src/pkg/mod.py", GOOD)]},
+        {"content": [_call("run_correctness")]},
+        {"expect": "accepted", "content": [_write("src/pkg/mod.py", BROKEN)]},
+        {"content": [_call("run_correctness")]},
+        {"expect": "rejected", "content": [text_block("f: add (a last tweak)")], "stop_reason": "end_turn"}]}]}
+    task = make_task()
+    with MessagesStandin(script) as s:
+        api_env(s.base_url)
+        cfg = AgentConfig(max_turns=8)
+        r = run_agent(task, "fuse", cfg, make_client(cfg), CostPool(5.0), log=lambda *_: None)
+    assert not s.expect_failures, s.expect_failures
+    good = r.validations[0]["commit"]
+    assert [v["status"] for v in r.validations] == ["accepted", "rejected"]
+    assert r.from_snapshot == good and r.verdict.status == "accepted"
+    repo = task.checkout.repo
+    assert repo.commit(r.candidate.commit_sha).tree == repo.commit(good).tree
+    assert repo.git.show(f"{r.candidate.commit_sha}:src/pkg/mod.py") == GOOD.rstrip("\n")
+    assert repo.commit(r.candidate.commit_sha).parents[0].hexsha == task.vctx.base_sha
+    assert good[:12] in r.candidate.description and len(by_content) == 2  # no third validation
+
+
+def test_wall_time_spent_is_a_clean_stop_with_the_best_snapshot(api_env, make_task, by_content, monkeypatch):
+    """The shared wall-time budget runs out during a validation: no further request and no further
+    validation; the candidate is the validated snapshot, not the unvalidated edit after it."""
+    pool = CostPool(5.0, max_wall_s=600.0)
+    judge = validation.validate
+
+    def slow(*a, **kw):
+        pool.started -= 601  # the validation took the rest of the wall time
+        return judge(*a, **kw)
+
+    monkeypatch.setattr(validation, "validate", slow)
+    script = {"conversations": [{"match": "Strategy: fuse", "turns": [
+        {"content": [_write("src/pkg/mod.py", GOOD)]},
+        {"content": [_call("run_correctness"), _write("src/pkg/mod.py", BROKEN)]},
+        {"content": [text_block("never sent")], "stop_reason": "end_turn"}]}]}
+    task = make_task()
+    with MessagesStandin(script) as s:
+        api_env(s.base_url)
+        cfg = AgentConfig(max_turns=8)
+        r = run_agent(task, "fuse", cfg, make_client(cfg), pool, log=lambda *_: None)
+    assert r.stop.startswith("wall-time budget reached") and len(s.requests) == 2, r.stop
+    assert len(by_content) == 1 and r.verdict.status == "accepted" and r.from_snapshot == r.validations[0]["commit"]
+    assert task.checkout.repo.git.show(f"{r.candidate.commit_sha}:src/pkg/mod.py") == GOOD.rstrip("\n")
