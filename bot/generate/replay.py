@@ -8,6 +8,13 @@ A patch that does not apply is recorded as a typed ReplayResult with status "con
 conflicted files; it never stops the run. An entry whose unchanged patch a person declined in review
 of the same engine and workload (a review caveat in lessons/, bot/knowledge/review.declined) is
 recorded as "skipped" with the lesson and pull request that declined it, and not applied.
+
+Under torch.compile a store kernel is a registered op, one node inductor cannot fuse into. Where the
+entry's recorded GPU microbenchmark on this hardware lost to the reference compiled by inductor at
+every shape (bench.json gpu.micro, `vs_compiled`), the replayed kernel files get
+`UNDER_COMPILE = "reference"`: under compile they run the torch reference ops, which inductor fuses,
+and eager and CUDA-graph runs keep the kernel. The commit body says so, and the verdict is measured
+afresh (it is not the entry patch's).
 """
 from __future__ import annotations
 
@@ -19,8 +26,12 @@ from bot.analyze.opportunity import Opportunity
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
+from bot.hardware import hardware_name
+from bot.knowledge.records import bench_file, read_bench
 from bot.knowledge.review import declined
-from bot.knowledge.store import UNUSABLE, Entry, load_store
+from bot.knowledge.store import UNUSABLE, Entry, load_store, patch_added_files
+
+ASIDE_LINE = 'UNDER_COMPILE = "op"'
 
 
 @dataclass
@@ -32,6 +43,7 @@ class ReplayResult:
     worktree: str = ""
     conflicts: list[str] = field(default_factory=list)
     candidate: Candidate | None = None
+    under_compile: str = "op"  # "reference": its kernels step aside under torch.compile (module docstring)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -56,9 +68,40 @@ def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: st
     return out
 
 
+def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
+    """("reference", why) when the entry's recorded GPU microbenchmark on `hardware` lost to the
+    reference compiled by inductor at every shape it timed; else ("op", "")."""
+    if not hardware or hardware == "cpu" or not entry.kernel_files():
+        return "op", ""
+    b = read_bench(bench_file(entry.path))
+    micro = b.gpu.micro if b is not None and b.gpu is not None else None
+    rows = [r for t in (micro.tests.values() if micro else []) for r in (t.get("micro") or [])
+            if hardware_name("cuda", (t.get("env") or {}).get("device_name", "")) == hardware and r.get("vs_compiled")]
+    if rows and all(r["vs_compiled"] < 1.0 for r in rows):
+        shapes = ", ".join(f"{r['shape']} {r['vs_compiled']:.2f}x" for r in rows)
+        return "reference", (f"its recorded microbenchmark on {hardware} loses to inductor's compile of the "
+                             f"reference at every shape ({shapes})")
+    return "op", ""
+
+
+def _step_aside(wt: Path, entry: Entry) -> str:
+    """Write UNDER_COMPILE = "reference" into the entry's kernel files in the worktree; "" when
+    done, else why not (a kernel file without the switch)."""
+    names = {k.name for k in entry.kernel_files()}
+    files = [wt / f for f in patch_added_files(entry.patch_path.read_text()) if Path(f).name in names]
+    for f in files:
+        text = f.read_text()
+        if text.count(ASIDE_LINE) != 1:
+            return f"{f.name} has no single `{ASIDE_LINE}` line"
+    for f in files:
+        f.write_text(f.read_text().replace(ASIDE_LINE, 'UNDER_COMPILE = "reference"'))
+    return "" if files else "the patch adds none of the entry's kernel files"
+
+
 def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = "", name: str | None = None,
-                onto: str | None = None) -> ReplayResult:
-    """Apply entry's patch in a fresh worktree at `onto` (default: the base sha) and commit it."""
+                onto: str | None = None, aside: tuple[str, str] = ("op", "")) -> ReplayResult:
+    """Apply entry's patch in a fresh worktree at `onto` (default: the base sha) and commit it;
+    with aside ("reference", why) its kernels step aside under torch.compile (module docstring)."""
     wt = add_worktree(checkout, name or f"replay-{entry.id}", onto)
     res = ReplayResult(entry.id, opportunity_id, "error", worktree=str(wt))
     proc = run_git(wt, "apply", "--3way", "--whitespace=nowarn", str(entry.patch_path.resolve()))
@@ -77,12 +120,22 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
     body = (f"Replayed from kernel_store/{entry.id} ({entry.provenance.kind}"
             + (f" by {entry.provenance.author}" if entry.provenance.author else "")
             + (f", run {entry.provenance.run_id}" if entry.provenance.run_id else "") + ").\n\n" + entry.description)
+    if aside[0] == "reference":
+        why_not = _step_aside(wt, entry)
+        if why_not:
+            res.reason = f"not stepping aside under torch.compile: {why_not}; "
+        else:
+            res.under_compile = "reference"
+            body += (f"\n\nUnder torch.compile its kernels run the torch reference ops (UNDER_COMPILE = "
+                     f"\"reference\"), which inductor fuses: {aside[1]}.")
     msg = commit_message(f"optbot: {entry.title}", body, trailers)
     sha, err = commit_all(wt, msg)
     if not sha:
         res.reason = err
         return res
-    res.status, res.reason = "applied", f"applied at {onto or checkout.base_sha[:12]} as {sha[:12]}"
+    res.status = "applied"
+    res.reason += (f"applied at {onto or checkout.base_sha[:12]} as {sha[:12]}"
+                   + ("; its kernels step aside under torch.compile" if res.under_compile == "reference" else ""))
     res.candidate = Candidate(
         id=f"replay-{entry.id}", opportunity_id=opportunity_id, kind=entry.pattern, generator="replay",
         worktree=str(wt), commit_sha=sha, base_sha=onto or checkout.base_sha, entry_id=entry.id,
@@ -102,7 +155,7 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
     for e, opp_id in match(entries, opportunities, engine, hardware, workload):
         why = declined(e, engine, workload, lessons_root)
         out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
-                   else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}"))
+                   else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}", aside=under_compile(e, hardware)))
     out += [ReplayResult(e.id, opp_id, "retired", e.retired.reason
                          + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
             for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)

@@ -31,7 +31,8 @@ from bot.engine import EngineCheckout
 from bot.errors import ConfigError, OptbotError
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all
-from bot.generate.replay import ReplayResult, apply_entry
+from bot.generate.replay import ReplayResult, apply_entry, under_compile
+from bot.hardware import hardware_name
 from bot.jobs import run_job
 from bot.knowledge.store import Entry, added_file_content, load_entry, patch_added_files
 from runner.job import Job
@@ -344,7 +345,9 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
     if len(targets) != 1:
         return ReplayResult(entry.id, opportunity_id, "error",
                             f"variant search {entry.id}: the patch adds {len(targets) or 'no'} copies of {kfile.name}")
-    r = apply_entry(checkout, entry, opportunity_id, name=name or f"variant-{entry.id}")
+    # the tuned config keeps the replay's choice under torch.compile (replay.under_compile)
+    r = apply_entry(checkout, entry, opportunity_id, name=name or f"variant-{entry.id}",
+                    aside=under_compile(entry, hardware_name(res.device, res.device_name)))
     if r.candidate is None:
         return r
     wt = Path(r.worktree)

@@ -124,7 +124,8 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
         if r.candidate is None:
             res.notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
             continue
-        known, why = recall.entry_verdict(ctx.run_key(), r.entry_id)
+        # a replay whose kernels step aside under compile is not the entry's patch: measured afresh
+        known, why = (None, "") if r.under_compile == "reference" else recall.entry_verdict(ctx.run_key(), r.entry_id)
         if known is not None and known.status != "accepted":
             # the same patch, base, workload and machine were measured: measuring again would spend
             # GPU time on a known answer (--revalidate to do it anyway)

@@ -114,3 +114,80 @@ def test_conflict_is_recorded_not_fatal(diffusers_engine):
     repo = git.Repo(r.worktree)
     assert repo.head.commit.hexsha == onto and not repo.is_dirty(untracked_files=True)  # left clean
     assert r.to_json()["status"] == "conflict"
+
+
+# --- kernels that step aside under torch.compile (replay.under_compile) ---------------------------
+
+ASIDE_PROBE = r'''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from diffusers.models.optbot_kernels import swiglu as k
+from torch._dynamo.testing import CompileCounterWithBackend
+x = torch.randn(3, 5, 64)
+cnt = CompileCounterWithBackend("aot_eager")
+out = torch.compile(k.swiglu, backend=cnt, fullgraph=True)(x)
+ops = sorted({str(n.target) for g in cnt.graphs for n in g.graph.nodes if "optbot" in str(n.target)})
+print(json.dumps({"under_compile": k.UNDER_COMPILE, "optbot_ops": ops, "path": k.last_path(),
+                  "max_abs": (out - k.reference(x)).abs().max().item(), "eager_path": (k.swiglu(x), k.last_path())[1]}))
+'''
+
+
+def _micro_bench(entry_dir, device_name: str, vs_compiled: list[float]):
+    """bench.json as `optbot store record-bench` writes a store check's microbenchmark: one row per
+    shape with the kernel's speed against the eager reference and against the compiled one."""
+    from bot.knowledge.records import MicroRecord, load_bench, save_bench
+
+    b = load_bench(entry_dir)
+    rows = [{"shape": [512 * (i + 1), 36864], "dtype": "bfloat16", "speedup": 1.5, "vs_compiled": v}
+            for i, v in enumerate(vs_compiled)]
+    b.gpu_section().micro = MicroRecord(source="test", device="cuda",
+                                        tests={"test_swiglu.py": {"micro": rows, "env": {"device_name": device_name}}})
+    save_bench(entry_dir, b)
+
+
+@pytest.mark.parametrize("device_name, vs, hardware, want", [
+    ("NVIDIA H200", [0.8, 0.95], "h200", "reference"),  # loses to inductor at every shape
+    ("NVIDIA H200", [0.8, 1.2], "h200", "op"),  # wins somewhere: the kernel stays under compile
+    ("NVIDIA H200", [0.8, 0.9], "b200", "op"),  # measured on other hardware: says nothing here
+    ("NVIDIA H200", [0.8, 0.9], "cpu", "op"),
+])
+def test_the_recorded_micro_against_inductor_decides(tmp_path, device_name, vs, hardware, want):
+    import shutil
+
+    from bot.generate.replay import under_compile
+    from bot.knowledge.store import load_entry
+
+    folder = tmp_path / "flux2-swiglu"
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", folder)
+    _micro_bench(folder, device_name, vs)
+    choice, why = under_compile(load_entry(folder), hardware)
+    assert choice == want, why
+    assert (want == "reference") == ("loses to inductor" in why)
+    if want == "reference":
+        assert "[512, 36864] 0.80x" in why
+
+
+def test_a_kernel_set_aside_runs_the_reference_under_compile_only(diffusers_engine, tmp_path):
+    """The replay writes UNDER_COMPILE = "reference" into the engine's copy of the kernel; compiled
+    (fullgraph), the step holds no optbot op and gives the reference's numbers, while eager still
+    takes the Triton path. The same replay without the aside keeps the registered op under compile."""
+    import json
+    import os
+    import sys
+
+    e = get_entry("flux2-swiglu", SHIPPED_STORE)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    seen = {}
+    for aside in (("op", ""), ("reference", "test: recorded 0.80x vs compiled")):
+        r = apply_entry(diffusers_engine, e, name=f"aside-{aside[0]}", aside=aside)
+        assert r.status == "applied" and r.under_compile == aside[0], r.reason
+        msg = git.Repo(r.worktree).head.commit.message
+        assert ("inductor fuses: test: recorded 0.80x vs compiled" in msg) == (aside[0] == "reference")
+        proc = subprocess.run([sys.executable, "-c", ASIDE_PROBE, f"{r.worktree}/src"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[aside[0]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["op"]["optbot_ops"] == ["optbot.swiglu.default"] and seen["op"]["path"] == "triton"
+    assert seen["reference"]["optbot_ops"] == [] and seen["reference"]["path"] == "torch"
+    assert seen["reference"]["under_compile"] == "reference" and seen["reference"]["max_abs"] == 0.0
+    assert seen["reference"]["eager_path"] == seen["op"]["eager_path"] == "triton"

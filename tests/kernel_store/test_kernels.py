@@ -48,7 +48,7 @@ def test_wrong_kernel_fails_with_location(tmp_path, base_worktree):
 
 
 def test_kernel_that_skips_triton_is_rejected(tmp_path, base_worktree):
-    folder = _broken_entry(tmp_path, lambda s: s.replace("return triton is not None and (", "return False and ("))
+    folder = _broken_entry(tmp_path, lambda s: s.replace("return not _aside() and triton is not None and (", "return False and ("))
     (c,) = run_kernel_tests(load_entry(folder), str(base_worktree / "src"), "", "cpu", tmp_path / "run", params={"seeds": [0]})
     assert c.ok is False and "not triton" in c.reason
 
