@@ -1,12 +1,14 @@
 """One patch file for a stack of kernel-store entries, for `optbot bench --candidate` and
 `optbot validate --candidate` on a machine that has only the working tree:
 
-    python benchmarks/stack_patch.py WORKLOAD OUT.patch ENTRY [ENTRY ...]
+    python benchmarks/stack_patch.py WORKLOAD OUT.patch [--aside] ENTRY [ENTRY ...]
 
 The entries are applied in the order given, each onto the last (bot/generate/replay.apply_entry,
 the replay step's own code: `git apply --3way`), in the workload's engine at its base. OUT.patch is
 the diff from the base to the stack's tip, after a message whose trailers name every entry and
 every declared kernel (the validator reads them: kernel checks, engagement), as one commit would.
+--aside writes UNDER_COMPILE = "reference" into every kernel file (replay.under_compile's choice,
+forced): the same stack with its kernels stepping aside under torch.compile, to bench beside it.
 """
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ from bot.knowledge.store import get_entry
 from bot.target import resolve_target
 
 
-def main(workload: str, out: str, entries: list[str]) -> None:
+def main(workload: str, out: str, entries: list[str], aside: bool = False) -> None:
     t = resolve_target(workload, None, None, "full", "cpu")
     store = locate().kernel_store
     onto, adds, removes = t.checkout.base_sha, [], []
     for i, eid in enumerate(entries):
         e = get_entry(eid, store)
-        r = apply_entry(t.checkout, e, name=f"stack-{workload}-{i}-{eid}", onto=onto)
+        r = apply_entry(t.checkout, e, name=f"stack-{workload}-{i}-{eid}{'-aside' if aside else ''}", onto=onto,
+                        aside=("reference", "forced by stack_patch.py --aside") if aside and e.kernel_files() else ("op", ""))
         if r.status != "applied":
             sys.exit(f"{eid}: {r.status}: {r.reason}")
         onto = r.candidate.commit_sha
@@ -36,7 +39,7 @@ def main(workload: str, out: str, entries: list[str]) -> None:
     wt = Path(r.worktree)
     diff = run_git(wt, "diff", "--no-color", t.checkout.base_sha, onto).stdout
     trailers = make_trailers("none", "stack", adds, removes, ", ".join(entries))
-    msg = commit_message(f"optbot stack: {', '.join(entries)}",
+    msg = commit_message(f"optbot stack{' (kernels aside under compile)' if aside else ''}: {', '.join(entries)}",
                          f"{len(entries)} kernel-store entries applied in this order onto {t.checkout.base_sha[:12]}.",
                          trailers)
     Path(out).write_text(msg.rstrip("\n") + "\n\n" + diff)
@@ -46,4 +49,5 @@ def main(workload: str, out: str, entries: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    rest = sys.argv[3:]
+    main(sys.argv[1], sys.argv[2], [a for a in rest if a != "--aside"], "--aside" in rest)
