@@ -130,7 +130,7 @@ CASES = [
     ("Chain", "fuse-elementwise-chain", "sigmoid -> mul -> mul", "pixels * torch.sigmoid(pixels) * y", "(pixels, y)"),
     # two statements (FLUX.2's norm, then its modulation on the next line), joined into one
     ("TwoStatements", "fuse-norm-consumer", "layer_norm -> mul -> add", "h = h * (1 + scale) + shift",
-     "h = _optbot_tpl_layer_norm_mul_add_"),
+     "h = _optbot_kernels.tpl_layer_norm_mul_add_"),
 ]
 
 
@@ -230,3 +230,32 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     res2 = generate.Result("done", "")
     notes = generate._template(ctx, [SimpleNamespace(opportunity_id=chain[0].id)], chain, res2)
     assert res2.candidates == [] and "skipped, a replayed store entry covers it" in notes[0]
+
+
+def test_two_template_commits_of_one_file_stack(engine, tmp_path):
+    """Two rewrites in one engine file (two model classes of toyeng/model.py) each add the package's
+    one import line and its __init__.py, the same text at the same place: the second commit
+    cherry-picks cleanly onto the first (with an import line per kernel they conflicted), and the
+    stacked file imports and runs both kernels."""
+    from bot.engine import add_worktree
+
+    shas = []
+    for cls, kind in (("NormModulate", "fuse-norm-consumer"), ("Chain", "fuse-elementwise-chain")):
+        graph, opps = _analyze(engine, cls, tmp_path)
+        (res,) = generate_templates(engine, graph, [next(o for o in opps if o.kind == kind)], _ctx(tmp_path / cls))
+        assert res.status == "candidate", res.reason
+        shas.append(res.candidate.commit_sha)
+    wt = add_worktree(engine, "tpl-stack-two")
+    r = git.Repo(wt)
+    for sha in shas:
+        r.git.cherry_pick(sha)  # raises on a conflict
+    src = (wt / "toyeng" / "model.py").read_text()
+    assert src.count("import optbot_kernels as _optbot_kernels") == 1 and src.count("_optbot_kernels.tpl_") == 2
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{wt}{os.pathsep}{ROOT}"}
+    probe = ("import torch; from toyeng import model as M\n"
+             "for c in ('NormModulate', 'Chain'):\n"
+             "    torch.manual_seed(0); m = getattr(M, c)().eval(); m(**m.example(1))\n"
+             "import toyeng.optbot_kernels as k; print(sorted(n for n in dir(k) if n.startswith('tpl_')))")
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(eval(proc.stdout.strip().splitlines()[-1])) == 2

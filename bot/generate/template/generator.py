@@ -22,7 +22,7 @@ from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
 from bot.generate.template.emit import Emitted, describe, emit
 from bot.generate.template.lift import Program, Refused, instances, lift
-from bot.generate.template.wire import KERNEL_PACKAGE, Rewrite, rewrite
+from bot.generate.template.wire import PACKAGE_INIT, Rewrite, rewrite
 from bot.knowledge.learn import Outcome, write_entry
 
 KINDS = ("fuse-norm-consumer", "fuse-elementwise-chain")
@@ -94,7 +94,7 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     kfile.parent.mkdir(parents=True, exist_ok=True)
     init = kfile.parent / "__init__.py"
     if not init.exists():
-        init.write_text(f'"""Kernels optbot\'s template generator wrote ({KERNEL_PACKAGE}).\"\"\"\n')
+        init.write_text(PACKAGE_INIT)
     kfile.write_text(e.module_source)
     trailers = make_trailers(opp.id, opp.kind, [e.kernel_name], [], "", generator=GENERATOR, run_id=ctx.run_id)
     title = f"optbot: fuse {describe(p)} at {opp.location.module_pattern} into one Triton row kernel"

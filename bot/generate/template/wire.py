@@ -34,6 +34,20 @@ NAMESPACES = {"torch", "F", "nn", "functional"}
 # ops a module's forward may run on its one argument (nn.LayerNorm, nn.RMSNorm, nn.SiLU, nn.GELU, ...)
 UNARY_MODULES = {"layer_norm", "rms_norm", "silu", "gelu", "sigmoid", "tanh"}
 KERNEL_PACKAGE = "optbot_kernels"
+PACKAGE_ALIAS = "_optbot_kernels"
+# The package's __init__.py, the same text in every template commit: it imports every kernel module
+# beside it, so an engine file needs one import line for all of them. Two template commits then add
+# the same line at the same place (and the same __init__.py), which git merges cleanly, instead of
+# two different import lines at one place, which conflict: on FLUX.2 (2026-12-02) 8 of 10 accepted
+# template candidates could not be stacked for that.
+PACKAGE_INIT = '''"""Kernels optbot's template generator wrote. Every module here is imported with the package, so
+an engine file reaches each as an attribute of one import (optbot: bot/generate/template/wire.py)."""
+import importlib as _importlib
+import pkgutil as _pkgutil
+
+for _m in _pkgutil.iter_modules(__path__):
+    _importlib.import_module(f"{__name__}.{_m.name}")
+'''
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,7 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
                       f"sequence ({' -> '.join(n.op for n in p.nodes)})")
     sub, bind = found
     kfile, dotted = kernel_location(efile, e.op_name)
-    alias = f"_optbot_{e.op_name}"
+    alias = _callee(import_root, kfile, e)
     call = f"{alias}({', '.join(bind[i.name] for i in p.inputs)})"
     lines = text.splitlines(keepends=True)
     starts = [0]
@@ -104,10 +118,18 @@ def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str,
             alias: str, e: Emitted, kfile: str) -> Rewrite:
     """The import of the kernel added after the module's imports, the file parsed again, and the
     new statement (at `lineno`, one line down for the import) found holding the kernel call."""
-    import_line = f"from {dotted.rsplit('.', 1)[0]}.{e.op_name} import {e.op_name} as {alias}  # optbot template kernel\n"
-    at = _import_point(tree)
+    pkg = dotted.rsplit(".", 1)[0]
+    if alias.startswith(PACKAGE_ALIAS + "."):
+        parent, _, name = pkg.rpartition(".")
+        import_line = f"from {parent} import {name} as {PACKAGE_ALIAS}  # optbot template kernels\n"
+    else:
+        import_line = f"from {pkg}.{e.op_name} import {e.op_name} as {alias}  # optbot template kernel\n"
     new_lines = new_text.splitlines(keepends=True)
-    new_text = "".join(new_lines[:at] + [import_line] + new_lines[at:])
+    if import_line not in new_lines:
+        at = _import_point(tree)
+        new_text = "".join(new_lines[:at] + [import_line] + new_lines[at:])
+    else:  # a tree with a template kernel of this package already: the statement's line does not move
+        lineno -= 1
     try:
         new_tree = ast.parse(new_text, filename=str(path))
     except SyntaxError as err:
@@ -116,6 +138,15 @@ def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str,
     if new_stmt is None or alias not in ast.unparse(new_stmt):
         raise Refused(f"{where}: the rewritten statement was not found after the rewrite")
     return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+
+
+def _callee(import_root: Path, kfile: str, e: Emitted) -> str:
+    """How the rewritten statement names the kernel: through the package's one import where the
+    package is new or is this generator's (PACKAGE_INIT), else through an import of its own."""
+    init = import_root / Path(kfile).parent / "__init__.py"
+    if not init.exists() or init.read_text() == PACKAGE_INIT:
+        return f"{PACKAGE_ALIAS}.{e.op_name}.{e.op_name}"
+    return f"_optbot_{e.op_name}"
 
 
 def _loads(node: ast.AST) -> list[ast.Name]:
@@ -203,7 +234,7 @@ def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
                       f"sequence ({' -> '.join(n.op for n in p.nodes)})")
     sub, bind = found
     kfile, dotted = kernel_location(efile, e.op_name)
-    alias = f"_optbot_{e.op_name}"
+    alias = _callee(import_root, kfile, e)
     call = ast.parse(f"{alias}({', '.join(bind[i.name] for i in p.inputs)})", mode="eval").body
     expr = ast.fix_missing_locations(_Replace(sub, call).visit(expr))
     src_lines = text.splitlines(keepends=True)
