@@ -90,17 +90,7 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         raise Refused(f"{p.src}: the statement is a {type(stmt).__name__} ({ast.unparse(stmt)[:80]!r}), "
                       "not a simple assignment `name = <expr>`")
-    found = None
-    for sub in ast.walk(stmt.value):
-        if isinstance(sub, ast.expr):
-            bind: dict[str, str] = {}
-            if _match(p, p.output, sub, bind) and _complete(p, bind):
-                found = (sub, bind)
-                break
-    if found is None:
-        raise Refused(f"{p.src}: no sub-expression of {ast.unparse(stmt.value)[:120]!r} has the program's op "
-                      f"sequence ({' -> '.join(n.op for n in p.nodes)})")
-    sub, bind = found
+    sub, bind = _find(p, stmt.value, f"{p.src}: no sub-expression of")
     kfile, dotted = kernel_location(efile, e.op_name)
     alias = _callee(import_root, kfile, e)
     call = f"{alias}({', '.join(bind[i.name] for i in p.inputs)})"
@@ -138,6 +128,18 @@ def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str,
     if new_stmt is None or alias not in ast.unparse(new_stmt):
         raise Refused(f"{where}: the rewritten statement was not found after the rewrite")
     return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+
+
+def _find(p: Program, expr: ast.expr, says: str) -> tuple[ast.expr, dict[str, str]]:
+    """The first sub-expression of expr (outermost first) that computes the program, with the
+    source text each program input binds to; else Refused, starting with `says`."""
+    for sub in ast.walk(expr):
+        if isinstance(sub, ast.expr):
+            bind: dict[str, str] = {}
+            if _match(p, p.output, sub, bind) and _complete(p, bind):
+                return sub, bind
+    raise Refused(f"{says} {ast.unparse(expr)[:120]!r} has the program's op sequence "
+                  f"({' -> '.join(n.op for n in p.nodes)})")
 
 
 def _callee(import_root: Path, kfile: str, e: Emitted) -> str:
@@ -222,17 +224,7 @@ def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
         if live:
             raise Refused(f"{efile}:{last.lineno}: {', '.join(live)} is read after the statements; "
                           "joining them would drop it")
-    found = None
-    for sub in ast.walk(expr):
-        if isinstance(sub, ast.expr):
-            bind: dict[str, str] = {}
-            if _match(p, p.output, sub, bind) and _complete(p, bind):
-                found = (sub, bind)
-                break
-    if found is None:
-        raise Refused(f"{where}: no sub-expression of the joined {ast.unparse(expr)[:120]!r} has the program's op "
-                      f"sequence ({' -> '.join(n.op for n in p.nodes)})")
-    sub, bind = found
+    sub, bind = _find(p, expr, f"{where}: no sub-expression of the joined")
     kfile, dotted = kernel_location(efile, e.op_name)
     alias = _callee(import_root, kfile, e)
     call = ast.parse(f"{alias}({', '.join(bind[i.name] for i in p.inputs)})", mode="eval").body
