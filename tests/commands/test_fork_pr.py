@@ -29,7 +29,8 @@ HOOK = '''
 import json, os
 pwned = {pwned!r}
 seen = {{"token": [k for k, v in os.environ.items() if {secret!r} in v], "cwd": os.getcwd(), "wrote": []}}
-for p in (pwned, os.path.expanduser("~/pwned-by-fork-hook")):
+# the bot's real home (a job's own $HOME is inside its compile cache, bot/sandbox.cache_env)
+for p in (pwned, os.path.join({home!r}, "pwned-by-fork-hook")):
     try:
         with open(p, "w") as f:
             f.write("pwned")
@@ -53,7 +54,7 @@ def _fork_with_hooks(tmp_path: Path, engine) -> tuple[Path, str, Path, dict]:
     root = Path(fork.working_tree_dir)
     pwned = tmp_path / "pwned-by-fork-hook"
     markers = {w: tmp_path / f"{w}-ran" for w in ("setup.py", "conftest.py", "pyproject backend")}
-    (root / "src" / "sitecustomize.py").write_text(HOOK.format(pwned=str(pwned), secret=SECRET))
+    (root / "src" / "sitecustomize.py").write_text(HOOK.format(pwned=str(pwned), secret=SECRET, home=str(Path.home())))
     (root / "setup.py").write_text(NEVER.format(marker=str(markers["setup.py"]), what="setup.py"))
     (root / "conftest.py").write_text(NEVER.format(marker=str(markers["conftest.py"]), what="conftest.py"))
     (root / "tests").mkdir(exist_ok=True)
