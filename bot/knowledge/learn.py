@@ -159,6 +159,17 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
+ASIDE = 'UNDER_COMPILE = "reference"'
+
+
+def stepped_aside(o: Outcome, entry_dir: Path) -> bool:
+    """Whether the validated commit had the entry's kernels step aside under torch.compile where
+    the entry's own patch does not (bot/generate/replay.under_compile): a choice for one hardware's
+    recorded microbenchmark, so it is neither the entry's verdict nor a source the entry adopts."""
+    own = entry_dir / "patch.diff"
+    return ASIDE in o.patch and not (own.is_file() and ASIDE in own.read_text())
+
+
 def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     """A tuned config found by variant search (a commit = the entry's patch with new kernel defaults).
     Accepted on a GPU: the entry adopts it (patch.diff and its kernel sources become the variant's),
@@ -167,7 +178,7 @@ def adopt_variant(o: Outcome, entry_dir: Path) -> None:
     if not o.device.startswith("cuda"):
         return
     bench = load_bench(entry_dir)
-    adopted = o.status == "accepted" and bool(o.patch.strip())
+    adopted = o.status == "accepted" and bool(o.patch.strip()) and not stepped_aside(o, entry_dir)
     if adopted:
         sources = {p.name for p in entry_dir.glob("*.py") if not p.name.startswith("test_")}
         for path, content in o.added_files.items():
@@ -188,6 +199,8 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: Bench) -> None:
         return
     if o.generator == "variant-search" and o.status != "accepted":
         return
+    if stepped_aside(o, entry_dir):
+        return  # another patch than the entry's (its kernels stepped aside under compile)
     vs = bench.gpu.variant_search.get(o.hardware) if bench.gpu else None
     if o.generator == "replay" and vs is not None and vs.run_id == o.run_id and vs.adopted:
         return  # this run's tuned variant replaced the patch the plain replay was validated on

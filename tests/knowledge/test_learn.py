@@ -180,3 +180,28 @@ def test_a_store_checks_gpu_rejection_is_a_caveat_until_accepted(entry, tmp_path
     assert "eager 1.002x (base 551.0 -> 531.7 ms per step" in lesson.body and "inside the measurement noise" in lesson.body
     accepted = WorkloadVerdict.from_verdict(gpu_verdict().to_json())
     assert learn.check_lesson(entry, "flux2", "h200", accepted, "c", lessons) is None and not f.exists()
+
+
+def test_a_verdict_with_kernels_aside_under_compile_is_not_the_entrys(entry, tmp_path):
+    """A replay or tuned variant whose kernels stepped aside under torch.compile (replay.under_compile)
+    is another patch than the entry's: its GPU verdict is not recorded as the entry's and the entry
+    does not adopt its sources, so a later run that keeps the op cannot reuse or inherit it."""
+    store, lessons = entry.path.parent, tmp_path / "lessons"
+    entry.bench_path.unlink(missing_ok=True)
+    old_patch = entry.patch_path.read_text()
+    aside_patch = old_patch.replace('UNDER_COMPILE = "op"', 'UNDER_COMPILE = "reference"')
+    assert aside_patch != old_patch
+    verdict = gpu_verdict(base_ms=(550.0,), candidate_ms=(524.0,), speedup=1.05).to_json()
+    learn.learn(_replayed("accepted", verdict=verdict, patch=aside_patch), store_dir=store, lessons_dir=lessons)
+    assert "validation" not in (json.loads(entry.bench_path.read_text()).get("gpu") or {})
+    kernel = next(p for p in entry.path.glob("*.py") if not p.name.startswith("test_"))
+    src = kernel.read_text()
+    o = _replayed("accepted", generator="variant-search", candidate_id="variant-flux2-swiglu", patch=aside_patch,
+                  added_files={f"src/diffusers/models/optbot_kernels/{kernel.name}": src.replace('"op"', '"reference"')},
+                  verdict=verdict, config="block_n=2048,num_warps=8")
+    learn.learn(o, store_dir=store, lessons_dir=lessons)
+    assert entry.patch_path.read_text() == old_patch and kernel.read_text() == src
+    assert json.loads(entry.bench_path.read_text())["gpu"]["variant_search"]["h200"]["adopted"] is False
+    # the same verdict of the entry's own patch is recorded, as before
+    learn.learn(_replayed("accepted", verdict=verdict, patch=old_patch), store_dir=store, lessons_dir=lessons)
+    assert json.loads(entry.bench_path.read_text())["gpu"]["validation"]["workloads"]["flux2"]
