@@ -29,9 +29,8 @@ from bot.generate.commits import commit_all, run_git
 from bot.hardware import hardware_name
 from bot.knowledge.records import bench_file, read_bench
 from bot.knowledge.review import declined
-from bot.knowledge.store import UNUSABLE, Entry, load_store, patch_added_files
-
-ASIDE_LINE = 'UNDER_COMPILE = "op"'
+from bot.knowledge.store import (UNDER_COMPILE_OP, UNDER_COMPILE_REFERENCE, UNUSABLE, Entry, load_store,
+                                 patch_added_files)
 
 
 @dataclass
@@ -91,10 +90,10 @@ def _step_aside(wt: Path, entry: Entry) -> str:
     files = [wt / f for f in patch_added_files(entry.patch_path.read_text()) if Path(f).name in names]
     for f in files:
         text = f.read_text()
-        if text.count(ASIDE_LINE) != 1:
-            return f"{f.name} has no single `{ASIDE_LINE}` line"
+        if text.count(UNDER_COMPILE_OP) != 1:
+            return f"{f.name} has no single `{UNDER_COMPILE_OP}` line"
     for f in files:
-        f.write_text(f.read_text().replace(ASIDE_LINE, 'UNDER_COMPILE = "reference"'))
+        f.write_text(f.read_text().replace(UNDER_COMPILE_OP, UNDER_COMPILE_REFERENCE))
     return "" if files else "the patch adds none of the entry's kernel files"
 
 

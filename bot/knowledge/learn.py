@@ -24,6 +24,7 @@ import yaml
 from bot.knowledge.lessons import write_lesson
 from bot.knowledge.location import locate
 from bot.knowledge.review import entry_patch
+from bot.knowledge.store import UNDER_COMPILE_REFERENCE
 from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, load_bench,
                                    now, patch_file_sha256, record_search, save_bench)
 
@@ -159,15 +160,12 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
-ASIDE = 'UNDER_COMPILE = "reference"'
-
-
 def stepped_aside(o: Outcome, entry_dir: Path) -> bool:
     """Whether the validated commit had the entry's kernels step aside under torch.compile where
     the entry's own patch does not (bot/generate/replay.under_compile): a choice for one hardware's
     recorded microbenchmark, so it is neither the entry's verdict nor a source the entry adopts."""
     own = entry_dir / "patch.diff"
-    return ASIDE in o.patch and not (own.is_file() and ASIDE in own.read_text())
+    return UNDER_COMPILE_REFERENCE in o.patch and not (own.is_file() and UNDER_COMPILE_REFERENCE in own.read_text())
 
 
 def adopt_variant(o: Outcome, entry_dir: Path) -> None:

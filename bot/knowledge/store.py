@@ -288,6 +288,12 @@ def find_entries(kind: str | None, engine: str | None = None, hardware: str | No
             and (include_rejected or e.status not in UNUSABLE)]
 
 
+# A store kernel file's switch for torch.compile (docs/store.md): the line every kernel file holds,
+# and the line the replay writes where the kernel should step aside for inductor.
+UNDER_COMPILE_OP = 'UNDER_COMPILE = "op"'
+UNDER_COMPILE_REFERENCE = 'UNDER_COMPILE = "reference"'
+
+
 def patch_added_files(patch_text: str) -> list[str]:
     """Paths of the files a unified diff creates (``--- /dev/null``)."""
     out, prev_null = [], False
