@@ -150,3 +150,28 @@ class Clamped(nn.Module):
         return self.proj(g)
 
     example = staticmethod(_inputs)
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        y = x * torch.sigmoid(x) * x
+        return y
+
+
+class SharedStatement(nn.Module):
+    """One module class at two module paths (FLUX.2's SwiGLU in ff and ff_context): two
+    opportunities, one engine statement; the template writes it once."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.img_gate = Gate()
+        self.txt_gate = Gate()
+        self.img_proj = nn.Linear(d, d)
+        self.txt_proj = nn.Linear(d, d)
+
+    def forward(self, pixels, words):
+        a = self.img_gate(self.img_proj(pixels))
+        b = self.txt_gate(self.txt_proj(pixels))
+        return a + b
+
+    example = staticmethod(_inputs)

@@ -259,3 +259,20 @@ def test_two_template_commits_of_one_file_stack(engine, tmp_path):
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(eval(proc.stdout.strip().splitlines()[-1])) == 2
+
+
+def test_one_statement_at_two_module_paths_is_written_once(engine, tmp_path):
+    """SharedStatement runs Gate.forward's line as img_gate and as txt_gate: two chain
+    opportunities, one rewrite; the second is `duplicate`, names the first, and leaves no worktree."""
+    graph, opps = _analyze(engine, "SharedStatement", tmp_path)
+    chains = [o for o in opps if o.kind == "fuse-elementwise-chain" and o.location.module_pattern in ("img_gate", "txt_gate")]
+    assert {o.location.module_pattern for o in chains} == {"img_gate", "txt_gate"}
+    res = generate_templates(engine, graph, chains, _ctx(tmp_path))
+    by = {r.status: r for r in res}
+    # (the third, the sum `a + b` in a return, is refused on its own)
+    assert sorted(r.status for r in res if r.status != "refused") == ["candidate", "duplicate"], \
+        [(r.status, r.reason) for r in res]
+    assert f"template-{by['candidate'].opportunity_id} rewrites" in by["duplicate"].reason
+    assert not by["duplicate"].worktree and by["duplicate"].candidate is None
+    wts = git.Repo(engine.repo_path).git.worktree("list")
+    assert f"template-{by['duplicate'].opportunity_id}" not in wts

@@ -32,7 +32,7 @@ GENERATOR = "template"
 @dataclass
 class TemplateResult:
     opportunity_id: str
-    status: str  # candidate | refused | covered | error
+    status: str  # candidate | refused | covered | duplicate | error
     reason: str
     candidate: Candidate | None = None
     entry_dir: Path | None = None
@@ -65,6 +65,10 @@ def generate_templates(checkout: EngineCheckout, graph: Graph, opportunities: li
                        ctx: TemplateContext) -> list[TemplateResult]:
     out: list[TemplateResult] = []
     taken: set[str] = set()
+    # (engine file, line) of every statement a candidate rewrote -> that opportunity: opportunities at
+    # different module patterns often run one statement (FLUX.2's three SwiGLU sites are one
+    # Flux2SwiGLU.forward line), and a second rewrite of it is the same change validated again
+    written: dict[tuple[str, int], str] = {}
     for opp in opportunities:
         if opp.kind not in KINDS:
             continue
@@ -74,14 +78,14 @@ def generate_templates(checkout: EngineCheckout, graph: Graph, opportunities: li
         try:
             p = lift(graph, opp, instances(graph, opp)[0])
             e = emit(p)
-            out.append(_commit(checkout, opp, p, e, ctx, taken))
+            out.append(_commit(checkout, opp, p, e, ctx, taken, written))
         except Refused as why:
             out.append(TemplateResult(opp.id, "refused", str(why)))
     return out
 
 
 def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, ctx: TemplateContext,
-            taken: set[str]) -> TemplateResult:
+            taken: set[str], written: dict[tuple[str, int], str]) -> TemplateResult:
     wt = add_worktree(checkout, f"template-{opp.id}")
     root = wt / checkout.import_root if checkout.import_root else wt
     try:
@@ -89,6 +93,11 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     except Refused:
         remove_worktree(checkout, wt)  # nothing was written: no worktree left behind for a refusal
         raise
+    first = written.setdefault((rw.engine_file, rw.line), opp.id)
+    if first != opp.id:
+        remove_worktree(checkout, wt)
+        return TemplateResult(opp.id, "duplicate", f"{rw.engine_file}:{rw.line} is the statement template-{first} "
+                              "rewrites: one kernel there serves both", program=describe(p))
     (root / rw.engine_file).write_text(rw.source)
     kfile = root / rw.kernel_file
     kfile.parent.mkdir(parents=True, exist_ok=True)
