@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bot.analyze.opportunity import Opportunity
 from bot.generate.candidate import Candidate
@@ -162,7 +163,7 @@ def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
         if r.candidate is not None:
             _add(ctx, res, r.candidate, opps)
             notes.append(f"template {r.opportunity_id}: {r.program}: {r.reason}; entry files {r.entry_dir}")
-        elif r.status in ("covered", "duplicate"):
+        elif r.status in ("covered", "duplicate", "small"):
             notes.append(f"template {r.opportunity_id}: skipped, {r.reason}")
         else:
             notes.append(f"template {r.opportunity_id}: {r.status}: {r.reason} (left to the agent)")
@@ -233,31 +234,39 @@ def _compile_region(ctx: RunContext, replayed: list, opps: list[Opportunity], re
     return f"compile region: {c.title}"
 
 
+def agent_task(ctx: RunContext, opp: dict, *, store_dir: Path | None = None, lessons_dir: Path | None = None):
+    """The AgentTask for one opportunity (its JSON) of this run: what the agents of a generation
+    share. store_dir / lessons_dir replace the run's knowledge (benchmarks/agent_prompt.py)."""
+    from bot.generate.agent.brief import graph_file_of
+    from bot.generate.agent.loop import AgentTask
+    from bot.generate.agent.validation import ValidationContext
+
+    t = ctx.target
+    work = ctx.run_dir / "agent"
+    knowledge = ctx.knowledge()
+    store = store_dir or knowledge.kernel_store
+    return AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
+                     vctx=ValidationContext.from_target(t, work / "validation", kernel_store=store),
+                     opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
+                     profile=ctx.results.profile.load(), lessons_dir=lessons_dir or knowledge.lessons, store_dir=store,
+                     graph_file=graph_file_of(ctx.run_dir))
+
+
 def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     """The Anthropic agent on the best-ranked opportunity no other candidate covers. Off without
     ANTHROPIC_API_KEY; the run's budget (--budget) caps its spend in USD and in wall seconds."""
     if not os.environ.get("ANTHROPIC_API_KEY"):
         return "agent: off (no ANTHROPIC_API_KEY)"
-    from bot.generate.agent.brief import graph_file_of
     from bot.generate.agent.config import AgentConfig
-    from bot.generate.agent.loop import AgentTask
     from bot.generate.agent.parallel import generate
-    from bot.generate.agent.validation import ValidationContext
 
-    t = ctx.target
     covered = {c.opportunity_id for c in res.candidates}
     todo = [o for o in opps if o.id not in covered and o.generator in ("agent", "")] or \
            [o for o in opps if o.id not in covered]
     if not todo:
         return "agent: every opportunity already has a candidate"
     opp = todo[0].to_json()
-    work = ctx.run_dir / "agent"
-    knowledge = ctx.knowledge()
-    task = AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
-                     vctx=ValidationContext.from_target(t, work / "validation", kernel_store=knowledge.kernel_store),
-                     opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
-                     profile=ctx.results.profile.load(), lessons_dir=knowledge.lessons, store_dir=knowledge.kernel_store,
-                     graph_file=graph_file_of(ctx.run_dir))
+    task = agent_task(ctx, opp)
     cfg = AgentConfig.from_env()
     if ctx.options.budget_cost_usd is not None:
         cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)

@@ -112,7 +112,7 @@ def _analyze(checkout: EngineCheckout, cls: str, tmp_path: Path):
 def _ctx(tmp_path: Path, covered=frozenset()) -> TemplateContext:
     return TemplateContext(workload="toy", engine="toy", engine_source="git:toy", hardware="cpu",
                            run_id="20261201-000000-optimize-abc123", entries_dir=tmp_path / "entries",
-                           covered=frozenset(covered))
+                           covered=frozenset(covered), min_gain_pct=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +204,26 @@ def test_covered_opportunity_is_skipped(engine, tmp_path):
     assert res.status == "covered" and res.candidate is None
 
 
+def test_an_opportunity_under_the_validators_resolution_is_not_written(engine, tmp_path):
+    """Estimated under MIN_GAIN_PCT of the step: `small`, with the estimate in the reason, no commit."""
+    import dataclasses
+
+    from bot.generate.template.generator import MIN_GAIN_PCT
+
+    graph, opps = _analyze(engine, "Chain", tmp_path)
+    opp = next(o for o in opps if o.kind == "fuse-elementwise-chain")
+    small = dataclasses.replace(opp, gain_pct=MIN_GAIN_PCT / 2)
+    (res,) = generate_templates(engine, graph, [small], dataclasses.replace(_ctx(tmp_path), min_gain_pct=MIN_GAIN_PCT))
+    assert res.status == "small" and res.candidate is None and f"under {MIN_GAIN_PCT}%" in res.reason
+    big = dataclasses.replace(opp, gain_pct=MIN_GAIN_PCT * 2)
+    (res,) = generate_templates(engine, graph, [big], dataclasses.replace(_ctx(tmp_path / "b"), min_gain_pct=MIN_GAIN_PCT))
+    assert res.status == "candidate", res.reason
+
+
 def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypatch):
     """bot/steps/generate._template: reads the run's graph, adds the candidate, and skips an
     opportunity a replayed entry covers, with a note each."""
+    import dataclasses
     from types import SimpleNamespace
 
     from bot.run.context import Budget, RunContext, RunOptions
@@ -222,7 +239,9 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     ctx._target = SimpleNamespace(device="cpu", dtype="float32", preset="tiny", engine_name="toy",
                                   workload=SimpleNamespace(name="toy", default_engine="toy"), checkout=engine)
     monkeypatch.setattr(RunContext, "hardware", lambda self: "cpu")
-    chain = [o for o in opps if o.kind == "fuse-elementwise-chain"]
+    # the toy's chain is a sliver of a CPU step; as a share of the step the analyzer could find it
+    # big (a real model's), so the step's MIN_GAIN_PCT rule passes it
+    chain = [dataclasses.replace(o, gain_pct=5.0) for o in opps if o.kind == "fuse-elementwise-chain"]
     res = generate.Result("done", "")
     notes = generate._template(ctx, [], chain, res)
     assert [c.generator for c in res.candidates] == ["template"] and res.candidates[0].opportunity_id == chain[0].id

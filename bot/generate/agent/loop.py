@@ -57,6 +57,18 @@ class AgentTask:
                 "hardware": self.hardware}
 
 
+def first_request(task: AgentTask, strategy: str, brief, feedback: str = "") -> tuple[list[dict], list[dict], list[dict]]:
+    """(tools, system blocks, messages) of an agent's first request: what it is told before its
+    first turn. benchmarks/agent_prompt.py renders the same for docs (docs/generate.md)."""
+    knowledge = prompts.knowledge_block(task.opportunity.get("kind"), task.engine, task.hardware,
+                                        task.vctx.target.workload.name, lessons_dir=task.lessons_dir,
+                                        store_dir=task.store_dir)
+    tools = copy.deepcopy(TOOL_SPECS)
+    tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
+    system = prompts.system_blocks(knowledge)
+    return tools, system, [{"role": "user", "content": prompts.task_message(strategy, brief, task.target_info(), feedback)}]
+
+
 @dataclass
 class AgentResult:
     name: str
@@ -221,13 +233,7 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     best = Best()
     ws = Workspace(wt, _hooks(task, wt, result, strategy, brief, best, budget, cfg))
 
-    knowledge = prompts.knowledge_block(task.opportunity.get("kind"), task.engine, task.hardware,
-                                        task.vctx.target.workload.name, lessons_dir=task.lessons_dir,
-                                        store_dir=task.store_dir)
-    tools = copy.deepcopy(TOOL_SPECS)
-    tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
-    system = prompts.system_blocks(knowledge)
-    messages: list[dict] = [{"role": "user", "content": prompts.task_message(strategy, brief, task.target_info(), feedback)}]
+    tools, system, messages = first_request(task, strategy, brief, feedback)
     transcript.write("start", agent=name, strategy=strategy, model=cfg.model, worktree=str(wt), start_ref=start_ref,
                      budgets={"turns": cfg.max_turns, "tokens": cfg.max_tokens, "usd_pool": cfg.max_cost_usd,
                               "wall_s_pool": pool.max_wall_s})

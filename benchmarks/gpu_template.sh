@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue 22's check: `optbot optimize WL` with the agent off and the store emptied of every entry for
+# WL, so that whatever it delivers comes from template-generated kernels (bot/generate/template/).
+#
+#   bash benchmarks/gpu_template.sh WORKLOAD [RUN_ID]      # on the H200 (repo root, .whl/ carried)
+#   DEVICE=cpu bash benchmarks/gpu_template.sh flux2       # the same on CPU (tiny preset)
+#
+# The knowledge copy: kernel_store/ and lessons/ of this tree, less the entries whose `workloads`
+# name WL, as a git repository in /tmp (the knowledge PR's branch needs one). Lessons stay: they are
+# what a new workload would start from too. A second call with RUN_ID resumes a paused run (the
+# copy is kept on a warm machine). Results (the run's step JSONs, report, the template entries, the
+# branch as patches) go under $OUT.
+set -uo pipefail
+wl="${1:?workload}"
+resume="${2:-}"
+DEVICE="${DEVICE:-cuda}"
+OUT="${OUT:-benchmarks/results/template-$wl-$(date +%Y%m%d)}"
+LIMIT="${LIMIT:-560}"
+mkdir -p "$OUT"
+if [[ "$DEVICE" == cuda* && -z "${OPTBOT_WHEELS_INSTALLED:-}" && ! -d /tmp/site/git ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+[[ -d /tmp/site ]] && export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1 OPTBOT_RUNS_DIR="${OPTBOT_RUNS_DIR:-$PWD/.optbot/runs}"
+mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/diffusers-*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
+K="${KNOWLEDGE:-/tmp/knowledge-without-$wl}"
+if [[ -z "$resume" ]]; then
+  rm -rf "$K" && mkdir -p "$K" && cp -r kernel_store lessons "$K/"
+  python3 - "$K" "$wl" <<'PY' | tee "$OUT/knowledge.txt"
+import shutil, sys, pathlib, yaml
+k, wl = pathlib.Path(sys.argv[1]), sys.argv[2]
+for f in sorted((k / "kernel_store").glob("*/entry.yaml")):
+    if wl in ((yaml.safe_load(f.read_text()) or {}).get("workloads") or []):
+        shutil.rmtree(f.parent)
+        print(f"store emptied for {wl}: removed {f.parent.name}")
+print("kept:", ", ".join(sorted(p.parent.name for p in (k / "kernel_store").glob("*/entry.yaml"))) or "nothing")
+PY
+  git -C "$K" init -q && git -C "$K" add -A && git -C "$K" -c user.name=optbot -c user.email=optbot@localhost commit -qm "knowledge without $wl"
+fi
+export OPTBOT_KNOWLEDGE_PATH="$K"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
+start=$(date +%s)
+if [[ -n "$resume" ]]; then
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --pause-after "$((LIMIT - 90))s" \
+    --json "$OUT/optimize-$wl.json" 2>&1 | tee -a "$OUT/optimize-$wl.txt"
+else
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --device "$DEVICE" --dry-run --generators "${GENERATORS:-replay,template}" \
+    --pause-after "$((LIMIT - 90))s" ${ITERS:+--iters $ITERS} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
+fi
+rc=${PIPESTATUS[0]}
+echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"
+run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
+if [[ -n "$run" ]]; then
+  mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$OUT/run/" 2>/dev/null
+  rm -f "$OUT/run/analysis.full.json"  # the full analysis is large; analysis.json holds the ranking
+  [[ -d "$run/template" ]] && cp -r "$run/template" "$OUT/run/"
+  python3 - "$run" <<'PY' | tee -a "$OUT/steps.txt"
+import json, sys, pathlib
+st = json.loads((pathlib.Path(sys.argv[1]) / "state.json").read_text())
+print(f"run {st['run_id']}: finished={st['finished']} attempts={st['attempts']}")
+for name, s in st["steps"].items():
+    print(f"  {name:<9} {s['status']:<8} {s['seconds']:8.1f} s  {s['summary'][:140]}")
+if not st["finished"]:
+    print(f"continue with: bash benchmarks/gpu_template.sh {st['workload']} {st['run_id']}")
+PY
+  # what the agent would be told for the run's top opportunity, with the full store (docs/generate.md)
+  [[ -f "$run/analysis.full.json" && ! -f "$OUT/agent-prompt-$wl.md" ]] && \
+    python3 benchmarks/agent_prompt.py "$(basename "$run")" --store "$PWD/kernel_store" --lessons "$PWD/lessons" \
+      --out "$OUT/agent-prompt-$wl.md" 2>&1 | tail -1
+fi
+exit $rc
