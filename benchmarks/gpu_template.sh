@@ -45,7 +45,7 @@ if [[ -n "$resume" ]]; then
     --json "$OUT/optimize-$wl.json" 2>&1 | tee -a "$OUT/optimize-$wl.txt"
 else
   timeout "$LIMIT" python3 -m bot optimize "$wl" --device "$DEVICE" --dry-run --generators "${GENERATORS:-replay,template}" \
-    --pause-after "$((LIMIT - 90))s" ${ITERS:+--iters $ITERS} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
+    --pause-after "$((LIMIT - 90))s" ${ITERS:+--iters $ITERS} ${ABLATION:+--ablation-rounds $ABLATION} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
 fi
 rc=${PIPESTATUS[0]}
 echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"

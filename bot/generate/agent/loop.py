@@ -15,8 +15,8 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anthropic
 
 from bot.errors import OptbotError
 from bot.generate.agent import prompts
@@ -33,6 +33,9 @@ from bot.knowledge import store
 from bot.knowledge.check import run_kernel_test
 from bot.knowledge.prompt import store_entry_text
 from bot.validate.verdict import Verdict
+
+if TYPE_CHECKING:  # the client is only needed to run an agent, not to build its prompt (benchmarks/agent_prompt.py)
+    import anthropic
 
 
 @dataclass
@@ -222,6 +225,8 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
               *, name: str | None = None, start_ref: str | None = None, feedback: str = "",
               log=print) -> AgentResult:
     from bot.engine import add_worktree
+
+    import anthropic
 
     name = name or strategy
     wt = add_worktree(task.checkout, f"agent-{task.run_id}-{name}", ref=start_ref)

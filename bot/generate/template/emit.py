@@ -176,8 +176,8 @@ def _module(p: Program, name: str, reduces: bool) -> str:
            f"    {name}({args}) -> [..., N], N = {p.n} where captured\n"
            + "".join(f"    {i.name}: {i.role} {list(i.shape)} ({i.dtype}), graph value {i.value}\n" for i in p.inputs)
            + f"\nReplaces graph ops {p.op_ids} ({p.src or ', '.join(p.srcs)}). Dispatch: Triton on CUDA tensors and on\n"
-           "CPU under TRITON_INTERPRET=1, else the torch reference. The registered op optbot::" + name + " is\n"
-           "called only under torch.compile. No `from __future__ import annotations`: custom_op reads the\n"
+           "CPU under TRITON_INTERPRET=1, else the torch reference; under torch.compile the reference (UNDER_COMPILE),\n"
+           "or the registered op optbot::" + name + " with UNDER_COMPILE = \"op\". No `from __future__ import annotations`: custom_op reads the\n"
            'annotations as types.\n"""')
     cfg_default = "num_warps: int = 4" if reduces else "block_n: int = 1024, num_warps: int = 4"
     cfg_call = "int(num_warps)" if reduces else "int(block_n), int(num_warps)"
@@ -211,8 +211,19 @@ if triton is not None:
 {_kernel(p, name, reduces)}
 
 
+# Under torch.compile the kernel steps aside and the reference's ops run, which inductor fuses into
+# one kernel of its own: these are the pointwise / row chains inductor generates best, and as a
+# registered op the kernel also keeps inductor from fusing it with its neighbours (FLUX.2's SwiGLU
+# on the H200, 2026-12-02: eager 1.034x, compile 0.989x with the op). "op" calls the registered op.
+UNDER_COMPILE = "reference"
+
+
+def _aside() -> bool:
+    return UNDER_COMPILE == "reference" and torch.compiler.is_compiling()
+
+
 def _use_triton(x: torch.Tensor) -> bool:
-    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return not _aside() and triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _out_dtype({args}) -> torch.dtype:
