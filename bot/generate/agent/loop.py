@@ -208,7 +208,10 @@ def _with_moving_breakpoint(messages: list[dict]) -> list[dict]:
 
 def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropic.Anthropic, pool: CostPool,
               *, name: str | None = None, start_ref: str | None = None, feedback: str = "",
-              log=print) -> AgentResult:
+              findings: str = "", sample: int = 1, samples: int = 1, log=print) -> AgentResult:
+    """One agent of `strategy` (sample `sample` of `samples` of it), in its own worktree at `start_ref`
+    (default: the base); `feedback` (the verdict of the candidate it starts from) and `findings` (what
+    the other agents found) go in its first message."""
     from bot.engine import add_worktree
 
     name = name or strategy
@@ -227,8 +230,10 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     tools = copy.deepcopy(TOOL_SPECS)
     tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
     system = prompts.system_blocks(knowledge)
-    messages: list[dict] = [{"role": "user", "content": prompts.task_message(strategy, brief, task.target_info(), feedback)}]
-    transcript.write("start", agent=name, strategy=strategy, model=cfg.model, worktree=str(wt), start_ref=start_ref,
+    messages: list[dict] = [{"role": "user", "content": prompts.task_message(
+        strategy, brief, task.target_info(), feedback, sample=sample, samples=samples, findings=findings)}]
+    transcript.write("start", agent=name, strategy=strategy, sample=sample, samples=samples, model=cfg.model,
+                     worktree=str(wt), start_ref=start_ref,
                      budgets={"turns": cfg.max_turns, "tokens": cfg.max_tokens, "usd_pool": cfg.max_cost_usd,
                               "wall_s_pool": pool.max_wall_s})
     last_text = ""
