@@ -4,7 +4,8 @@ The generators (bot/generate/), in order: store replay (every matching kernel_st
 template generator (opt-in: `--generators ...,template`; norm + elementwise and elementwise chains
 written by rule, skipped where a replayed entry covers the opportunity), variant
 search (a replayed entry's config space, on a GPU), compile region (the hot repeated blocks under
-torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY). What the knowledge holds
+torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY; on the uncovered
+opportunities in rank order while its budget lasts). What the knowledge holds
 for this run (bot/knowledge/recall.py) decides what is not generated again: a known-rejected entry
 is skipped, an entry a person declined in review (unchanged patch, same engine and workload) is not
 proposed again, a searched config space is not searched again, a learned compile region is replayed.
@@ -92,7 +93,7 @@ def run(ctx: RunContext) -> Result:
         res.notes.append("variant search: not selected (--generators)")
     res.notes.append(_compile_region(ctx, replayed, opps, res) if "compile-region" in gens
                      else "compile region: not selected (--generators)")
-    res.notes.append(_agent(ctx, opps, res) if "agent" in gens else "agent: not selected (--generators)")
+    res.notes += _agent(ctx, opps, res) if "agent" in gens else ["agent: not selected (--generators)"]
     if ctx.budget.exhausted():
         res.notes.append("wall-time budget spent during generation")
     if res.candidates:
@@ -234,9 +235,11 @@ def _compile_region(ctx: RunContext, replayed: list, opps: list[Opportunity], re
     return f"compile region: {c.title}"
 
 
-def agent_task(ctx: RunContext, opp: dict, *, store_dir: Path | None = None, lessons_dir: Path | None = None):
+def agent_task(ctx: RunContext, opp: dict, *, vctx=None, store_dir: Path | None = None,
+               lessons_dir: Path | None = None):
     """The AgentTask for one opportunity (its JSON) of this run: what the agents of a generation
-    share. store_dir / lessons_dir replace the run's knowledge (benchmarks/agent_prompt.py)."""
+    share. `vctx` is a ValidationContext to share between opportunities (the base side's cache and
+    the verdicts); store_dir / lessons_dir replace the run's knowledge (benchmarks/agent_prompt.py)."""
     from bot.generate.agent.brief import graph_file_of
     from bot.generate.agent.loop import AgentTask
     from bot.generate.agent.validation import ValidationContext
@@ -245,18 +248,25 @@ def agent_task(ctx: RunContext, opp: dict, *, store_dir: Path | None = None, les
     work = ctx.run_dir / "agent"
     knowledge = ctx.knowledge()
     store = store_dir or knowledge.kernel_store
-    return AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout,
-                     vctx=ValidationContext.from_target(t, work / "validation", kernel_store=store),
-                     opportunity=opp, engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
+    vctx = vctx or ValidationContext.from_target(t, work / "validation", kernel_store=store)
+    return AgentTask(run_id=ctx.run_id, run_dir=work, checkout=t.checkout, vctx=vctx, opportunity=opp,
+                     engine=t.engine_name or t.workload.default_engine, hardware=ctx.hardware(),
                      profile=ctx.results.profile.load(), lessons_dir=lessons_dir or knowledge.lessons, store_dir=store,
                      graph_file=graph_file_of(ctx.run_dir))
 
 
-def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
-    """The Anthropic agent on the best-ranked opportunity no other candidate covers. Off without
-    ANTHROPIC_API_KEY; the run's budget (--budget) caps its spend in USD and in wall seconds."""
+def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
+    """The Anthropic agent on the opportunities no other candidate covers, in rank order, one
+    generation each (bot/generate/agent/parallel.generate), while the budgets last: the USD budget
+    (--budget's cost, else OPTBOT_AGENT_MAX_COST) and the wall time (what is left of --budget, and of
+    OPTBOT_AGENT_MAX_WALL_S) are for all of them, each opportunity getting what the earlier ones left;
+    at most AgentConfig.max_opportunities. Every opportunity's best candidate is added; the failed
+    attempts besides it are kept for learn. Off without ANTHROPIC_API_KEY. One note per opportunity,
+    and one saying why the loop stopped when opportunities were left."""
     if not os.environ.get("ANTHROPIC_API_KEY"):
-        return "agent: off (no ANTHROPIC_API_KEY)"
+        return ["agent: off (no ANTHROPIC_API_KEY)"]
+    import time
+
     from bot.generate.agent.config import AgentConfig
     from bot.generate.agent.parallel import generate
 
@@ -264,22 +274,60 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> str:
     todo = [o for o in opps if o.id not in covered and o.generator in ("agent", "")] or \
            [o for o in opps if o.id not in covered]
     if not todo:
-        return "agent: every opportunity already has a candidate"
-    opp = todo[0].to_json()
-    task = agent_task(ctx, opp)
+        return ["agent: every opportunity already has a candidate"]
+    from bot.generate.agent.validation import ValidationContext
+
+    t = ctx.target
+    # one validation context for all opportunities: the base side's cache and the verdicts are shared
+    vctx = ValidationContext.from_target(t, ctx.run_dir / "agent" / "validation", kernel_store=ctx.knowledge().kernel_store)
     cfg = AgentConfig.from_env()
-    if ctx.options.budget_cost_usd is not None:
-        cfg = dataclasses.replace(cfg, max_cost_usd=ctx.options.budget_cost_usd)
-    left = ctx.budget.remaining_s()
-    if left is not None:  # the agents stop, with their best snapshots, when the run's wall time is spent
-        cfg = dataclasses.replace(cfg, max_wall_s=min(max(0.0, left), cfg.max_wall_s or float("inf")))
-    g = generate(task, cfg, log=ctx.log)
-    res.agent_cost_usd += g.spend.cost_usd
-    res.attempts += [Attempt(r.candidate, r.verdict) for r in g.results
-                     if r is not g.best and r.candidate is not None and r.verdict is not None
-                     and r.verdict.status != "accepted"]
-    note = f"agent on {opp.get('kind')} {opp.get('id')}: {len(g.results)} agents, spend {g.spend.to_json()}"
-    if g.best is not None and g.best.candidate is not None:
-        c = _add(ctx, res, g.best.candidate, opps)
-        return note + f"; best {g.best.name} -> candidate {c.commit_sha[:12]}"
-    return note + "; no candidate"
+    total_usd = ctx.options.budget_cost_usd if ctx.options.budget_cost_usd is not None else cfg.max_cost_usd
+    started, spent, notes = time.monotonic(), 0.0, []
+    for i, o in enumerate(todo, 1):
+        left_usd = total_usd - spent
+        wall = ctx.budget.remaining_s()  # the agents stop, with their best snapshots, when it is spent
+        if cfg.max_wall_s is not None:
+            own = cfg.max_wall_s - (time.monotonic() - started)
+            wall = own if wall is None else min(wall, own)
+        why = (f"the cap of {cfg.max_opportunities} opportunities is reached (OPTBOT_AGENT_MAX_OPPORTUNITIES)"
+               if i > cfg.max_opportunities else
+               f"the USD budget is spent (${spent:.4f} of ${total_usd:.2f})" if _usd_spent(left_usd, cfg) else
+               "the wall-time budget is spent" if wall is not None and wall <= 0 else "")
+        if why:
+            rest = todo[i - 1:]
+            notes.append(f"agent: stopped after {i - 1} of {len(todo)} opportunities: {why}; not worked: "
+                         + ", ".join(f"{x.kind} {x.id}" for x in rest))
+            break
+        opp = o.to_json()
+        task = agent_task(ctx, opp, vctx=vctx)
+        cfg_i = dataclasses.replace(cfg, max_cost_usd=left_usd,
+                                    max_wall_s=None if wall is None else max(0.0, wall))
+        g = generate(task, cfg_i, log=ctx.log, prefix=f"o{i}-")
+        if g.off:
+            notes.append(f"agent: {g.message}")
+            break
+        spent += g.spend.cost_usd
+        res.agent_cost_usd += g.spend.cost_usd
+        res.attempts += [Attempt(r.candidate, r.verdict) for r in g.results
+                         if r is not g.best and r.candidate is not None and r.verdict is not None
+                         and r.verdict.status != "accepted"]
+        note = (f"agent on opportunity {i} of {len(todo)}, {o.kind} {o.id}: {len(g.results)} agents, "
+                f"${g.spend.cost_usd:.4f} (${spent:.4f} of ${total_usd:.2f} so far), spend {g.spend.to_json()}")
+        if g.rounds_note:
+            note += f"; {g.rounds_note}"
+        if g.best is not None and g.best.candidate is not None:
+            c = _add(ctx, res, g.best.candidate, opps)
+            judged = g.best.verdict.status if g.best.verdict else (g.best.error or "no verdict")
+            note += f"; best {g.best.name} ({judged}) -> candidate {c.commit_sha[:12]}"
+        else:
+            note += "; no candidate"
+        notes.append(note)
+    return notes
+
+
+def _usd_spent(left_usd: float, cfg) -> bool:
+    """Whether what is left of the USD budget buys no agent turn: none left, or under 256 output
+    tokens at the model's output price (the rule each agent's budget stops by)."""
+    if left_usd <= 0:
+        return True
+    return cfg.price.output > 0 and left_usd / cfg.price.output * 1e6 < 256

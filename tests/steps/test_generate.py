@@ -73,8 +73,8 @@ def test_the_agent_gets_the_runs_wall_time_and_its_failed_attempts_are_kept(tmp_
     best, bad, held = agent("fuse", "accepted"), agent("restructure", "rejected"), agent("tile", "held")
     seen = {}
 
-    def fake_generate(task, cfg, log=print):
-        seen["wall"] = cfg.max_wall_s
+    def fake_generate(task, cfg, log=print, prefix=""):
+        seen["wall"], seen["prefix"] = cfg.max_wall_s, prefix
         return parallel.AgentGeneration(results=[best, bad, held, agent("refine", "accepted")], best=best)
 
     monkeypatch.setattr(parallel, "generate", fake_generate)
@@ -87,8 +87,8 @@ def test_the_agent_gets_the_runs_wall_time_and_its_failed_attempts_are_kept(tmp_
     ctx._target.engine_name = "diffusers"
     res = generate.Result("done", "")
     opp = opportunity("fuse-elementwise-chain", id="o1")
-    note = generate._agent(ctx, [opp], res)
-    assert 800 < seen["wall"] <= 900 and "best fuse" in note, note
+    notes = generate._agent(ctx, [opp], res)
+    assert 800 < seen["wall"] <= 900 and seen["prefix"] == "o1-" and len(notes) == 1 and "best fuse" in notes[0], notes
     assert [c.id for c in res.candidates] == ["agent-fuse"]
     assert [(a.candidate.id, a.verdict.status) for a in res.attempts] == [("agent-restructure", "rejected"),
                                                                           ("agent-tile", "held")]

@@ -60,7 +60,8 @@ class AgentTask:
                 "hardware": self.hardware}
 
 
-def first_request(task: AgentTask, strategy: str, brief, feedback: str = "") -> tuple[list[dict], list[dict], list[dict]]:
+def first_request(task: AgentTask, strategy: str, brief, feedback: str = "", *, sample: int = 1, samples: int = 1,
+                  findings: str = "") -> tuple[list[dict], list[dict], list[dict]]:
     """(tools, system blocks, messages) of an agent's first request: what it is told before its
     first turn. benchmarks/agent_prompt.py renders the same for docs (docs/generate.md)."""
     knowledge = prompts.knowledge_block(task.opportunity.get("kind"), task.engine, task.hardware,
@@ -69,7 +70,8 @@ def first_request(task: AgentTask, strategy: str, brief, feedback: str = "") -> 
     tools = copy.deepcopy(TOOL_SPECS)
     tools[-1]["cache_control"] = {"type": "ephemeral"}  # caches the tool definitions
     system = prompts.system_blocks(knowledge)
-    return tools, system, [{"role": "user", "content": prompts.task_message(strategy, brief, task.target_info(), feedback)}]
+    return tools, system, [{"role": "user", "content": prompts.task_message(
+        strategy, brief, task.target_info(), feedback, sample=sample, samples=samples, findings=findings)}]
 
 
 @dataclass
@@ -223,7 +225,10 @@ def _with_moving_breakpoint(messages: list[dict]) -> list[dict]:
 
 def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropic.Anthropic, pool: CostPool,
               *, name: str | None = None, start_ref: str | None = None, feedback: str = "",
-              log=print) -> AgentResult:
+              findings: str = "", sample: int = 1, samples: int = 1, log=print) -> AgentResult:
+    """One agent of `strategy` (sample `sample` of `samples` of it), in its own worktree at `start_ref`
+    (default: the base); `feedback` (the verdict of the candidate it starts from) and `findings` (what
+    the other agents found) go in its first message."""
     from bot.engine import add_worktree
 
     import anthropic
@@ -238,8 +243,10 @@ def run_agent(task: AgentTask, strategy: str, cfg: AgentConfig, client: anthropi
     best = Best()
     ws = Workspace(wt, _hooks(task, wt, result, strategy, brief, best, budget, cfg))
 
-    tools, system, messages = first_request(task, strategy, brief, feedback)
-    transcript.write("start", agent=name, strategy=strategy, model=cfg.model, worktree=str(wt), start_ref=start_ref,
+    tools, system, messages = first_request(task, strategy, brief, feedback, sample=sample, samples=samples,
+                                            findings=findings)
+    transcript.write("start", agent=name, strategy=strategy, sample=sample, samples=samples, model=cfg.model,
+                     worktree=str(wt), start_ref=start_ref,
                      budgets={"turns": cfg.max_turns, "tokens": cfg.max_tokens, "usd_pool": cfg.max_cost_usd,
                               "wall_s_pool": pool.max_wall_s})
     last_text = ""

@@ -1,7 +1,7 @@
 """What the agent is told. The static part (rules, then the lessons and worked store entries that
 match the pattern, engine and workload) is the cached system prompt; the opportunity brief
-(brief.py) and the strategy go in the first user message, so agents of different strategies share
-one cache prefix.
+(brief.py), the strategy, the sample number and (for a refinement) what the other agents found go in
+the first user message, so every agent of a generation shares one cache prefix.
 
 The knowledge block is ranked, then filled: lessons first (caveats first, as lessons.search ranks
 them), then the worked examples (store entries in full: entry.yaml, kernel sources, test_<op>.py,
@@ -143,13 +143,116 @@ def system_blocks(knowledge: str) -> list[dict]:
     ]
 
 
-def task_message(strategy: str, opportunity, target: dict, feedback: str = "") -> str:
-    """The first user message: strategy, the opportunity brief (an OpportunityBrief, or an
-    Opportunity's JSON, briefed without graph or profile), the target."""
+def sample_line(sample: int, samples: int) -> str:
+    """What sets one sample of a strategy apart from the others ("" when the strategy has one)."""
+    if samples <= 1:
+        return ""
+    if sample <= 1:
+        return (f"Sample 1 of {samples} for this strategy: other agents work on the same strategy at the same "
+                "time, each told to take another approach; take the approach you judge most direct.")
+    return (f"Sample {sample} of {samples} for this strategy: take a different approach from the obvious one "
+            "(sample 1 takes that): another decomposition, kernel boundary, memory layout or library call, so "
+            "that the samples together cover more ground.")
+
+
+def task_message(strategy: str, opportunity, target: dict, feedback: str = "", *, sample: int = 1,
+                 samples: int = 1, findings: str = "") -> str:
+    """The first user message: strategy, the sample number (when a strategy has several), the
+    opportunity brief (an OpportunityBrief, or an Opportunity's JSON, briefed without graph or
+    profile), the target; for a refinement the verdict of the candidate it starts from and what the
+    other agents found (`findings`)."""
     strat = STRATEGIES.get(strategy, f"Strategy: {strategy}.")
     brief = opportunity if isinstance(opportunity, OpportunityBrief) else build_brief(opportunity)
-    parts = [strat, "", "# The opportunity (from optbot analyze)", "", brief.render(), "",
-             "Target:", json.dumps(target, indent=1, default=str)]
+    line = sample_line(sample, samples)
+    parts = [strat] + ([line] if line else []) + ["", "# The opportunity (from optbot analyze)", "", brief.render(),
+                                                  "", "Target:", json.dumps(target, indent=1, default=str)]
     if feedback:
         parts += ["", "Verdict of the candidate you start from:", feedback]
+    if findings:
+        parts += ["", findings]
     return "\n".join(parts)
+
+
+FINDINGS_CHARS = 8_000  # the digest of the other agents' findings in a refinement's first message
+
+
+def _first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
+
+
+def _collapse(items: list[str]) -> str:
+    """a, a, b -> "a x2, b": repeats in a row counted, order kept."""
+    out: list[list] = []
+    for it in items:
+        if out and out[-1][0] == it:
+            out[-1][1] += 1
+        else:
+            out.append([it, 1])
+    return ", ".join(t + (f" x{n}" if n > 1 else "") for t, n in out)
+
+
+def finding(r) -> str:
+    """One agent's findings (an AgentResult: bot/generate/agent/loop.py), in a few whole lines: name,
+    strategy, its candidate's verdict line (or why it has none, or why it stopped), its final summary's
+    first line, the validations it asked for and the kernel tests it ran, each with its outcome."""
+    from bot.generate.agent.validation import verdict_line
+
+    if r.candidate is not None and r.verdict is not None:
+        head = f"candidate {verdict_line(r.verdict)}"
+    elif r.candidate is not None:
+        head = f"candidate without a verdict: {_first_line(r.error) or 'not validated'}"
+    else:
+        head = "no candidate (changed nothing)" if not r.stop.startswith("failed") else "no candidate"
+    lines = [f"- {r.name} (strategy {r.strategy}): {head}"]
+    if r.stop:
+        lines.append(f"  stopped: {_first_line(r.stop)}")
+    title = _first_line(r.summary)
+    if title:
+        lines.append(f"  its summary: {title}")
+    if r.candidate is not None and (r.candidate.adds_kernels or r.candidate.removes_kernels):
+        lines.append(f"  declared kernels: adds {', '.join(r.candidate.adds_kernels) or 'none'}; "
+                     f"removes {', '.join(r.candidate.removes_kernels) or 'none'}")
+    vals = [f"{v.get('mode')} " + (f"error: {_first_line(v['error'])}" if v.get("error") else
+                                   str(v.get("status")) + (f" ({v['reason']})" if v.get("reason") else ""))
+            for v in r.validations]
+    if vals:
+        lines.append(f"  validations: {_collapse(vals)}")
+    if r.kernel_tests:
+        by: dict[str, list[dict]] = {}
+        for k in r.kernel_tests:
+            by.setdefault(str(k.get("path")), []).append(k)
+        tests = []
+        for path, runs in by.items():
+            last = runs[-1]
+            outcome = "PASS" if last.get("ok") else "FAIL"
+            why = _first_line(str(last.get("reason") or ""))
+            tests.append(f"{path}: {len(runs)} run{'s' if len(runs) > 1 else ''}, last {outcome}"
+                         + (f" ({why})" if why and not last.get("ok") else ""))
+        lines.append(f"  kernel tests: {'; '.join(tests)}")
+    else:
+        lines.append("  kernel tests: none run")
+    return "\n".join(lines)
+
+
+def findings_digest(results: list, max_chars: int = FINDINGS_CHARS) -> str:
+    """What the other agents of earlier rounds found, strongest first (validation.strength; ties in
+    the order they ran), for a refinement's first message. Each agent goes in whole; when they do not
+    all fit in `max_chars`, the weakest are left out and counted. "" when there are none."""
+    from bot.generate.agent.validation import strength
+
+    if not results:
+        return ""
+    ranked = sorted(results, key=lambda r: strength(r.verdict) if r.candidate is not None else (-2, 0.0),
+                    reverse=True)
+    head = (f"What the other agents found ({len(results)} of the earlier rounds, strongest first; learn from "
+            "their failures and do not repeat them):")
+    kept, used = [], len(head)
+    for r in ranked:
+        text = finding(r)
+        if used + len(text) + 1 > max_chars - 80:  # 80: room for the left-out line
+            break
+        kept.append(text)
+        used += len(text) + 1
+    left = len(ranked) - len(kept)
+    tail = [f"({left} more agent{'s' if left > 1 else ''} left out for space, the weakest)"] if left else []
+    return "\n".join([head] + kept + tail)

@@ -111,7 +111,7 @@ def test_agents_validated_by_the_validator_and_refined(api_env, diffusers_engine
     lines = []
     with MessagesStandin(SCRIPT) as s:
         api_env(s.base_url)
-        cfg = AgentConfig(strategies=("fuse", "tile-tune", "restructure"), rounds=1, max_turns=10)
+        cfg = AgentConfig(strategies=("fuse", "tile-tune", "restructure"), samples=1, rounds=1, max_turns=10)
         gen = generate(task, cfg, log=lines.append)
     assert not s.expect_failures, s.expect_failures
     by = {r.strategy: r for r in gen.results}
