@@ -50,7 +50,7 @@ def main() -> int:
     tools, system, messages = first_request(task, a.strategy, for_task(task))
     t = ctx.target
     head = (f"# What the agent is told: {opp['kind']} {opp['id']} of {t.workload.name} ({t.preset}, {t.device}, "
-            f"{ctx.hardware()})\n\nRendered by `python benchmarks/agent_prompt.py {state.run_id} --strategy {a.strategy}` "
+            f"{ctx.hardware()})\n\nRendered by `python benchmarks/agent_prompt.py {' '.join(sys.argv[1:])}` "
             f"from run {state.run_id} (engine {t.checkout.name} @ {t.checkout.base_sha[:12]}): the first request of "
             f"an agent with strategy `{a.strategy}`, as bot/generate/agent/loop.first_request builds it.\n")
     parts = [head, f"## Tools ({len(tools)})\n", ", ".join(f"`{x['name']}`" for x in tools) + "\n"]

@@ -16,6 +16,9 @@ resume="${2:-}"
 DEVICE="${DEVICE:-cuda}"
 OUT="${OUT:-benchmarks/results/template-$wl-$(date +%Y%m%d)}"
 LIMIT="${LIMIT:-560}"
+# A candidate's validation in the four production modes takes 250-300 s on FLUX.2 full on one H200
+# (2026-12-02) and is never interrupted: pause before starting one that could not finish in $LIMIT.
+PAUSE="${PAUSE:-$((LIMIT - 320))}"
 mkdir -p "$OUT"
 if [[ "$DEVICE" == cuda* && -z "${OPTBOT_WHEELS_INSTALLED:-}" && ! -d /tmp/site/git ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -41,11 +44,11 @@ export OPTBOT_KNOWLEDGE_PATH="$K"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 start=$(date +%s)
 if [[ -n "$resume" ]]; then
-  timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --pause-after "$((LIMIT - 90))s" \
+  timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --pause-after "${PAUSE}s" \
     --json "$OUT/optimize-$wl.json" 2>&1 | tee -a "$OUT/optimize-$wl.txt"
 else
   timeout "$LIMIT" python3 -m bot optimize "$wl" --device "$DEVICE" --dry-run --generators "${GENERATORS:-replay,template}" \
-    --pause-after "$((LIMIT - 90))s" ${ITERS:+--iters $ITERS} ${ABLATION:+--ablation-rounds $ABLATION} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
+    --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} ${ABLATION:+--ablation-rounds $ABLATION} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
 fi
 rc=${PIPESTATUS[0]}
 echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"
@@ -54,6 +57,8 @@ if [[ -n "$run" ]]; then
   mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$OUT/run/" 2>/dev/null
   rm -f "$OUT/run/analysis.full.json"  # the full analysis is large; analysis.json holds the ranking
   [[ -d "$run/template" ]] && cp -r "$run/template" "$OUT/run/"
+  # every verdict reached so far, also when the attempt was cut (validate.json is written at the step's end)
+  for v in "$run"/validate/*/verdict.json; do [[ -f "$v" ]] && cp "$v" "$OUT/run/verdict-$(basename "$(dirname "$v")").json"; done
   python3 - "$run" <<'PY' | tee -a "$OUT/steps.txt"
 import json, sys, pathlib
 st = json.loads((pathlib.Path(sys.argv[1]) / "state.json").read_text())
