@@ -27,7 +27,8 @@ def command():
 
 def _line(lesson) -> str:
     cond = ", ".join(f"{k}={v}" for k, v in lesson.applies_to.items())
-    return f"{lesson.slug:40} {lesson.kind:8} {lesson.confidence:7} {cond}\n    {lesson.title}"
+    seen = f"\n    {lesson.seen_line()}" if lesson.seen_line() else ""
+    return f"{lesson.slug:40} {lesson.kind:8} {lesson.confidence:7} {cond}\n    {lesson.title}{seen}"
 
 
 @command.command("list")

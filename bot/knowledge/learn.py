@@ -301,4 +301,13 @@ def write_outcome_lesson(o: Outcome, lessons_dir: Path, entry_id: str = "") -> P
         confidence = "medium"
     evidence = [f"run:{o.run_id}", f"commit:{o.commit_sha[:12]}"] + ([f"entry:{entry_id}"] if entry_id else [])
     applies = {"pattern": o.kind, "engine": o.engine, "hardware": o.hardware}
-    return write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body)
+    return write_lesson(lessons_dir, slug, kind, applies, evidence, confidence, body, signature=outcome_signature(o, entry_id))
+
+
+def outcome_signature(o: Outcome, entry_id: str = "") -> str:
+    """What makes two runs' outcomes one lesson: the same change (the entry, else its title with
+    shas and numbers taken out) by the same generator, for the same opportunity kind, engine,
+    workload and hardware, with the same result (accepted, or the rejection's reason code)."""
+    what = entry_id or re.sub(r"\b[0-9a-f]{7,40}\b|\d+(\.\d+)?", "#", o.title.lower()).strip()
+    result = "accepted" if o.status == "accepted" else f"{o.status}:{(o.reason or '').split(':')[0].strip()[:40]}"
+    return "|".join([o.generator, o.kind, o.engine, o.workload, o.hardware, what, result])

@@ -8,13 +8,23 @@
     review:        only on a lesson from review of the bot's pull request (bot/knowledge/review.py)
       {repo: O/R, pr: N, state: closed | changes-requested, url, reviewer, reason_sha256,
        proposed: [{candidate, entry, kind, patch_sha256, base_sha, workload, engine, hardware}]}
+    signature:     only on a lesson the learn step wrote: what makes two outcomes the same lesson
+    seen: N        how many runs found it (default 1)
+    first-seen, last-seen: YYYY-MM-DD
     ---
     Short body: what was tried, what happened, why.
+
+Merged by signature: a lesson written with the signature of one already in the folder updates that
+file (the newest body, the evidence of both, seen + 1, last-seen today) instead of adding a second;
+the same run writing it again (a resumed learn step) counts once. Aged by last-seen: a lesson not
+seen for STALE_DAYS ranks after the fresh ones in `search` and says so in the agent's prompt; a
+lesson without dates (written by a person) does not age.
 
 Where the lessons are comes from location.py: a `root` of None below means its lessons folder.
 """
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +44,8 @@ _HEX = re.compile(r"^[0-9a-f]*$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]*$")
 _ENGINE = re.compile(r"^[A-Za-z0-9._/+~-]*$")  # an engine name, or the path a development run named
 _REPO = re.compile(r"^[A-Za-z0-9-]+/[A-Za-z0-9._-]+$")
+STALE_DAYS = 90  # a generated lesson not seen again for this long ranks after the fresh ones
+MAX_EVIDENCE = 12  # a merged lesson keeps the newest evidence items
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,27 @@ class Lesson:
     body: str
     path: Path = field(default=Path())
     review: Review | None = None
+    signature: str = ""
+    seen: int = 1
+    first_seen: str = ""  # YYYY-MM-DD; "" for a lesson written by a person
+    last_seen: str = ""
+
+    def age_days(self, today: dt.date | None = None) -> int | None:
+        """Days since it was last seen; None for a lesson without dates (it does not age)."""
+        if not self.last_seen:
+            return None
+        return ((today or dt.date.today()) - dt.date.fromisoformat(self.last_seen)).days
+
+    def stale(self, today: dt.date | None = None) -> bool:
+        age = self.age_days(today)
+        return age is not None and age > STALE_DAYS
+
+    def seen_line(self, today: dt.date | None = None) -> str:
+        """"seen 3 times, last 2026-12-02" (+ ", stale: 120 days ago"); "" for an undated lesson."""
+        if not self.last_seen:
+            return ""
+        line = f"seen {self.seen} time{'s' if self.seen != 1 else ''}, last {self.last_seen}"
+        return line + (f", stale: {self.age_days(today)} days ago" if self.stale(today) else "")
 
     def applies(self, pattern: str | None = None, engine: str | None = None, hardware: str | None = None) -> bool:
         """A lesson applies unless it names a different value for a condition that was asked about."""
@@ -125,7 +158,25 @@ def parse_lesson(text: str, file: Path) -> Lesson:
     if not SLUG_RE.match(slug):
         raise ConfigError(file, "(file name)", slug, "a slug of lowercase letters, digits and '-'")
     review = _parse_review(meta["review"], file) if meta.get("review") is not None else None
-    return Lesson(slug, kind, title, dict(applies), tuple(evidence), conf, body, file, review)
+    signature = meta.get("signature") or ""
+    if not isinstance(signature, str):
+        raise ConfigError(file, "signature", signature, "a string")
+    seen = meta.get("seen", 1)
+    if not isinstance(seen, int) or isinstance(seen, bool) or seen < 1:
+        raise ConfigError(file, "seen", seen, "a whole number >= 1")
+    days = {}
+    for key in ("first-seen", "last-seen"):
+        v = meta.get(key)
+        if isinstance(v, dt.date):  # YAML reads an unquoted date as one
+            v = v.isoformat()
+        if v is not None:
+            try:
+                dt.date.fromisoformat(str(v))
+            except ValueError:
+                raise ConfigError(file, key, v, "a date YYYY-MM-DD") from None
+        days[key] = str(v) if v is not None else ""
+    return Lesson(slug, kind, title, dict(applies), tuple(evidence), conf, body, file, review, signature, seen,
+                  days["first-seen"], days["last-seen"])
 
 
 def _parse_review(r, file: Path) -> Review:
@@ -205,8 +256,10 @@ def search(query: str = "", pattern: str | None = None, engine: str | None = Non
         if words and score == 0:
             continue
         rank = 1 if caveats_first and lesson.kind != "caveat" else 0
-        scored.append((-score, rank, lesson.slug, lesson))
-    return [t[-1] for t in sorted(scored, key=lambda t: t[:3])]
+        # at equal score and kind: fresh before stale, then the most often seen, then the newest
+        recency = -dt.date.fromisoformat(lesson.last_seen).toordinal() if lesson.last_seen else 0
+        scored.append((-score, rank, lesson.stale(), -lesson.seen, recency, lesson.slug, lesson))
+    return [t[-1] for t in sorted(scored, key=lambda t: t[:6])]
 
 
 def lesson_text(kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str,
@@ -216,10 +269,26 @@ def lesson_text(kind: str, applies_to: dict, evidence: list[str], confidence: st
     return "---\n" + yaml.safe_dump(meta, sort_keys=False).strip() + "\n---\n" + body.strip() + "\n"
 
 
-def write_lesson(root: Path, slug: str, kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str) -> Path:
-    """Used by the learn step: writes a lesson file and re-parses it (so a bad one fails here)."""
+def write_lesson(root: Path, slug: str, kind: str, applies_to: dict, evidence: list[str], confidence: str, body: str,
+                 *, signature: str = "", today: dt.date | None = None) -> Path:
+    """Used by the learn step: writes a lesson file and re-parses it (so a bad one fails here). With
+    a `signature`, a lesson of the folder that has it is updated instead (the module docstring)."""
     root.mkdir(parents=True, exist_ok=True)
     file = root / f"{slug}.md"
-    file.write_text(lesson_text(kind, applies_to, evidence, confidence, body))
+    extra: dict = {}
+    if signature:
+        day = (today or dt.date.today()).isoformat()
+        same = next((le for le in load_lessons(root) if le.signature == signature), None)
+        if same is None:
+            extra = {"signature": signature, "seen": 1, "first-seen": day, "last-seen": day}
+        else:
+            file = same.path
+            runs = {e for e in evidence if e.startswith("run:")}
+            again = not runs & set(same.evidence)  # the same run writing it twice (a resume) counts once
+            merged = list(dict.fromkeys(list(evidence) + list(same.evidence)))[:MAX_EVIDENCE]
+            evidence = merged
+            extra = {"signature": signature, "seen": same.seen + (1 if again else 0),
+                     "first-seen": same.first_seen or day, "last-seen": day}
+    file.write_text(lesson_text(kind, applies_to, evidence, confidence, body, extra))
     load_lesson(file)
     return file

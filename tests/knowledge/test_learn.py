@@ -205,3 +205,56 @@ def test_a_verdict_with_kernels_aside_under_compile_is_not_the_entrys(entry, tmp
     # the same verdict of the entry's own patch is recorded, as before
     learn.learn(_replayed("accepted", verdict=verdict, patch=old_patch), store_dir=store, lessons_dir=lessons)
     assert json.loads(entry.bench_path.read_text())["gpu"]["validation"]["workloads"]["flux2"]
+
+
+def test_the_same_outcome_of_two_runs_is_one_lesson_seen_twice(tmp_path):
+    """Merged by signature: a second run's same rejection updates the first run's lesson (evidence of
+    both, seen 2, last-seen the later day); the same run again (a resumed learn) counts once; another
+    result (slower vs no-change) or another hardware is a lesson of its own."""
+    import dataclasses
+    import datetime as dt
+
+    from bot.knowledge.lessons import write_lesson
+
+    lessons = tmp_path / "ls"
+    first = _generated(status="rejected", reason="slower: x0.91", sha="1111111111", device="cuda")
+    second = dataclasses.replace(first, run_id="20261202-101500-optimize-def456", commit_sha="2222222222")
+    assert learn.outcome_signature(first) == learn.outcome_signature(second)  # shas and numbers do not split it
+    # the first run's lesson, dated a day earlier (write_outcome_lesson dates today)
+    f1 = write_lesson(lessons, "first-run", "caveat", {"pattern": first.kind}, [f"run:{first.run_id}"], "medium",
+                      "# Failed", signature=learn.outcome_signature(first), today=dt.date.today() - dt.timedelta(days=1))
+    f2 = learn.write_outcome_lesson(second, lessons)
+    le = load_lesson(f2)
+    assert f2 == f1 and len(list(lessons.iterdir())) == 1
+    assert le.seen == 2 and le.last_seen == dt.date.today().isoformat() and le.first_seen < le.last_seen
+    assert {f"run:{first.run_id}", f"run:{second.run_id}"} <= set(le.evidence)
+    assert le.body.startswith("# Failed: f: add instead of multiply")  # the newest body
+    assert load_lesson(learn.write_outcome_lesson(second, lessons)).seen == 2  # the same run again counts once
+    other = learn.write_outcome_lesson(dataclasses.replace(second, reason="no-change: 1.004x", commit_sha="33333333"),
+                                       lessons)
+    on_cpu = learn.write_outcome_lesson(dataclasses.replace(second, device="cpu", hardware="cpu", commit_sha="44444444"),
+                                        lessons)
+    assert len({f1, other, on_cpu}) == 3 and len(list(lessons.iterdir())) == 3
+
+
+def test_a_lesson_not_seen_for_long_ranks_after_the_fresh_and_says_so(tmp_path):
+    import datetime as dt
+
+    from bot.generate.agent.prompts import knowledge_block
+    from bot.knowledge.lessons import STALE_DAYS, write_lesson
+
+    lessons = tmp_path / "ls"
+    today = dt.date.today()
+    applies = {"pattern": "fuse-elementwise-chain", "engine": "diffusers", "hardware": "h200"}
+    write_lesson(lessons, "a-old", "caveat", applies, ["run:r1"], "medium", "# Old failure",
+                 signature="s-old", today=today - dt.timedelta(days=STALE_DAYS + 30))
+    write_lesson(lessons, "b-new", "caveat", applies, ["run:r2"], "medium", "# New failure",
+                 signature="s-new", today=today)
+    write_lesson(lessons, "c-person", "caveat", applies, ["test:x"], "high", "# Written by a person")
+    got = search("", "fuse-elementwise-chain", "diffusers", "h200", root=lessons)
+    assert [le.slug for le in got] == ["b-new", "c-person", "a-old"]
+    assert got[-1].stale() and not got[0].stale() and got[1].age_days() is None
+    block = knowledge_block("fuse-elementwise-chain", "diffusers", "h200", lessons_dir=lessons,
+                            store_dir=tmp_path / "empty")
+    assert f"stale: {STALE_DAYS + 30} days ago] a-old" in block and "seen 1 time, last" in block
+    assert block.index("b-new") < block.index("a-old")

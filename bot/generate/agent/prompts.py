@@ -113,7 +113,8 @@ def knowledge_block(pattern: str | None, engine: str | None, hardware: str | Non
                     max_chars: int = KNOWLEDGE_CHARS) -> str:
     """The knowledge part of the system prompt: ranked lessons and worked examples, filled whole
     within `max_chars` (the module docstring gives the order and the rule)."""
-    items = [_Item(f"lesson {le.slug}", f"### [{le.kind}, confidence {le.confidence}] {le.slug}\n{le.body}")
+    items = [_Item(f"lesson {le.slug}", f"### [{le.kind}, confidence {le.confidence}"
+                   + (f"; {le.seen_line()}" if le.seen_line() else "") + f"] {le.slug}\n{le.body}")
              for le in agent_lessons("", pattern, engine, hardware, lessons_dir)]
     n_lessons = len(items)
     items += [_Item(f"store entry {e.id}", _example_text(e)) for e in worked_examples(pattern, engine, workload, store_dir)]
