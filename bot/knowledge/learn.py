@@ -13,6 +13,7 @@ where they are written is location.py's decision (a None folder below means its 
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -222,8 +223,27 @@ def record_history(o: Outcome, entry_dir: Path) -> Path:
     return save_bench(entry_dir, bench)
 
 
+def generated_name(o: Outcome, store_dir: Path) -> str:
+    """A generated entry's name says what it changes: the workload and the kernels it adds
+    (`_fused_swiglu_kernel` -> flux2-fused-swiglu), else its title (`optbot: merge the Q/K/V
+    projections` -> flux2-merge-the-q-k-v-projections), not the opportunity's kind. An entry of that
+    name from another commit keeps its name; this one gets the run and commit appended."""
+    kernels = [re.sub(r"_kernel$", "", k).strip("_") for k in o.adds_kernels if k]
+    what = kernels or [" ".join(re.sub(r"^optbot:\s*", "", o.title).split()[:8])]
+    name = _slug(o.workload or "gen", *what)[:70].strip("-")
+    other = store_dir / name / "bench.json"
+    if other.is_file():
+        try:
+            mine = json.loads(other.read_text()).get("engine_sha") == o.commit_sha
+        except ValueError:
+            mine = False
+        if not mine:
+            name = _slug(name, _run_tag(o.run_id), o.commit_sha[:8])
+    return name
+
+
 def write_entry(o: Outcome, store_dir: Path) -> Path:
-    eid = o.entry_name or _slug("gen", o.kind, _run_tag(o.run_id), o.commit_sha[:8])
+    eid = o.entry_name or generated_name(o, store_dir)
     d = store_dir / eid
     if d.exists():
         shutil.rmtree(d)  # the same commit learned twice (a resumed run): rewrite, never duplicate

@@ -258,3 +258,22 @@ def test_a_lesson_not_seen_for_long_ranks_after_the_fresh_and_says_so(tmp_path):
                             store_dir=tmp_path / "empty")
     assert f"stale: {STALE_DAYS + 30} days ago] a-old" in block and "seen 1 time, last" in block
     assert block.index("b-new") < block.index("a-old")
+
+
+def test_a_generated_entry_is_named_after_what_it_changes(tmp_path):
+    """Not after the opportunity's kind (a SwiGLU edit once became gen-attention-waste-...): the
+    kernels it adds, else its title; another commit's entry of that name is not overwritten."""
+    import dataclasses
+
+    store = tmp_path / "ks"
+    swiglu = dataclasses.replace(_generated(device="cuda", kind="attention-waste"), adds_kernels=["_fused_swiglu_kernel"],
+                                 title="optbot: fuse SwiGLU")
+    first = learn.learn(swiglu, store_dir=store, lessons_dir=tmp_path / "ls").entry_dir
+    assert first.name == "flux2-fused-swiglu"
+    assert learn.learn(swiglu, store_dir=store, lessons_dir=tmp_path / "ls").entry_dir == first  # re-learned: same
+    other = learn.learn(dataclasses.replace(swiglu, commit_sha="feedfacefeedface"), store_dir=store,
+                        lessons_dir=tmp_path / "ls").entry_dir
+    assert other != first and other.name.startswith("flux2-fused-swiglu-abc123-feedface") and first.is_dir()
+    titled = learn.learn(dataclasses.replace(_generated(device="cuda"), title="optbot: merge the Q/K/V projections",
+                                             commit_sha="0123456789ab"), store_dir=store, lessons_dir=tmp_path / "ls")
+    assert titled.entry_dir.name == "flux2-merge-the-q-k-v-projections"
