@@ -8,6 +8,7 @@ import click
 
 from bot.commands.common import KNOWLEDGE_PATH_HELP, command_line, github_option, workload_options, write_json
 from bot.errors import OptbotError
+from bot.run.context import DEFAULT_GENERATORS
 
 BUDGET_TIME = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 BUDGET_COST = re.compile(r"^\$(\d+(?:\.\d+)?)$|^(\d+(?:\.\d+)?)\s*usd$", re.I)
@@ -59,7 +60,7 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
                    "after generate (`optbot shard --help`).")
 @click.option("--dry-run", is_flag=True, help="No pushes, no pull requests: local branches and a report only.")
 @click.option("--iters", type=int, default=None, help="Timed steps of the baseline (default: 20 on GPU, 5 on CPU).")
-@click.option("--generators", default="replay,variants,compile-region,agent", show_default=True,
+@click.option("--generators", default=",".join(DEFAULT_GENERATORS), show_default=True,
               metavar="LIST", help="Which generators run (comma-separated: replay, template, variants, compile-region, agent).")
 @click.option("--ablation-rounds", default=2, show_default=True, type=click.IntRange(0, 10),
               help="Leave-one-out rounds over the stack on a GPU (0: no ablation).")

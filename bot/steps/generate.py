@@ -148,7 +148,7 @@ def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
     import json
 
     from bot.analyze.graph import Graph
-    from bot.generate.template.generator import TemplateContext, generate_templates
+    from bot.generate.template.generator import TemplateContext, changed_lines, generate_templates
 
     full = ctx.run_dir / "analysis.full.json"
     graph_file = json.loads(full.read_text()).get("meta", {}).get("graph_file") if full.is_file() else None
@@ -158,7 +158,9 @@ def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
     tctx = TemplateContext(workload=t.workload.name, engine=t.engine_name or t.workload.default_engine,
                            engine_source=str(t.checkout.repo_path), hardware=ctx.hardware() or "", run_id=ctx.run_id,
                            entries_dir=ctx.run_dir / "template",
-                           covered=frozenset(r.opportunity_id for r in replayed))
+                           covered=frozenset(r.opportunity_id for r in replayed),
+                           claimed=tuple(c for r in replayed
+                                         for c in changed_lines(t.checkout, r.candidate.commit_sha, f"store entry {r.entry_id}")))
     notes = []
     for r in generate_templates(t.checkout, Graph.load(graph_file), opps, tctx):
         if r.candidate is not None:

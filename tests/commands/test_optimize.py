@@ -77,7 +77,9 @@ def _env(tmp_path: Path) -> dict:
 def _killed_after_validate(tmp_path: Path, env: dict, iters: str) -> tuple[list[str], Path]:
     """`optbot optimize flux2` on CPU, SIGKILLed by fault injection right after validate: (the
     command, the run directory it left)."""
-    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", iters]
+    # replay only: on CPU with the agent off it is what the default generators amount to, less the
+    # template's two extra candidates (their validation is covered by tests/generate/test_template.py)
+    cmd = [sys.executable, "-m", "bot", "optimize", "flux2", "--device", "cpu", "--iters", iters, "--generators", "replay"]
     p = subprocess.run(cmd, env={**env, "OPTBOT_ABORT_AFTER": "validate", "OPTBOT_ABORT_MODE": "kill"},
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
@@ -88,7 +90,7 @@ def _killed_after_validate(tmp_path: Path, env: dict, iters: str) -> tuple[list[
 
 @pytest.mark.slow
 def test_optimize_flux2_killed_after_validate_then_resumed_on_another_machine(tmp_path, diffusers_engine):
-    """`optbot optimize flux2` (the default generators) SIGKILLed right after validate, then resumed
+    """`optbot optimize flux2` (store replay) SIGKILLed right after validate, then resumed
     as an ephemeral runner would: OPTBOT_HOME is new (the engine repository re-materialized from the
     release: same base sha, none of the candidate commits). The candidates come from the run's
     bundle, each verdict from its checkpoint; the run finishes where it stopped."""

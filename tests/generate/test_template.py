@@ -247,7 +247,8 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     assert [c.generator for c in res.candidates] == ["template"] and res.candidates[0].opportunity_id == chain[0].id
     assert "sigmoid -> mul -> mul" in notes[0] and (tmp_path / "template").is_dir()
     res2 = generate.Result("done", "")
-    notes = generate._template(ctx, [SimpleNamespace(opportunity_id=chain[0].id)], chain, res2)
+    replayed = SimpleNamespace(opportunity_id=chain[0].id, entry_id="e", candidate=SimpleNamespace(commit_sha=engine.base_sha))
+    notes = generate._template(ctx, [replayed], chain, res2)
     assert res2.candidates == [] and "skipped, a replayed store entry covers it" in notes[0]
 
 
@@ -295,3 +296,30 @@ def test_one_statement_at_two_module_paths_is_written_once(engine, tmp_path):
     assert not by["duplicate"].worktree and by["duplicate"].candidate is None
     wts = git.Repo(engine.repo_path).git.worktree("list")
     assert f"template-{by['duplicate'].opportunity_id}" not in wts
+
+
+def test_a_line_a_replayed_entry_changes_is_left_to_it(engine, tmp_path):
+    """A replayed entry's patch may rewrite more than the opportunity it was matched to (FLUX.2's
+    norm-modulate entry also rewrites the double blocks' norm1/norm2 lines): a template candidate on
+    such a line would not stack with it, so it is `covered`, naming the entry; no worktree is left."""
+    from bot.engine import add_worktree
+    from bot.generate.template.generator import changed_lines
+
+    graph, opps = _analyze(engine, "Chain", tmp_path)
+    opp = next(o for o in opps if o.kind == "fuse-elementwise-chain")
+    wt = add_worktree(engine, "replayed-entry-edit")
+    f = wt / "toyeng" / "model.py"
+    f.write_text(f.read_text().replace("g = pixels * torch.sigmoid(pixels) * y", "g = torch.sigmoid(pixels) * pixels * y"))
+    r = git.Repo(wt)
+    r.git.commit("-qam", "entry", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                       "GIT_COMMITTER_EMAIL": "t@t"})
+    claimed = tuple(changed_lines(engine, r.head.commit.hexsha, "store entry toy-chain"))
+    assert [c[0] for c in claimed] == ["toyeng/model.py"]
+    import dataclasses
+    (res,) = generate_templates(engine, graph, [opp], dataclasses.replace(_ctx(tmp_path), claimed=claimed))
+    assert res.status == "covered" and "changed by store entry toy-chain" in res.reason, res.reason
+    assert f"template-{opp.id}" not in git.Repo(engine.repo_path).git.worktree("list")
+    # a change elsewhere in the file does not cover it
+    (res,) = generate_templates(engine, graph, [opp], dataclasses.replace(
+        _ctx(tmp_path / "b"), claimed=(("toyeng/model.py", 1, 2, "store entry other"),)))
+    assert res.status == "candidate", res.reason

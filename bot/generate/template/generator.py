@@ -57,6 +57,25 @@ class TemplateContext:
     entries_dir: Path  # where the entry folders go (the run's directory)
     covered: frozenset[str] = field(default_factory=frozenset)  # opportunity ids a replayed entry covers
     min_gain_pct: float = MIN_GAIN_PCT  # 0 writes every opportunity (tests of small models)
+    # base-side lines other candidates change: (file relative to the import root, first, last, who);
+    # a replayed entry's patch often rewrites more than the opportunity it was matched to
+    claimed: tuple[tuple[str, int, int, str], ...] = ()
+
+
+def changed_lines(checkout: EngineCheckout, sha: str, who: str) -> list[tuple[str, int, int, str]]:
+    """The base-side line ranges commit `sha` changes, per file relative to the import root."""
+    diff = run_git(checkout.repo_path, "diff", "--unified=0", "--no-color", checkout.base_sha, sha).stdout
+    root = (checkout.import_root.rstrip("/") + "/") if checkout.import_root else ""
+    out, path = [], ""
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            path = line[6:] if line.startswith("--- a/") else ""
+            path = path[len(root):] if root and path.startswith(root) else path
+        m = re.match(r"^@@ -(\d+)(?:,(\d+))? ", line)
+        if m and path:
+            start, n = int(m.group(1)), int(m.group(2) or 1)
+            out.append((path, start if n else start + 1, start + max(n, 1) - 1, who))
+    return out
 
 
 def entry_name(workload: str, pattern: str, taken: set[str]) -> str:
@@ -104,6 +123,12 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     except Refused:
         remove_worktree(checkout, wt)  # nothing was written: no worktree left behind for a refusal
         raise
+    last = rw.line + rw.old_statement.count("\n")
+    who = next((c[3] for c in ctx.claimed if c[0] == rw.engine_file and c[1] <= last and rw.line <= c[2]), None)
+    if who is not None:
+        remove_worktree(checkout, wt)
+        return TemplateResult(opp.id, "covered", f"{rw.engine_file}:{rw.line} is changed by {who}: the two would "
+                              "not stack", program=describe(p))
     first = written.setdefault((rw.engine_file, rw.line), opp.id)
     if first != opp.id:
         remove_worktree(checkout, wt)
