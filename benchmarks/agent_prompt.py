@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bot.errors import OptbotError  # noqa: E402
 from bot.generate.agent.brief import for_task  # noqa: E402
 from bot.generate.agent.loop import first_request  # noqa: E402
 from bot.run.context import Budget, RunContext  # noqa: E402
@@ -34,7 +35,11 @@ def main() -> int:
     ap.add_argument("--lessons", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    state = RunState.load(a.run_id)
+    try:
+        state = RunState.load(a.run_id)
+    except OptbotError as e:
+        print(f"agent_prompt: {e}", file=sys.stderr)
+        return 2
     full = state.run_dir / "analysis.full.json"
     if not full.is_file():
         print(f"{full}: missing (the run has not reached analyze)", file=sys.stderr)
