@@ -30,8 +30,8 @@ GENERATOR = "template"
 # An opportunity estimated under this share of the step is not written: the validator cannot tell
 # it from noise (A/A noise is about 1% of a step on the H200, benchmarks/results/), so it would be
 # rejected "no-change" after a full validation in every production mode (250-300 GPU-s on FLUX.2
-# full, benchmarks/results/h200-template-20261202/). On FLUX.2 full that leaves the single blocks' SwiGLU (18.2 ms) and norm (7.1 ms) and
-# drops norm_out (0.16 ms) and the 0.01 ms timestep chains.
+# full, benchmarks/results/h200-template-20261202/). On FLUX.2 full that leaves the single blocks'
+# SwiGLU (18.2 ms) and norm (7.1 ms) and drops norm_out (0.16 ms) and the 0.01 ms timestep chains.
 MIN_GAIN_PCT = 0.5
 
 
