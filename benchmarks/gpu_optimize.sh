@@ -33,16 +33,7 @@ echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/w
 run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
 if [[ -n "$run" ]]; then
   mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$run"/latency.png "$OUT/run/" 2>/dev/null
-  python3 - "$run" <<'PY'
-import json, sys, pathlib
-st = json.loads((pathlib.Path(sys.argv[1]) / "state.json").read_text())
-total = sum(s["seconds"] for s in st["steps"].values())
-print(f"run {st['run_id']}: finished={st['finished']} attempts={st['attempts']} step seconds total={total:.0f}")
-for name, s in st["steps"].items():
-    print(f"  {name:<9} {s['status']:<8} {s['seconds']:8.1f} s  {s['summary'][:110]}")
-if not st["finished"]:
-    print(f"continue with: bash benchmarks/gpu_optimize.sh {st['workload']} {st['run_id']}")
-PY
+  python3 benchmarks/run_steps.py "$run" "bash benchmarks/gpu_optimize.sh"
   # The device machine keeps nothing: export the optimization branch as a patch series, so a later
   # call can re-create it on the same deterministic base (git am) and bench it.
   python3 - "$run" "$OUT" <<'PY'

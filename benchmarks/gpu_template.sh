@@ -59,15 +59,7 @@ if [[ -n "$run" ]]; then
   [[ -d "$run/template" ]] && cp -r "$run/template" "$OUT/run/"
   # every verdict reached so far, also when the attempt was cut (validate.json is written at the step's end)
   for v in "$run"/validate/*/verdict.json; do [[ -f "$v" ]] && cp "$v" "$OUT/run/verdict-$(basename "$(dirname "$v")").json"; done
-  python3 - "$run" <<'PY' | tee -a "$OUT/steps.txt"
-import json, sys, pathlib
-st = json.loads((pathlib.Path(sys.argv[1]) / "state.json").read_text())
-print(f"run {st['run_id']}: finished={st['finished']} attempts={st['attempts']}")
-for name, s in st["steps"].items():
-    print(f"  {name:<9} {s['status']:<8} {s['seconds']:8.1f} s  {s['summary'][:140]}")
-if not st["finished"]:
-    print(f"continue with: bash benchmarks/gpu_template.sh {st['workload']} {st['run_id']}")
-PY
+  python3 benchmarks/run_steps.py "$run" "bash benchmarks/gpu_template.sh" | tee -a "$OUT/steps.txt"
   # what the agent would be told for the run's top opportunity, with the full store (docs/generate.md)
   [[ -f "$run/analysis.full.json" && ! -f "$OUT/agent-prompt-$wl.md" ]] && \
     python3 benchmarks/agent_prompt.py "$(basename "$run")" --store "$PWD/kernel_store" --lessons "$PWD/lessons" \

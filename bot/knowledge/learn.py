@@ -13,7 +13,6 @@ where they are written is location.py's decision (a None folder below means its 
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -22,12 +21,13 @@ from pathlib import Path
 
 import yaml
 
+from bot.errors import ConfigError
 from bot.knowledge.lessons import write_lesson
 from bot.knowledge.location import locate
 from bot.knowledge.review import entry_patch
 from bot.knowledge.store import UNDER_COMPILE_REFERENCE
-from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, load_bench,
-                                   now, patch_file_sha256, record_search, save_bench)
+from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, bench_file,
+                                   load_bench, now, patch_file_sha256, read_bench, record_search, save_bench)
 
 
 @dataclass
@@ -231,13 +231,12 @@ def generated_name(o: Outcome, store_dir: Path) -> str:
     kernels = [re.sub(r"_kernel$", "", k).strip("_") for k in o.adds_kernels if k]
     what = kernels or [" ".join(re.sub(r"^optbot:\s*", "", o.title).split()[:8])]
     name = _slug(o.workload or "gen", *what)[:70].strip("-")
-    other = store_dir / name / "bench.json"
-    if other.is_file():
+    if (store_dir / name).exists():
         try:
-            mine = json.loads(other.read_text()).get("engine_sha") == o.commit_sha
-        except ValueError:
-            mine = False
-        if not mine:
+            b = read_bench(bench_file(store_dir / name))
+        except ConfigError:
+            b = None
+        if b is None or b.engine_sha != o.commit_sha:  # not this commit's entry (or not a generated one)
             name = _slug(name, _run_tag(o.run_id), o.commit_sha[:8])
     return name
 

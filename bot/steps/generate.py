@@ -1,8 +1,8 @@
 """Step 5, generate: candidates from the opportunities, one engine commit each in its own worktree.
 
 The generators (bot/generate/), in order: store replay (every matching kernel_store entry), the
-template generator (opt-in: `--generators ...,template`; norm + elementwise and elementwise chains
-written by rule, skipped where a replayed entry covers the opportunity), variant
+template generator (norm + elementwise and elementwise chains written by rule, skipped where a
+replayed entry covers the opportunity or its statement), variant
 search (a replayed entry's config space, on a GPU), compile region (the hot repeated blocks under
 torch.compile, on a GPU) and the Anthropic agent (with ANTHROPIC_API_KEY; on the uncovered
 opportunities in rank order while its budget lasts). What the knowledge holds
@@ -269,6 +269,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
         return ["agent: off (no ANTHROPIC_API_KEY)"]
     import time
 
+    from bot.generate.agent.budget import usd_buys_no_turn
     from bot.generate.agent.config import AgentConfig
     from bot.generate.agent.parallel import generate
 
@@ -277,11 +278,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
            [o for o in opps if o.id not in covered]
     if not todo:
         return ["agent: every opportunity already has a candidate"]
-    from bot.generate.agent.validation import ValidationContext
-
-    t = ctx.target
-    # one validation context for all opportunities: the base side's cache and the verdicts are shared
-    vctx = ValidationContext.from_target(t, ctx.run_dir / "agent" / "validation", kernel_store=ctx.knowledge().kernel_store)
+    vctx = None  # the first task's, then shared by all opportunities: the base side's cache and the verdicts
     cfg = AgentConfig.from_env()
     total_usd = ctx.options.budget_cost_usd if ctx.options.budget_cost_usd is not None else cfg.max_cost_usd
     started, spent, notes = time.monotonic(), 0.0, []
@@ -293,7 +290,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
             wall = own if wall is None else min(wall, own)
         why = (f"the cap of {cfg.max_opportunities} opportunities is reached (OPTBOT_AGENT_MAX_OPPORTUNITIES)"
                if i > cfg.max_opportunities else
-               f"the USD budget is spent (${spent:.4f} of ${total_usd:.2f})" if _usd_spent(left_usd, cfg) else
+               f"the USD budget is spent (${spent:.4f} of ${total_usd:.2f})" if usd_buys_no_turn(left_usd, cfg.price) else
                "the wall-time budget is spent" if wall is not None and wall <= 0 else "")
         if why:
             rest = todo[i - 1:]
@@ -302,6 +299,7 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
             break
         opp = o.to_json()
         task = agent_task(ctx, opp, vctx=vctx)
+        vctx = task.vctx
         cfg_i = dataclasses.replace(cfg, max_cost_usd=left_usd,
                                     max_wall_s=None if wall is None else max(0.0, wall))
         g = generate(task, cfg_i, log=ctx.log, prefix=f"o{i}-")
@@ -325,11 +323,3 @@ def _agent(ctx: RunContext, opps: list[Opportunity], res: Result) -> list[str]:
             note += "; no candidate"
         notes.append(note)
     return notes
-
-
-def _usd_spent(left_usd: float, cfg) -> bool:
-    """Whether what is left of the USD budget buys no agent turn: none left, or under 256 output
-    tokens at the model's output price (the rule each agent's budget stops by)."""
-    if left_usd <= 0:
-        return True
-    return cfg.price.output > 0 and left_usd / cfg.price.output * 1e6 < 256

@@ -72,6 +72,16 @@ class CostPool:
             return self.max_cost_usd - self.spent.cost_usd
 
 
+# A request whose output could not reach this many tokens within the budget left is not sent: it
+# would stop mid-answer, or overshoot by a whole response.
+MIN_OUTPUT_TOKENS = 256
+
+
+def usd_buys_no_turn(left_usd: float, price: Price) -> bool:
+    """Whether `left_usd` buys no agent turn: nothing left, or under MIN_OUTPUT_TOKENS of output."""
+    return left_usd <= 0 or (price.output > 0 and left_usd / price.output * 1e6 < MIN_OUTPUT_TOKENS)
+
+
 class AgentBudget:
     """Per-agent limits (turns, tokens) plus the shared USD pool."""
 
@@ -94,9 +104,9 @@ class AgentBudget:
             return f"cost budget reached (${self.pool.spent.cost_usd:.4f} of ${self.pool.max_cost_usd:.4f})"
         # The next response's output alone must fit in what is left; otherwise stop now rather than
         # overshoot by a whole response.
-        if self._by_cost() < 256:
-            return f"cost budget nearly spent (${left:.4f} left buys under 256 output tokens)"
-        if self.max_tokens - self.spent.billed_tokens < 256:
+        if usd_buys_no_turn(left, self.price):
+            return f"cost budget nearly spent (${left:.4f} left buys under {MIN_OUTPUT_TOKENS} output tokens)"
+        if self.max_tokens - self.spent.billed_tokens < MIN_OUTPUT_TOKENS:
             return f"token budget nearly spent ({self.max_tokens - self.spent.billed_tokens} tokens left)"
         return None
 

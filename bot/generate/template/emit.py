@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from bot.generate.template.lift import NORMS, REDUCE, Input, Node, Program
+from bot.knowledge.store import UNDER_COMPILE_REFERENCE
 
 ROUND_DT = {"bf16": "tl.bfloat16", "f16": "tl.float16"}
 TORCH_DT = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "f64": "torch.float64"}
@@ -215,7 +216,7 @@ if triton is not None:
 # one kernel of its own: these are the pointwise / row chains inductor generates best, and as a
 # registered op the kernel also keeps inductor from fusing it with its neighbours (FLUX.2's SwiGLU
 # on the H200, 2026-12-02: eager 1.034x, compile 0.989x with the op). "op" calls the registered op.
-UNDER_COMPILE = "reference"
+{UNDER_COMPILE_REFERENCE}
 
 
 def _aside() -> bool:
