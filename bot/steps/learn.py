@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from bot.knowledge import recall
 from bot.knowledge.learn import Outcome, learn
-from bot.knowledge.records import VariantSearch, record_search
+from bot.knowledge.records import VariantSearch, read_bench, record_search
 from bot.run.context import RunContext
 from bot.run.resume import staged_changes, staging_copy
 from bot.trailers import trailer_values
@@ -52,7 +54,18 @@ def _outcome(ctx: RunContext, c, v) -> Outcome:
                    adds_kernels=trailer_values(kt.get("Optbot-Adds-Kernels")),
                    removes_kernels=trailer_values(kt.get("Optbot-Removes-Kernels")), validated_by="bot.validate",
                    entry_id=next(iter(trailer_values(kt.get("Optbot-Entry"))), "")
-                   if c.generator in ("replay", "variant-search") else "")
+                   if c.generator in ("replay", "variant-search") else "",
+                   config_space=_template_config_space(ctx, c.commit_sha) if c.generator == "template" else {})
+
+
+def _template_config_space(ctx: RunContext, sha: str) -> dict:
+    """The config space the template generator wrote into the run's template/<entry>/ for commit
+    `sha` before validation: the learned entry keeps it, so that variant search can tune it."""
+    for f in sorted((ctx.run_dir / "template").glob("*/bench.json")):
+        b = read_bench(f)
+        if b is not None and b.engine_sha == sha:
+            return (yaml.safe_load((f.parent / "entry.yaml").read_text()) or {}).get("config_space") or {}
+    return {}
 
 
 def run(ctx: RunContext) -> Result:

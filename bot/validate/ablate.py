@@ -130,8 +130,11 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
             if not out.ok:
                 notes[name] = f"{out.reason()}"
                 continue
-            t = out.result["timing"]["eager"]
-            medians[name].append(t["median_ms"] if isinstance(t, dict) else float("nan"))
+            t = out.result["timing"].get("eager")
+            if not isinstance(t, dict) or "median_ms" not in t:  # the mode failed in the job: say how
+                notes[name] = f"eager timing: {str(t)[:300]}"
+                continue
+            medians[name].append(t["median_ms"])
     mean = {k: statistics.fmean(v) for k, v in medians.items() if v and k not in notes}
     ab.base_ms, ab.stack_ms = mean.get("base"), mean.get("stack")
     if len(medians["base"]) > 1 and ab.base_ms:

@@ -20,6 +20,8 @@ from bot.generate.template.generator import TemplateContext, generate_templates
 from bot.knowledge.check import run_kernel_tests
 from bot.knowledge.store import load_entry
 from bot.trailers import parse_trailers
+from bot.validate.correctness import kernel_tests_for
+from bot.validate.resolve import Revision
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -156,12 +158,16 @@ def test_template_end_to_end(engine, tmp_path, cls, kind, program, old, call_arg
     assert old in base and old not in src and call_args in src
     kfiles = list((wt / "toyeng" / "optbot_kernels").glob("tpl_*.py"))
     assert len(kfiles) == 1 and c.adds_kernels[0] in kfiles[0].read_text()
+    # its test is committed beside it and declared: the validator's kernel check runs it
+    assert tr["Optbot-Kernel-Tests"] == f"toyeng/optbot_kernels/test_{kfiles[0].name}"
+    rev = Revision(c.commit_sha, c.commit_sha, c.base_sha, wt, trailers={"Optbot-Kernel-Tests": [tr["Optbot-Kernel-Tests"]]})
+    assert kernel_tests_for(rev, tmp_path) == [str((wt / tr["Optbot-Kernel-Tests"]).resolve())]
     # the entry files: parse as a store entry, with the kernel, its test and a config space
     entry = load_entry(res.entry_dir)
     assert entry.id == res.entry_dir.name and entry.id.startswith("toy-fuse-")
     assert entry.status == "candidate" and entry.pattern == kind and entry.config_space
     assert [p.name for p in entry.kernel_files()] == [kfiles[0].name] and len(entry.test_files()) == 1
-    assert (res.entry_dir / "patch.diff").read_text().count("diff --git") == 3  # engine file, package, kernel
+    assert (res.entry_dir / "patch.diff").read_text().count("diff --git") == 4  # engine file, package, kernel, test
     assert (res.entry_dir / "bench.json").is_file()
     # kernel vs reference (fresh seeds, every test shape) and the rewritten model vs the original
     out = tmp_path / "out.pt"
@@ -246,6 +252,12 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     notes = generate._template(ctx, [], chain, res)
     assert [c.generator for c in res.candidates] == ["template"] and res.candidates[0].opportunity_id == chain[0].id
     assert "sigmoid -> mul -> mul" in notes[0] and (tmp_path / "template").is_dir()
+    # learn gives the learned entry the config space the template wrote for this commit (and no other's)
+    from bot.steps.learn import _template_config_space
+    (written,) = (tmp_path / "template").iterdir()
+    space = _template_config_space(ctx, res.candidates[0].commit_sha)
+    assert space and space == load_entry(written).config_space
+    assert _template_config_space(ctx, engine.base_sha) == {}
     res2 = generate.Result("done", "")
     replayed = SimpleNamespace(opportunity_id=chain[0].id, entry_id="e", candidate=SimpleNamespace(commit_sha=engine.base_sha))
     notes = generate._template(ctx, [replayed], chain, res2)

@@ -141,7 +141,14 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     if not init.exists():
         init.write_text(PACKAGE_INIT)
     kfile.write_text(e.module_source)
-    trailers = make_trailers(opp.id, opp.kind, [e.kernel_name], [], "", generator=GENERATOR, run_id=ctx.run_id)
+    # the test goes into the commit beside its kernel and is declared, so that the validator's kernel
+    # check runs it at the graph's shapes (as it does an agent's) and learn keeps it with the entry
+    tfile = kfile.parent / f"test_{e.op_name}.py"
+    tfile.write_text(e.test_source)
+    rel = lambda f: str(Path(checkout.import_root) / f) if checkout.import_root else f  # noqa: E731
+    test_rel = rel(str(tfile.relative_to(root)))
+    trailers = make_trailers(opp.id, opp.kind, [e.kernel_name], [], "", generator=GENERATOR, run_id=ctx.run_id,
+                             kernel_tests=[test_rel])
     title = f"optbot: fuse {describe(p)} at {opp.location.module_pattern} into one Triton row kernel"
     body = (f"Template-generated (no LLM) for {opp.kind} {opp.id} ({opp.location.instances} instances; "
             f"estimated {opp.gain_ms} ms).\n\n{rw.engine_file}:{rw.line}\n  was: {rw.old_statement}\n"
@@ -149,7 +156,6 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     sha, err = commit_all(wt, commit_message(title, body, trailers))
     if not sha:
         return TemplateResult(opp.id, "error", err, program=describe(p), worktree=str(wt))
-    rel = lambda f: str(Path(checkout.import_root) / f) if checkout.import_root else f  # noqa: E731
     patch = run_git(wt, "diff", checkout.base_sha, sha).stdout
     kernel_rel = rel(rw.kernel_file)
     name = entry_name(ctx.workload, opp.location.module_pattern, taken)
@@ -157,9 +163,10 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
         candidate_id=f"template-{opp.id}", kind=opp.kind, generator=GENERATOR, run_id=ctx.run_id, status="candidate",
         reason="template-generated, not validated yet", numbers={}, device="", hardware=ctx.hardware,
         engine=ctx.engine, engine_source=ctx.engine_source, base_sha=checkout.base_sha, commit_sha=sha, title=title,
-        patch=patch, changed_files=[rel(rw.engine_file), kernel_rel], added_files={kernel_rel: e.module_source},
+        patch=patch, changed_files=[rel(rw.engine_file), kernel_rel, test_rel],
+        added_files={kernel_rel: e.module_source, test_rel: e.test_source},
         workload=ctx.workload, dtype="float32", adds_kernels=[e.kernel_name], entry_name=name, entry_status="candidate",
-        config_space=e.config_space, extra_files={f"test_{e.op_name}.py": e.test_source})
+        config_space=e.config_space)
     entry_dir = write_entry(outcome, ctx.entries_dir)
     cand = Candidate(id=f"template-{opp.id}", opportunity_id=opp.id, kind=opp.kind, generator=GENERATOR,
                      worktree=str(wt), commit_sha=sha, base_sha=checkout.base_sha, entry_id="",
