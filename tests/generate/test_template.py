@@ -33,6 +33,8 @@ import torch
 wt, cls, entry, out = sys.argv[1:5]
 sys.path.insert(0, wt)
 from toyeng import model as M
+# the kernel package imports its kernels with the engine, never the tests committed beside them
+assert not [m for m in sys.modules if ".test_" in m or m.startswith("test_")], "a kernel test was imported"
 # the entry's kernel module: its own test inputs, fresh seeds, every shape
 test_file = next(p for p in os.listdir(entry) if p.startswith("test_"))
 spec = importlib.util.spec_from_file_location("t", os.path.join(entry, test_file))
