@@ -143,7 +143,7 @@ def _ablate(ctx: RunContext, res: Result, cands: dict[str, Candidate]) -> tuple[
                     f"again (--revalidate measures it)"), rec.get("run_id", "")
     ctx.check_pause("ablating the stack")
     ab = ctx.ablate(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
-                    rounds=ctx.options.ablation_rounds)
+                    rounds=ctx.options.ablation_rounds, members=[cands[c.candidate_id].commit_sha for c in res.commits])
     note = (f"leave-one-out, {ab.mode}, {ab.rounds} rounds on {ab.device}; base {_f(ab.base_ms)} ms, stack "
             f"{_f(ab.stack_ms)} ms, round-to-round noise {_f(ab.noise_pct, 1)}%")
     notes = [f"{r.sha[:12]}: {r.note}" for r in ab.rows if r.note]

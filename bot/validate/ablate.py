@@ -1,7 +1,12 @@
 """Ablation of a stack: each commit's contribution by leave-one-out.
 
 For a stack of N commits between the base and the candidate, variant i is the whole stack with
-commit i reverted (``git revert`` in a temporary worktree, deterministic identity and date). Base,
+commit i reverted (``git revert`` in a temporary worktree, deterministic identity and date), or,
+when the caller knows each commit's own self-contained commit on the base (`members`: combine's
+candidates), the others cherry-picked onto the base again. The second is what leaving one out means
+when later commits rely on what an earlier one added: the template generator's kernel package and
+its import line come with the first template commit, so reverting it takes them from the others
+(on FLUX.2, 2026-12-02, that variant could not run). Base,
 stack and every variant are timed in their own runner processes, in rounds (base, stack, v1..vN,
 base, stack, v1..vN, ...), so drift hits all alike; the rounds of the base give the A/A noise.
 
@@ -90,8 +95,26 @@ def _revert_worktree(target: Target, stack_sha: str, sha: str) -> tuple[Path | N
     return wt, ""
 
 
+def _rebuilt_worktree(target: Target, base_sha: str, members: list[str], leave: int) -> tuple[Path | None, str]:
+    """The stack rebuilt from its members' own commits without member `leave`."""
+    wt = add_worktree(target.checkout, f"ablate-{base_sha[:10]}-rebuilt-minus-{members[leave][:10]}", base_sha)
+    repo = git.Repo(wt)
+    for i, sha in enumerate(members):
+        if i == leave:
+            continue
+        try:
+            repo.git.cherry_pick("--allow-empty", "--keep-redundant-commits", sha, env=GIT_ENV)
+        except git.GitCommandError:
+            try:
+                repo.git.cherry_pick("--abort")
+            except git.GitCommandError:
+                pass
+            return None, f"the others do not apply without it ({sha[:12]} conflicts); not measured"
+    return wt, ""
+
+
 def ablate(target: Target, candidate: str, base: str | None = None, *, iters: int | None = None, rounds: int = 2,
-           log=None, run_dir: Path | None = None) -> Ablation:
+           log=None, run_dir: Path | None = None, members: list[str] | None = None) -> Ablation:
     say = log or (lambda m: None)
     base_sha = resolve_base(target.checkout, base)
     rev = resolve_candidate(target.checkout, candidate, base_sha)
@@ -104,13 +127,15 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
         "base": (add_worktree(target.checkout, f"base-{base_sha[:12]}", base_sha), base_sha),
         "stack": (rev.worktree, rev.sha),
     }
-    for sha, subject in rev.commits:
+    if members is not None and len(members) != len(rev.commits):
+        members = None  # not this stack's: leave-one-out by revert
+    for i, (sha, subject) in enumerate(rev.commits):
         row = AblationRow(sha=sha, subject=subject)
         ab.rows.append(row)
         if len(rev.commits) == 1:
             row.note = "the only commit: without it is the base"
             continue
-        wt, note = _revert_worktree(target, rev.sha, sha)
+        wt, note = _rebuilt_worktree(target, base_sha, members, i) if members else _revert_worktree(target, rev.sha, sha)
         if wt is None:
             row.note = note
             continue

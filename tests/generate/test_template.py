@@ -337,3 +337,40 @@ def test_a_line_a_replayed_entry_changes_is_left_to_it(engine, tmp_path):
     (res,) = generate_templates(engine, graph, [opp], dataclasses.replace(
         _ctx(tmp_path / "b"), claimed=(("toyeng/model.py", 1, 2, "store entry other"),)))
     assert res.status == "candidate", res.reason
+
+
+def test_leaving_the_first_template_commit_out_keeps_the_second_runnable(engine, tmp_path):
+    """The stack's first template commit brings the kernel package and the import line the second
+    uses: reverting it (leave-one-out as `optbot ablate` does on a bare stack) breaks the second
+    kernel's model, as on FLUX.2 on the H200; the ablation's rebuild from the members' own commits
+    (combine passes them) leaves a tree where the second runs."""
+    from types import SimpleNamespace
+
+    from bot.engine import add_worktree
+    from bot.validate.ablate import _rebuilt_worktree, _revert_worktree
+
+    shas = []
+    for cls, kind in (("NormModulate", "fuse-norm-consumer"), ("Chain", "fuse-elementwise-chain")):
+        graph, opps = _analyze(engine, cls, tmp_path)
+        (res,) = generate_templates(engine, graph, [next(o for o in opps if o.kind == kind)], _ctx(tmp_path / cls))
+        shas.append(res.candidate.commit_sha)
+    wt = add_worktree(engine, "tpl-stack-ablate")
+    r = git.Repo(wt)
+    for sha in shas:
+        r.git.cherry_pick(sha)
+    target = SimpleNamespace(checkout=engine)  # what the two helpers read of a Target
+    probe = ("import torch; from toyeng import model as M\n"
+             "torch.manual_seed(0); m = M.Chain().eval(); m(**m.example(1))")
+
+    def runs(tree):
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+
+    reverted, note = _revert_worktree(target, r.head.commit.hexsha, r.head.commit.parents[0].hexsha)
+    assert reverted is not None and note == ""
+    assert runs(reverted).returncode != 0  # the import line and the package went with the first commit
+    rebuilt, note = _rebuilt_worktree(target, engine.base_sha, shas, 0)
+    assert rebuilt is not None and note == "", note
+    proc = runs(rebuilt)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "_optbot_kernels.tpl_" in (rebuilt / "toyeng" / "model.py").read_text()
