@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
 # 1. Variant search on the GPU: the test kernel's config space timed with runner/timing.time_interleaved.
-python -m pytest tests/generate/test_variants.py -m gpu -q -s 2>&1 | tee "$OUT/variant-search-test.txt"
+python -m pytest -o addopts="" tests/generate/test_variants.py -m gpu -q -s 2>&1 | tee "$OUT/variant-search-test.txt"
 
 # 2. Variant search over every kernel_store entry that declares a config space (bf16, cuda).
 python - <<'PY' 2>&1 | tee "$OUT/variant-search-store.txt"

@@ -29,11 +29,11 @@ export OPTBOT_TEST_HOME="$OPTBOT_HOME" OPTBOT_RUNS_DIR="/tmp/optbot-runs" OPTBOT
 step() { echo "== $1: exit $2, $3 s wall" | tee -a "$OUT/summary.txt"; }
 
 t=$(date +%s)
-python3 -m pytest -q -p no:cacheprovider tests/test_sandbox.py > "$OUT/pytest-sandbox.txt" 2>&1
+python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/test_sandbox.py > "$OUT/pytest-sandbox.txt" 2>&1
 step "pytest tests/test_sandbox.py" $? $(( $(date +%s) - t ))
 
 t=$(date +%s)
-OPTBOT_GPU_VALIDATE_OUT="$OUT" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/validate/test_gpu.py \
+OPTBOT_GPU_VALIDATE_OUT="$OUT" python3 -m pytest -o addopts="" -q -s -m gpu -p no:cacheprovider tests/validate/test_gpu.py \
   -k "clock" > "$OUT/pytest-gpu-clocks.txt" 2>&1
 step "pytest -m gpu -k clock tests/validate/test_gpu.py" $? $(( $(date +%s) - t ))
 

@@ -56,7 +56,7 @@ case "$what" in
   tune)
     # the tests keep their engines in their own home (tests/conftest.py): the sdist goes there too
     mkdir -p "$HOME/.cache/optbot-test/downloads" && cp .whl/diffusers-*.tar.gz "$HOME/.cache/optbot-test/downloads/" 2>/dev/null
-    timeout "${PYTEST_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/validate/test_gpu.py \
+    timeout "${PYTEST_S:-300}" python3 -m pytest -o addopts="" -q -m gpu -p no:cacheprovider tests/validate/test_gpu.py \
       tests/generate/test_variants.py 2>&1 | tee "$OUT/pytest-gpu.txt" || true
     OPTBOT_RUNS_DIR=/tmp/optbot-runs python3 -m bot store tune --device cuda --gpus "${GPUS:-$(nvidia-smi -L | wc -l)}" \
       --json "$OUT/store-tune-cuda.json" ${ENTRIES:-} 2>&1 | tee "$OUT/store-tune-cuda.txt"

@@ -37,7 +37,7 @@ rc=$?
 echo "validate flux2 full: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/validate-flux2-full.txt"
 
 start=$(date +%s)
-OPTBOT_GPU_VALIDATE_OUT="$OUT" python3 -m pytest -q -s -m gpu tests/validate -p no:cacheprovider > "$OUT/pytest-gpu.txt" 2>&1
+OPTBOT_GPU_VALIDATE_OUT="$OUT" python3 -m pytest -o addopts="" -q -s -m gpu tests/validate -p no:cacheprovider > "$OUT/pytest-gpu.txt" 2>&1
 prc=$?
 echo "pytest -m gpu tests/validate: exit $prc, $(( $(date +%s) - start )) s wall" | tee -a "$OUT/pytest-gpu.txt"
 

@@ -1,9 +1,10 @@
 """Shared fixtures. Tests run on CPU, on the tiny presets, with real git repositories and real
 runner subprocesses.
 
-OPTBOT_HOME for the test session is $OPTBOT_TEST_HOME, else ~/.cache/optbot-test: the diffusers
-source distribution is downloaded (or copied from ~/.cache/optbot/downloads) once and the engine
-repository materialized once, then reused across sessions.
+OPTBOT_HOME for the test session is $OPTBOT_TEST_HOME, else ~/.cache/optbot-test (a folder of it per
+pytest-xdist worker): the diffusers source distribution is downloaded (or copied from
+~/.cache/optbot/downloads) once and the engine repository materialized once, then reused across
+sessions.
 """
 from __future__ import annotations
 
@@ -18,21 +19,31 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TEST_HOME = Path(os.environ.get("OPTBOT_TEST_HOME", Path.home() / ".cache" / "optbot-test"))
+SHARED_TEST_HOME = Path(os.environ.get("OPTBOT_TEST_HOME", Path.home() / ".cache" / "optbot-test"))
+# Under pytest-xdist (addopts in pyproject.toml) each worker has a home of its own, $OPTBOT_TEST_HOME/
+# workers/gwN: engine repositories, worktrees, compile caches and runs are never shared by two
+# processes (no two `git worktree add` on one repository, no worktree name taken by the other).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+TEST_HOME = SHARED_TEST_HOME / "workers" / _WORKER if _WORKER else SHARED_TEST_HOME
 os.environ["OPTBOT_HOME"] = str(TEST_HOME)
 os.environ.setdefault("OPTBOT_RUNS_DIR", str(TEST_HOME / "runs"))
+if _WORKER and "OMP_NUM_THREADS" not in os.environ:
+    # each worker's torch, and each runner child's (bot/jobs.py passes OMP_NUM_THREADS on), takes its
+    # share of the cores: with both workers' children on every core the suite took 1.4x as long
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
 
 
 def _seed_downloads() -> None:
-    """Release archives (diffusers sdist, sglang wheel) already in the user's cache are copied into
-    the test home instead of being downloaded again."""
+    """Release archives (diffusers sdist, sglang wheel) already in the user's cache, or in the shared
+    test home (for a worker's home), are copied into the test home instead of being downloaded again."""
     dl = TEST_HOME / "downloads"
     dl.mkdir(parents=True, exist_ok=True)
-    user = Path.home() / ".cache" / "optbot" / "downloads"
-    if user.is_dir():
-        for f in [*user.glob("*.tar.gz"), *user.glob("*.whl")]:
-            if not (dl / f.name).exists():
-                shutil.copy(f, dl / f.name)
+    for src in (Path.home() / ".cache" / "optbot" / "downloads", SHARED_TEST_HOME / "downloads"):
+        if src.is_dir() and src != dl:
+            for f in [*src.glob("*.tar.gz"), *src.glob("*.whl")]:
+                if not (dl / f.name).exists():
+                    shutil.copy(f, dl / f.name)
 
 
 _seed_downloads()

@@ -1,11 +1,10 @@
 """bot/model_signature.py: a model class's forward/__init__ parameters read from source, and the
-workload check built on them. Against the pinned diffusers engine (skipped when its cache folder is
-absent) and on small synthetic engines, whose classes are also run by Python as the ground truth."""
+workload check built on them. Against the pinned diffusers engine (the session's diffusers_engine)
+and on small synthetic engines, whose classes are also run by Python as the ground truth."""
 from __future__ import annotations
 
 import ast
 import inspect
-import os
 import textwrap
 from pathlib import Path
 
@@ -17,19 +16,16 @@ from bot.errors import ConfigError
 from bot.model_signature import check_inputs, read_signature
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_HOME = Path(os.environ.get("OPTBOT_TEST_HOME", Path.home() / ".cache" / "optbot-test"))
-DIFFUSERS = TEST_HOME / "engines" / "diffusers-0.42.1"
 TRANSFORMERS = "diffusers.models.transformers"
 FLUX2 = f"{TRANSFORMERS}.transformer_flux2.Flux2Transformer2DModel"
 FLUX2_FILE = "src/diffusers/models/transformers/transformer_flux2.py"
 
 
 @pytest.fixture
-def diffusers():
-    if not (DIFFUSERS / "src" / "diffusers").is_dir():
-        pytest.skip(f"the pinned diffusers engine is not materialized at {DIFFUSERS} "
-                    "(any test using the diffusers_engine fixture makes it)")
-    return DIFFUSERS
+def diffusers(diffusers_engine):
+    # the session's engine repository (tests/conftest.py), not a path guessed in the test home: under
+    # pytest-xdist a worker's home holds it only once a test of that worker has materialized it
+    return diffusers_engine.repo_path
 
 
 def line_of(root: Path, file: str, line: int) -> str:
