@@ -30,7 +30,7 @@ import json, os
 pwned = {pwned!r}
 seen = {{"token": [k for k, v in os.environ.items() if {secret!r} in v], "cwd": os.getcwd(), "wrote": []}}
 # the bot's real home (a job's own $HOME is inside its compile cache, bot/sandbox.cache_env)
-for p in (pwned, os.path.join({home!r}, "pwned-by-fork-hook")):
+for p in (pwned, {home_pwned!r}):
     try:
         with open(p, "w") as f:
             f.write("pwned")
@@ -49,12 +49,19 @@ open({marker!r}, "w").write("{what} ran")
 '''
 
 
+def _home_pwned(tmp_path: Path) -> Path:
+    """Where the hook tries to write in the bot's real home: named for this test's tmp_path, so a
+    file left by another run (or another CI job sharing the home) cannot fail or pass this one."""
+    return Path.home() / f"pwned-by-fork-hook-{tmp_path.name}-{os.getpid()}"
+
+
 def _fork_with_hooks(tmp_path: Path, engine) -> tuple[Path, str, Path, dict]:
     fork = git.Repo.clone_from(engine.repo_path, tmp_path / "fork", shared=True)
     root = Path(fork.working_tree_dir)
     pwned = tmp_path / "pwned-by-fork-hook"
     markers = {w: tmp_path / f"{w}-ran" for w in ("setup.py", "conftest.py", "pyproject backend")}
-    (root / "src" / "sitecustomize.py").write_text(HOOK.format(pwned=str(pwned), secret=SECRET, home=str(Path.home())))
+    (root / "src" / "sitecustomize.py").write_text(HOOK.format(pwned=str(pwned), secret=SECRET,
+                                                                   home_pwned=str(_home_pwned(tmp_path))))
     (root / "setup.py").write_text(NEVER.format(marker=str(markers["setup.py"]), what="setup.py"))
     (root / "conftest.py").write_text(NEVER.format(marker=str(markers["conftest.py"]), what="conftest.py"))
     (root / "tests").mkdir(exist_ok=True)
@@ -91,7 +98,7 @@ def test_a_fork_pr_with_hooks_runs_them_only_in_the_sandbox(tmp_path, diffusers_
     for f in ran:
         seen = json.loads(f.read_text())
         assert seen["token"] == [] and seen["wrote"] == [], seen
-    assert not pwned.exists() and not (Path.home() / "pwned-by-fork-hook").exists()
+    assert not pwned.exists() and not _home_pwned(tmp_path).exists()
     assert [w for w, m in markers.items() if m.exists()] == []  # nothing installs or tests the engine
     assert p.returncode == 0, p.stdout + p.stderr  # and the profile itself is of the fork's head
     assert head[:12] in p.stdout + p.stderr or any(head in f.read_text() for f in runs.rglob("*.json")), p.stdout
@@ -105,7 +112,7 @@ def test_without_the_sandbox_the_fork_hook_writes_outside_its_scratch(tmp_path, 
     try:
         p, runs = _profile(tmp_path, root, head, "off")
         ran = list(runs.rglob("fork-hook-ran.json"))
-        assert ran and pwned.exists(), p.stdout + p.stderr
+        assert ran and pwned.exists() and _home_pwned(tmp_path).exists(), p.stdout + p.stderr
         assert str(pwned) in json.loads(ran[0].read_text())["wrote"]
     finally:
-        (Path.home() / "pwned-by-fork-hook").unlink(missing_ok=True)
+        _home_pwned(tmp_path).unlink(missing_ok=True)
