@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_template.sh WORKLOAD [RUN_ID]      # on the H200 (repo root, .whl/ carried)
 #   DEVICE=cpu bash benchmarks/gpu_template.sh flux2       # the same on CPU (tiny preset)
+#   BUDGET=300s bash benchmarks/gpu_template.sh qwen-image  # candidates reached after 300 s are held:
+#                                                          # fewer validations when device time is short
 #
 # The knowledge copy: kernel_store/ and lessons/ of this tree, less the entries whose `workloads`
 # name WL, as a git repository in /tmp (the knowledge PR's branch needs one). Lessons stay: they are
@@ -48,7 +50,7 @@ if [[ -n "$resume" ]]; then
     --json "$OUT/optimize-$wl.json" 2>&1 | tee -a "$OUT/optimize-$wl.txt"
 else
   timeout "$LIMIT" python3 -m bot optimize "$wl" --device "$DEVICE" --dry-run --generators "${GENERATORS:-replay,template}" \
-    --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} ${ABLATION:+--ablation-rounds $ABLATION} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
+    --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} ${BUDGET:+--budget $BUDGET} ${ABLATION:+--ablation-rounds $ABLATION} --json "$OUT/optimize-$wl.json" 2>&1 | tee "$OUT/optimize-$wl.txt"
 fi
 rc=${PIPESTATUS[0]}
 echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"

@@ -175,3 +175,80 @@ class SharedStatement(nn.Module):
         return a + b
 
     example = staticmethod(_inputs)
+
+
+def _inputs_two(seed, d=32, s=5, t=5):  # streams of one shape: one program, two kernels
+    g = torch.Generator().manual_seed(seed)
+    return {"pixels": torch.randn(2, s, d, generator=g), "words": torch.randn(2, t, d, generator=g),
+            "tau": torch.randn(2, d, generator=g)}
+
+
+class HelperModulate(nn.Module):
+    """Qwen-Image's block: each stream's norm on its own line in forward, its modulation in a helper
+    method that returns (modulated, gate); the helper is called twice (image and text stream)."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.img_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.txt_norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mod = nn.Linear(d, 6 * d)
+        self.proj = nn.Linear(d, d)
+
+    def _modulate(self, x, mod_params, index=None):
+        shift, scale, gate = mod_params.chunk(3, dim=-1)
+        shift_result, scale_result, gate_result = shift.unsqueeze(1), scale.unsqueeze(1), gate.unsqueeze(1)
+        return x * (1 + scale_result) + shift_result, gate_result
+
+    def forward(self, pixels, words, tau):
+        img_mod, txt_mod = self.mod(tau).chunk(2, dim=-1)
+        img_normed = self.img_norm(pixels)
+        img_modulated, img_gate = self._modulate(img_normed, img_mod)
+        txt_in = words + pixels[:, :1]  # not the prompt alone: that norm would be hoisted, not fused
+        txt_normed = self.txt_norm(txt_in)
+        txt_modulated, txt_gate = self._modulate(txt_normed, txt_mod)
+        return pixels + img_gate * self.proj(img_modulated), words + txt_gate * self.proj(txt_modulated)
+
+    example = staticmethod(_inputs_two)
+
+
+class HelperReadsInput(nn.Module):
+    """As HelperModulate, but the helper also reads its parameter outside the modulation (its shape):
+    with the norm moved into the helper it would see the norm's input, so the template refuses."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def _modulate(self, x, mod_params):
+        scale, shift = mod_params.view(x.shape[0], 1, -1).chunk(2, dim=-1)
+        return x * (1 + scale) + shift
+
+    def forward(self, pixels, words, tau):
+        normed = self.norm(pixels)
+        out = self._modulate(normed, self.mod(tau))
+        return self.proj(out)
+
+    example = staticmethod(_inputs_two)
+
+
+class HelperAffine(nn.Module):
+    """As HelperModulate with an affine norm: the helper would have to name one norm module's weight."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def _modulate(self, x, mod_params):
+        scale, shift = mod_params.unsqueeze(1).chunk(2, dim=-1)
+        return x * (1 + scale) + shift
+
+    def forward(self, pixels, words, tau):
+        normed = self.norm(pixels)
+        out = self._modulate(normed, self.mod(tau))
+        return self.proj(out)
+
+    example = staticmethod(_inputs_two)

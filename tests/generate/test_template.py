@@ -135,6 +135,9 @@ CASES = [
     # two statements (FLUX.2's norm, then its modulation on the next line), joined into one
     ("TwoStatements", "fuse-norm-consumer", "layer_norm -> mul -> add", "h = h * (1 + scale) + shift",
      "h = _optbot_kernels.tpl_layer_norm_mul_add_"),
+    # across a call (Qwen-Image's block): the norm in forward, its modulation in the helper's return
+    ("HelperModulate", "fuse-norm-consumer", "layer_norm -> add -> mul -> add", "img_normed = self.img_norm(pixels)",
+     "self._modulate(pixels, img_mod, _optbot_fused=_optbot_kernels.tpl_layer_norm_add_mul_"),
 ]
 
 
@@ -196,6 +199,10 @@ def test_template_end_to_end(engine, tmp_path, cls, kind, program, old, call_arg
 @pytest.mark.parametrize("cls, kind, why", [
     ("NotAdjacent", "fuse-norm-consumer", "are not adjacent in one block"),
     ("Clamped", "fuse-elementwise-chain", "aten::clamp is not in the template's table"),
+    # across a call: the helper reads its parameter besides the modulation (x.shape), or the norm's
+    # weight would have to be named in a helper that serves several norms
+    ("HelperReadsInput", "fuse-norm-consumer", "_modulate reads 'x' outside the fused expression"),
+    ("HelperAffine", "fuse-norm-consumer", "the norm has a weight or bias"),
 ])
 def test_refusals_name_the_reason(engine, tmp_path, cls, kind, why):
     graph, opps = _analyze(engine, cls, tmp_path)
@@ -374,3 +381,46 @@ def test_leaving_the_first_template_commit_out_keeps_the_second_runnable(engine,
     proc = runs(rebuilt)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "_optbot_kernels.tpl_" in (rebuilt / "toyeng" / "model.py").read_text()
+
+
+def test_two_norms_through_one_helper_stack(engine, tmp_path):
+    """HelperModulate's image and text norms both go through `_modulate`: two candidates whose helper
+    edit is the same text (it names no kernel), so the second cherry-picks cleanly onto the first;
+    the stacked model runs both kernels (the helper's other callers, none left here, would keep
+    `_optbot_fused=None`) and matches the original."""
+    import torch
+
+    from bot.engine import add_worktree
+
+    graph, opps = _analyze(engine, "HelperModulate", tmp_path)
+    norms = [o for o in opps if o.kind == "fuse-norm-consumer"]
+    assert {o.location.module_pattern for o in norms} == {"img_norm", "txt_norm"}
+    res = generate_templates(engine, graph, norms, _ctx(tmp_path))
+    assert [r.status for r in res] == ["candidate", "candidate"], [r.reason for r in res]
+    wt = add_worktree(engine, "tpl-stack-helper")
+    r = git.Repo(wt)
+    for c in res:
+        r.git.cherry_pick(c.candidate.commit_sha)  # raises on a conflict
+    src = (wt / "toyeng" / "model.py").read_text()
+    assert src.count("_optbot_fused=None") == 1 and src.count("_optbot_fused=_optbot_kernels.tpl_") == 2
+    assert "self.img_norm(" not in src and "self.txt_norm(" not in src
+    out = tmp_path / "stack.pt"
+    probe = ("import sys, torch; from toyeng import model as M; import toyeng.optbot_kernels as k\n"
+             "ran = []\n"
+             "for name in [n for n in dir(k) if n.startswith('tpl_')]:\n"
+             "    mod = getattr(k, name); f = getattr(mod, name)\n"
+             "    def spy(*a, _f=f, _n=name): ran.append(_n); return _f(*a)\n"
+             "    setattr(mod, name, spy)\n"
+             "torch.manual_seed(0); m = M.HelperModulate().eval()\n"
+             "with torch.inference_mode(): y = m(**m.example(7))\n"
+             "torch.save(y, sys.argv[1]); print(sorted(set(ran)))")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{wt}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, "-c", probe, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(eval(proc.stdout.strip().splitlines()[-1])) == 2  # each stream's kernel ran
+    M = _base_model(engine, "HelperModulate")
+    torch.manual_seed(0)
+    m = M.HelperModulate().eval()
+    with torch.inference_mode():
+        want = m(**m.example(7))
+    torch.testing.assert_close(torch.load(out), want, atol=1e-4, rtol=1e-4)

@@ -35,8 +35,11 @@ def describe(p: Program) -> str:
 
 
 def emit(p: Program) -> Emitted:
+    # the source lines are in the name: two norms of one shape through one helper (Qwen-Image's
+    # img_norm1 and img_norm2 via _modulate) are the same program, and one module name with two
+    # texts (their docstrings name their graph ops) made the second commit conflict with the first
     sig = hashlib.sha1(repr([(n.op, n.args, sorted(n.attrs.items())) for n in p.nodes]).encode()
-                       + repr([(i.role, i.shape) for i in p.inputs]).encode()).hexdigest()[:6]
+                       + repr([(i.role, i.shape) for i in p.inputs]).encode() + repr(p.srcs).encode()).hexdigest()[:6]
     slug = "_".join(dict.fromkeys(n.op for n in p.nodes))[:40]
     name = f"tpl_{slug}_{sig}"
     reduces = any(n.op in NORMS or n.op in REDUCE for n in p.nodes)

@@ -123,8 +123,8 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
     except Refused:
         remove_worktree(checkout, wt)  # nothing was written: no worktree left behind for a refusal
         raise
-    last = rw.line + rw.old_statement.count("\n")
-    who = next((c[3] for c in ctx.claimed if c[0] == rw.engine_file and c[1] <= last and rw.line <= c[2]), None)
+    who = next((c[3] for c in ctx.claimed for first, last in rw.spans
+                if c[0] == rw.engine_file and c[1] <= last and first <= c[2]), None)
     if who is not None:
         remove_worktree(checkout, wt)
         return TemplateResult(opp.id, "covered", f"{rw.engine_file}:{rw.line} is changed by {who}: the two would "

@@ -14,6 +14,18 @@ adjacent simple assignments of one block, each earlier one's value read exactly 
 ones, no name it reads reassigned before it would be inlined, and no earlier target (other than the
 last statement's own) read after the run. They are inlined into the last one's expression, matched as
 one statement, and replaced by one assignment to the last target.
+
+Across a call (Qwen-Image's `img_normed = self.img_norm1(hidden_states)` then
+`img_modulated, img_gate = self._modulate(img_normed, img_mod1)`, whose `return x * (1 + scale) +
+shift, gate` holds the consumers): the norm statement is in a method and the consumers in one
+statement of another method of the same class that it calls with the norm's value on the next line.
+The helper gets a trailing parameter `_optbot_fused=None` and its matched sub-expression S becomes
+`(S if _optbot_fused is None else _optbot_fused(<inputs>))`, its parameter then holding the norm's
+input; the caller drops the norm statement and passes the norm's input and `_optbot_fused=<kernel>`.
+The helper's edit names no kernel, so two candidates through one helper (img_norm1, img_norm2) make
+the same edit there and stack; its other callers keep their behaviour. Refused: a norm with a weight
+or bias (the helper serves several norm modules), the norm's value read other than once as that
+call's argument, and a helper that reads the parameter outside S.
 """
 from __future__ import annotations
 
@@ -22,7 +34,7 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.generate.template.emit import Emitted
+from bot.generate.template.emit import Emitted, describe
 from bot.generate.template.lift import Node, Program, Refused
 
 AST_BIN = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "div": ast.Div}
@@ -60,6 +72,8 @@ class Rewrite:
     kernel_file: str  # where the kernel module goes, relative to the import root
     import_line: str
     source: str  # the engine file's new text
+    # base-side line ranges the rewrite changes (first, last): where another candidate's edit would conflict
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 def kernel_location(engine_file: str, op_name: str) -> tuple[str, str]:
@@ -76,7 +90,7 @@ MAX_STATEMENTS = 4
 
 def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     if not p.src:
-        return _rewrite_run(p, e, import_root)
+        return _rewrite_lines(p, e, import_root)
     efile, _, eline = p.src.rpartition(":")
     path = import_root / efile
     if not efile or not eline.isdigit() or not path.is_file():
@@ -102,13 +116,14 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     a = starts[sub.lineno - 1] + _col(lines[sub.lineno - 1], sub.col_offset)
     b = starts[sub.end_lineno - 1] + _col(lines[sub.end_lineno - 1], sub.end_col_offset)
     new_text = text[:a] + call + text[b:]
-    return _finish(p.src, efile, path, tree, new_text, stmt.lineno, ast.unparse(stmt), dotted, alias, e, kfile)
+    return _finish(p.src, efile, path, tree, new_text, stmt.lineno, ast.unparse(stmt), dotted, alias, e, kfile,
+                   stmt.end_lineno or stmt.lineno)
 
 
-def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str, lineno: int, old: str, dotted: str,
-            alias: str, e: Emitted, kfile: str) -> Rewrite:
-    """The import of the kernel added after the module's imports, the file parsed again, and the
-    new statement (at `lineno`, one line down for the import) found holding the kernel call."""
+def _with_import(where: str, path: Path, tree: ast.Module, new_text: str, dotted: str, alias: str,
+                 e: Emitted) -> tuple[str, ast.Module, str, int]:
+    """(text with the kernel's import after the module's imports, its tree, the import line, how many
+    lines the import moved everything below it: 0 where the line is there already)."""
     pkg = dotted.rsplit(".", 1)[0]
     if alias.startswith(PACKAGE_ALIAS + "."):
         parent, _, name = pkg.rpartition(".")
@@ -116,19 +131,28 @@ def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str,
     else:
         import_line = f"from {pkg}.{e.op_name} import {e.op_name} as {alias}  # optbot template kernel\n"
     new_lines = new_text.splitlines(keepends=True)
+    shift = 0
     if import_line not in new_lines:
         at = _import_point(tree)
         new_text = "".join(new_lines[:at] + [import_line] + new_lines[at:])
-    else:  # a tree with a template kernel of this package already: the statement's line does not move
-        lineno -= 1
+        shift = 1
     try:
         new_tree = ast.parse(new_text, filename=str(path))
     except SyntaxError as err:
         raise Refused(f"{where}: the rewritten file does not parse ({err})") from None
-    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == lineno + 1), None)
+    return new_text, new_tree, import_line.strip(), shift
+
+
+def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str, lineno: int, old: str, dotted: str,
+            alias: str, e: Emitted, kfile: str, last: int) -> Rewrite:
+    """The import of the kernel added, the file parsed again, and the new statement (at `lineno`,
+    one line down for the import) found holding the kernel call; base lines lineno..last changed."""
+    new_text, new_tree, import_line, shift = _with_import(where, path, tree, new_text, dotted, alias, e)
+    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == lineno + shift), None)
     if new_stmt is None or alias not in ast.unparse(new_stmt):
         raise Refused(f"{where}: the rewritten statement was not found after the rewrite")
-    return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line.strip(), new_text)
+    return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line, new_text,
+                   spans=((lineno, last),))
 
 
 def _find(p: Program, expr: ast.expr, says: str) -> tuple[ast.expr, dict[str, str]]:
@@ -166,9 +190,19 @@ class _Inline(ast.NodeTransformer):
         return copy.deepcopy(self.value) if node.id == self.name and isinstance(node.ctx, ast.Load) else node
 
 
-def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
-    """The ops' lines are a run of adjacent simple assignments: inline them into the last one
-    (module docstring), match that, and replace the run by one assignment."""
+@dataclass(frozen=True)
+class _Lines:
+    """The statements the instance's ops came from (several lines of one file)."""
+    import_root: Path
+    where: str
+    efile: str
+    path: Path
+    text: str
+    tree: ast.Module
+    stmts: list[ast.stmt]
+
+
+def _statements(p: Program, import_root: Path) -> _Lines:
     where = ", ".join(p.srcs)
     files = {s.rpartition(":")[0] for s in p.srcs}
     lines = sorted({int(s.rpartition(":")[2]) for s in p.srcs if s.rpartition(":")[2].isdigit()})
@@ -189,6 +223,29 @@ def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
         stmt = min(cover, key=lambda s: (s.end_lineno or s.lineno) - s.lineno)
         if stmt not in stmts:
             stmts.append(stmt)
+    return _Lines(import_root, where, efile, path, text, tree, stmts)
+
+
+def _function_of(tree: ast.Module, stmt: ast.stmt) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The innermost function holding stmt."""
+    fs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and any(s is stmt for s in ast.walk(f))]
+    return min(fs, key=lambda f: (f.end_lineno or f.lineno) - f.lineno) if fs else None
+
+
+def _rewrite_lines(p: Program, e: Emitted, import_root: Path) -> Rewrite:
+    ls = _statements(p, import_root)
+    funcs = {id(_function_of(ls.tree, s)) for s in ls.stmts}
+    if len(funcs) > 1:
+        return _rewrite_across_call(p, e, ls)
+    return _rewrite_run(p, e, ls)
+
+
+def _rewrite_run(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
+    """The ops' lines are a run of adjacent simple assignments: inline them into the last one
+    (module docstring), match that, and replace the run by one assignment."""
+    where, efile, path, text, tree, stmts = ls.where, ls.efile, ls.path, ls.text, ls.tree, ls.stmts
+    import_root = ls.import_root
     if len(stmts) > MAX_STATEMENTS:
         raise Refused(f"the instance's ops come from {len(stmts)} statements ({where}); the template joins at most "
                       f"{MAX_STATEMENTS}")
@@ -239,7 +296,139 @@ def _rewrite_run(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     new_text = "".join(src_lines[:stmts[0].lineno - 1] + [f"{indent}{final} = {ast.unparse(expr)}\n"]
                        + src_lines[last.end_lineno or last.lineno:])
     old = "\n".join(ast.unparse(s) for s in stmts)
-    return _finish(where, efile, path, tree, new_text, stmts[0].lineno, old, dotted, alias, e, kfile)
+    return _finish(where, efile, path, tree, new_text, stmts[0].lineno, old, dotted, alias, e, kfile,
+                   last.end_lineno or last.lineno)
+
+
+FUSED_PARAM = "_optbot_fused"
+
+
+def _rewrite_across_call(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
+    """The norm statement in one method, its consumers in one statement of a helper method it calls
+    with the norm's value (module docstring): the helper takes the kernel as `_optbot_fused`."""
+    where, efile, text, tree = ls.where, ls.efile, ls.text, ls.tree
+    groups: dict[int, tuple[ast.FunctionDef, list[ast.stmt]]] = {}
+    for st in ls.stmts:
+        fn = _function_of(tree, st)
+        groups.setdefault(id(fn), (fn, []))[1].append(st)
+    if len(groups) != 2 or any(fn is None for fn, _ in groups.values()):
+        raise Refused(f"the instance's ops come from {len(groups)} functions ({where}); the template follows one "
+                      "call from a method into a helper method")
+    (fa, sa), (fb, sb) = groups.values()
+    if _calls(fa, fb.name) and not _calls(fb, fa.name):
+        caller, cstmts, helper, hstmts = fa, sa, fb, sb
+    elif _calls(fb, fa.name) and not _calls(fa, fb.name):
+        caller, cstmts, helper, hstmts = fb, sb, fa, sa
+    else:
+        raise Refused(f"{where}: neither {fa.name} nor {fb.name} calls the other as self.<method>(...)")
+    cls = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and caller in c.body and helper in c.body), None)
+    if cls is None:
+        raise Refused(f"{where}: {caller.name} and {helper.name} are not methods of one class")
+    if len(cstmts) != 1 or len(hstmts) != 1:
+        raise Refused(f"{where}: {len(cstmts)} statement(s) in {caller.name} and {len(hstmts)} in {helper.name}; "
+                      "across a call the template takes one norm statement and one helper statement")
+    norm_stmt, use = cstmts[0], hstmts[0]
+    norms = [n for n in p.nodes if n.op in ("layer_norm", "rms_norm")]
+    if len(norms) != 1 or norms[0].args[0] not in {i.name for i in p.inputs}:
+        raise Refused(f"{where}: across a call the template takes one norm of a program input ({describe(p)})")
+    norm = norms[0]
+    if "weight" in norm.attrs or "bias" in norm.attrs:
+        raise Refused(f"{efile}:{norm_stmt.lineno}: the norm has a weight or bias; across a call the template "
+                      f"passes only the norm's input, and {helper.name} may serve several norm modules")
+    if not (isinstance(norm_stmt, ast.Assign) and len(norm_stmt.targets) == 1 and isinstance(norm_stmt.targets[0], ast.Name)
+            and isinstance(norm_stmt.value, ast.Call) and norm_stmt.value.args):
+        raise Refused(f"{efile}:{norm_stmt.lineno}: {ast.unparse(norm_stmt)[:80]!r} is not `name = <norm>(x, ...)`")
+    normed = norm_stmt.targets[0].id
+    body = next((b for node in ast.walk(caller) for b in _bodies(node) if norm_stmt in b), [])
+    k = body.index(norm_stmt)
+    reads = [n for st in ast.walk(caller) if isinstance(st, ast.stmt) and st.lineno > (norm_stmt.end_lineno or norm_stmt.lineno)
+             for n in _loads(st) if n.id == normed]
+    reads = list({id(n): n for n in reads}.values())  # a Name sits under every statement that encloses it
+    call_stmt = body[k + 1] if k + 1 < len(body) else None
+    call = next((c for c in ast.walk(call_stmt) if isinstance(c, ast.Call) and _is_self_call(c, helper.name)), None) \
+        if call_stmt is not None else None
+    if call is None or len(reads) != 1:
+        raise Refused(f"{efile}:{norm_stmt.lineno}: {normed!r} is read {len(reads)} time(s) after it; the template "
+                      f"moves the norm into {helper.name} only for a value passed to it once, on the next line")
+    (read,) = reads
+    a = helper.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or not a.args or a.args[0].arg != "self" \
+            or any(x.arg == FUSED_PARAM for x in a.args):
+        raise Refused(f"{efile}:{helper.lineno}: {helper.name}'s parameters are not `(self, plain, ...)`")
+    pos = next((i for i, x in enumerate(call.args) if x is read), None)
+    if pos is not None and pos + 1 < len(a.args):
+        param = a.args[pos + 1].arg
+    else:
+        param = next((kw.arg for kw in call.keywords if kw.value is read and kw.arg in {x.arg for x in a.args}), None)
+    if param is None:
+        raise Refused(f"{efile}:{call_stmt.lineno}: {normed!r} is not passed to {helper.name} as a plain argument")
+    if not isinstance(use, (ast.Return, ast.Assign)) or use.value is None:
+        raise Refused(f"{efile}:{use.lineno}: the helper statement is a {type(use).__name__}, not a return or an assignment")
+    # the helper's expression with its parameter standing for the norm's call on it: matched as one statement
+    marker = copy.deepcopy(norm_stmt.value)
+    marker.args[0] = ast.Name(param, ast.Load())
+    expr = _Inline(param, marker).visit(copy.deepcopy(use.value))
+    sub, bind = _find(p, expr, f"{where}: no sub-expression of {helper.name}'s")
+    if bind.get(norm.args[0]) != param:
+        raise Refused(f"{where}: the norm's input binds to {bind.get(norm.args[0])!r}, not {helper.name}'s {param!r}")
+    span = ((sub.lineno, sub.col_offset), (sub.end_lineno, sub.end_col_offset))
+    outside = [n for n in _loads(helper) if n.id == param and not span[0] <= (n.lineno, n.col_offset) < span[1]]
+    stored = [n for n in ast.walk(helper) if isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load)]
+    if outside or stored:
+        n = (outside or stored)[0]
+        raise Refused(f"{efile}:{n.lineno}: {helper.name} {'reads' if outside else 'assigns'} {param!r} outside "
+                      "the fused expression; it would see the norm's input instead of its output")
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+
+    def at(line: int, col: int) -> int:
+        return starts[line - 1] + _col(lines[line - 1], col)
+
+    kfile, dotted = kernel_location(efile, e.op_name)
+    alias = _callee(ls.import_root, kfile, e)
+    s_text = text[at(*span[0]):at(*span[1])]
+    args = ", ".join(bind[i.name] for i in p.inputs)
+    last_param = a.args[-1]
+    sig_end = a.defaults[-1] if a.defaults else last_param
+    call_end = max([*call.args, *(kw.value for kw in call.keywords)], key=lambda x: (x.end_lineno, x.end_col_offset))
+    raw = ast.get_source_segment(text, norm_stmt.value.args[0])
+    n_first, n_last = norm_stmt.lineno, norm_stmt.end_lineno or norm_stmt.lineno
+    if lines[n_first - 1][:_col(lines[n_first - 1], norm_stmt.col_offset)].strip() or \
+            lines[n_last - 1][_col(lines[n_last - 1], norm_stmt.end_col_offset):].split("#")[0].strip():
+        raise Refused(f"{efile}:{n_first}: the norm statement shares its lines with other code")
+    edits = [  # (start, end, new text), base-file offsets; applied from the end
+        (at(*span[0]), at(*span[1]), f"({s_text} if {FUSED_PARAM} is None else {FUSED_PARAM}({args}))"),
+        (at(sig_end.end_lineno, sig_end.end_col_offset),) * 2 + (f", {FUSED_PARAM}=None",),
+        (starts[n_first - 1], starts[n_last], ""),
+        (at(read.lineno, read.col_offset), at(read.end_lineno, read.end_col_offset), raw),
+        (at(call_end.end_lineno, call_end.end_col_offset),) * 2 + (f", {FUSED_PARAM}={alias}",),
+    ]
+    new_text = text
+    for a0, b0, t in sorted(edits, key=lambda x: x[0], reverse=True):
+        new_text = new_text[:a0] + t + new_text[b0:]
+    new_text, new_tree, import_line, _ = _with_import(where, ls.path, tree, new_text, dotted, alias, e)
+    new_call = next((st for st in ast.walk(new_tree) if isinstance(st, ast.stmt) and not isinstance(st, ast.FunctionDef)
+                     and f"{FUSED_PARAM}={alias}" in ast.unparse(st)), None)
+    new_use = next((st for st in ast.walk(new_tree) if isinstance(st, type(use)) and not isinstance(st, ast.FunctionDef)
+                    and f"{FUSED_PARAM} is None else {FUSED_PARAM}(" in ast.unparse(st)), None)
+    if new_call is None or new_use is None:
+        raise Refused(f"{where}: the rewritten statements were not found after the rewrite")
+    old = f"{ast.unparse(norm_stmt)}\n{ast.unparse(call_stmt)}\n{helper.name}: {ast.unparse(use)}"
+    new = f"{ast.unparse(new_call)}\n{helper.name}: {ast.unparse(new_use)}"
+    spans = ((n_first, call_stmt.end_lineno or call_stmt.lineno), (helper.lineno, sig_end.end_lineno),
+             (use.lineno, use.end_lineno or use.lineno))
+    return Rewrite(efile, n_first, old, new, kfile, import_line, new_text, spans=spans)
+
+
+def _is_self_call(c: ast.Call, name: str) -> bool:
+    return isinstance(c.func, ast.Attribute) and c.func.attr == name and isinstance(c.func.value, ast.Name) \
+        and c.func.value.id == "self"
+
+
+def _calls(fn: ast.AST, name: str) -> bool:
+    return any(isinstance(c, ast.Call) and _is_self_call(c, name) for c in ast.walk(fn))
 
 
 class _Replace(ast.NodeTransformer):
