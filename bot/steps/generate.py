@@ -157,7 +157,7 @@ def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
     t = ctx.target
     tctx = TemplateContext(workload=t.workload.name, engine=t.engine_name or t.workload.default_engine,
                            engine_source=str(t.checkout.repo_path), hardware=ctx.hardware() or "", run_id=ctx.run_id,
-                           entries_dir=ctx.run_dir / "template",
+                           entries_dir=ctx.run_dir / "template", dtype=t.dtype,
                            covered=frozenset(r.opportunity_id for r in replayed),
                            claimed=tuple(c for r in replayed
                                          for c in changed_lines(t.checkout, r.candidate.commit_sha, f"store entry {r.entry_id}")))

@@ -251,7 +251,7 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     (tmp_path / "analysis.full.json").write_text(json.dumps({"meta": {"graph_file": str(gfile)}}))
     ctx = RunContext("r", tmp_path, RunOptions(workload="toy", generators=("replay", "template")), Budget(), Results(),
                      log=lambda m: None)
-    ctx._target = SimpleNamespace(device="cpu", dtype="float32", preset="tiny", engine_name="toy",
+    ctx._target = SimpleNamespace(device="cpu", dtype="bfloat16", preset="tiny", engine_name="toy",
                                   workload=SimpleNamespace(name="toy", default_engine="toy"), checkout=engine)
     monkeypatch.setattr(RunContext, "hardware", lambda self: "cpu")
     # the toy's chain is a sliver of a CPU step; as a share of the step the analyzer could find it
@@ -264,6 +264,7 @@ def test_generate_step_runs_the_template_after_replay(engine, tmp_path, monkeypa
     # learn gives the learned entry the config space the template wrote for this commit (and no other's)
     from bot.steps.learn import _template_config_space
     (written,) = (tmp_path / "template").iterdir()
+    assert load_entry(written).dtypes == ("bfloat16",)  # the run's dtype (the capture is fp32, the entry is not)
     space = _template_config_space(ctx, res.candidates[0].commit_sha)
     assert space and space == load_entry(written).config_space
     assert _template_config_space(ctx, engine.base_sha) == {}

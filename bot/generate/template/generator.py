@@ -57,6 +57,7 @@ class TemplateContext:
     entries_dir: Path  # where the entry folders go (the run's directory)
     covered: frozenset[str] = field(default_factory=frozenset)  # opportunity ids a replayed entry covers
     min_gain_pct: float = MIN_GAIN_PCT  # 0 writes every opportunity (tests of small models)
+    dtype: str = "float32"  # the run's activation dtype (the target's), recorded in the entry
     # base-side lines other candidates change: (file relative to the import root, first, last, who);
     # a replayed entry's patch often rewrites more than the opportunity it was matched to
     claimed: tuple[tuple[str, int, int, str], ...] = ()
@@ -165,7 +166,7 @@ def _commit(checkout: EngineCheckout, opp: Opportunity, p: Program, e: Emitted, 
         engine=ctx.engine, engine_source=ctx.engine_source, base_sha=checkout.base_sha, commit_sha=sha, title=title,
         patch=patch, changed_files=[rel(rw.engine_file), kernel_rel, test_rel],
         added_files={kernel_rel: e.module_source, test_rel: e.test_source},
-        workload=ctx.workload, dtype="float32", adds_kernels=[e.kernel_name], entry_name=name, entry_status="candidate",
+        workload=ctx.workload, dtype=ctx.dtype, adds_kernels=[e.kernel_name], entry_name=name, entry_status="candidate",
         config_space=e.config_space)
     entry_dir = write_entry(outcome, ctx.entries_dir)
     cand = Candidate(id=f"template-{opp.id}", opportunity_id=opp.id, kind=opp.kind, generator=GENERATOR,
