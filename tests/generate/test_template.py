@@ -136,8 +136,8 @@ CASES = [
     ("TwoStatements", "fuse-norm-consumer", "layer_norm -> mul -> add", "h = h * (1 + scale) + shift",
      "h = _optbot_kernels.tpl_layer_norm_mul_add_"),
     # across a call (Qwen-Image's block): the norm in forward, its modulation in the helper's return
-    ("HelperModulate", "fuse-norm-consumer", "layer_norm -> add -> mul -> add", "img_normed = self.img_norm(pixels)",
-     "self._modulate(pixels, img_mod, _optbot_fused=_optbot_kernels.tpl_layer_norm_add_mul_"),
+    ("HelperModulate", "fuse-norm-consumer", "layer_norm -> add -> mul -> add", "return x * (1 + scale_result) + shift_result, gate_result",
+     ", _optbot_fused=_optbot_kernels.tpl_layer_norm_add_mul_"),  # either stream's norm ranks first
 ]
 
 
