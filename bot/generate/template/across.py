@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import copy
+from pathlib import Path
 
 from bot.generate.template.emit import Emitted, describe
 from bot.generate.template.lift import Program, Refused
-from bot.generate.template.wire import (Rewrite, _bodies, _callee, _col, _find, _function_of, _Inline, _Lines, _loads,
+from bot.generate.template import wire
+from bot.generate.template.wire import (Rewrite, _bodies, _statements, _callee, _col, _find, _function_of, _Inline, _Lines, _loads,
                                         _with_import, kernel_location)
 
 FUSED_PARAM = "_optbot_fused"
@@ -139,3 +141,12 @@ def _is_self_call(c: ast.Call, name: str) -> bool:
 
 def _calls(fn: ast.AST, name: str) -> bool:
     return any(isinstance(c, ast.Call) and _is_self_call(c, name) for c in ast.walk(fn))
+
+
+def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
+    """wire.rewrite, and the rewrite across a call where the ops' lines are in two functions."""
+    if not p.src:
+        ls = _statements(p, import_root)
+        if len({id(_function_of(ls.tree, s)) for s in ls.stmts}) > 1:
+            return rewrite_across_call(p, e, ls)
+    return wire.rewrite(p, e, import_root)

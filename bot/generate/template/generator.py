@@ -22,7 +22,8 @@ from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
 from bot.generate.template.emit import Emitted, describe, emit
 from bot.generate.template.lift import Program, Refused, instances, lift
-from bot.generate.template.wire import PACKAGE_INIT, Rewrite, rewrite
+from bot.generate.template.across import rewrite
+from bot.generate.template.wire import PACKAGE_INIT, Rewrite
 from bot.knowledge.learn import Outcome, write_entry
 
 KINDS = ("fuse-norm-consumer", "fuse-elementwise-chain")

@@ -234,12 +234,7 @@ def _function_of(tree: ast.Module, stmt: ast.stmt) -> ast.FunctionDef | ast.Asyn
 
 
 def _rewrite_lines(p: Program, e: Emitted, import_root: Path) -> Rewrite:
-    ls = _statements(p, import_root)
-    funcs = {id(_function_of(ls.tree, s)) for s in ls.stmts}
-    if len(funcs) > 1:
-        from bot.generate.template.across import rewrite_across_call  # it uses this module's matcher
-        return rewrite_across_call(p, e, ls)
-    return _rewrite_run(p, e, ls)
+    return _rewrite_run(p, e, _statements(p, import_root))
 
 
 def _rewrite_run(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
