@@ -34,7 +34,7 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.generate.template.emit import Emitted, describe
+from bot.generate.template.emit import Emitted
 from bot.generate.template.lift import Node, Program, Refused
 
 AST_BIN = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "div": ast.Div}
