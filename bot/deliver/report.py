@@ -216,9 +216,14 @@ def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None
     env = (base.env if base else {}) or (prof.env if prof else {}) or {}
     commits = comb.commits if comb else []
     blocks: list = [H(2, f"optbot: {co.workload} on {co.engine} @ {co.base_sha[:12]}")]
-    blocks.append(P(f"{len(commits)} optimization(s) on branch `{comb.branch if comb else '?'}` "
+    sv = comb.stack_verdict if comb else None
+    refused = bool(comb and comb.refused)
+    blocks.append(P(f"{len(commits)} {'commit(s)' if refused else 'optimization(s)'} on branch `{comb.branch if comb else '?'}` "
                     f"(preset {co.preset}, {co.dtype}, shape {co.shape}). "
                     f"Every number below names the device that measured it; CPU timings never stand in for GPU results."))
+    if refused:
+        blocks.append(P(f"**Not delivered**: each commit was accepted alone, but the stack re-validated as a whole "
+                        f"was {sv.status} ({sv.reason}: {sv.summary[:300]})."))
 
     blocks.append(H(3, "Per-step latency: baseline vs optimized"))
     lat, _ = latency_table(results)

@@ -55,6 +55,18 @@ class Result:
     def summary(self) -> str:
         return f"{self.branch}: {len(self.commits)} commit(s); {self.stack_note}; {self.ablation_note}"
 
+    @property
+    def refused(self) -> bool:
+        """The stack was re-validated as a whole and not accepted: each commit passed alone, together
+        they are no measured gain, so deliver opens no engine PR (Qwen-Image, H200, 2026-12-03: one
+        commit accepted alone at 1.016x, its re-validation 1.012x inside a 1.62% noise band)."""
+        return bool(self.commits) and self.stack_verdict is not None and not self.stack_verdict.accepted
+
+    @property
+    def delivered(self) -> int:
+        """How many optimizations the engine pull request delivers."""
+        return 0 if self.refused else len(self.commits)
+
     def candidate_of(self, sha: str) -> str:
         return next((c.candidate_id for c in self.commits if c.sha == sha), sha[:12])
 

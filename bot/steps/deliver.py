@@ -104,11 +104,10 @@ def run(ctx: RunContext) -> Result:
     links = {"entries": entries, "lessons": lessons, "knowledge_pr": kpr.url}
     body = rpt.to_markdown(rpt.build_blocks(res, ctx.run_id, links, chart_src=None, command=ctx.options.command,
                                             steps=steps))
-    n = len(comb.commits)
+    n = comb.delivered
     title = f"optbot: {n} optimization(s) for {workload} ({co.preset}) @ {base[:12]}"
     if n == 0:
-        epr = PullRequestRef("none", note="no accepted optimization, so no engine pull request "
-                                          f"(branch {comb.branch} equals the base)")
+        epr = PullRequestRef("none", note=no_pr_note(comb))
         if forge.name == "local":
             forge.publish_engine(co.repo_path, comb.branch, comb.head_sha, None, title, body)
     else:
@@ -136,6 +135,15 @@ def run(ctx: RunContext) -> Result:
                   notes=notes, dashboard=dash)
 
 
+def no_pr_note(comb) -> str:
+    if comb.refused:
+        sv = comb.stack_verdict
+        return (f"no engine pull request: the stack of {len(comb.commits)} commit(s), each accepted alone, was "
+                f"{sv.status} when re-validated as a whole ({sv.reason or sv.status}: {sv.summary[:200]}); "
+                f"branch {comb.branch} is kept at {comb.head_sha[:12]} for a person to look at")
+    return f"no accepted optimization, so no engine pull request (branch {comb.branch} equals the base)"
+
+
 def update_dashboard(ctx: RunContext, epr: PullRequestRef) -> PullRequestRef:
     """This workload's section of the forge's dashboard. Whatever goes wrong here (GitHub down, a
     store entry that does not parse) is the returned ref's note: the PRs above are delivered."""
@@ -156,6 +164,10 @@ def reply_text(res, n: int, epr: PullRequestRef, kpr: PullRequestRef) -> str:
     co = res.checkout
     lines = [f"**optbot** finished `{co.workload}` @ `{co.base_sha[:12]}`: {n} optimization(s) accepted."]
     sv = res.combine.stack_verdict if res.combine else None
+    if res.combine and res.combine.refused:
+        lines[0] = (f"**optbot** finished `{co.workload}` @ `{co.base_sha[:12]}`: {len(res.combine.commits)} "
+                    f"candidate(s) accepted alone, but their stack was {sv.status} when re-validated "
+                    f"({sv.reason}): nothing delivered.")
     m = measurements(sv) if sv else {}
     timed = [(s.mode, m.get(f"base_{s.mode}"), m.get(f"cand_{s.mode}")) for s in (sv.speed if sv else [])]
     timed = [(mode, b, c) for mode, b, c in timed if b and c and c.median_ms]

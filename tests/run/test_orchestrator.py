@@ -220,3 +220,23 @@ def test_paused_before_a_step_and_the_stack_checkpoint(standin, forge_env):
     head = st2.result("combine").head_sha
     assert json.loads((st2.run_dir / "validate" / "stack" / "verdict-record.json").read_text())["sha"] == head
     assert len(st2.result("combine").stack_sha256) == 64
+
+
+def test_a_stack_refused_on_revalidation_opens_no_engine_pr(standin, forge_env):
+    """Each commit accepted alone, the stack rejected as a whole: no engine PR claims a gain, the reply
+    and the report say why, and the branch stays for a person to look at."""
+    env = forge_env
+
+    def refusing(t, ref, base, opts):
+        v = stack_validator(t, ref, base, opts)
+        v.status, v.reason, v.summary = "rejected", "no-change", "faster in no mode: eager 1.012x (noise 1.62%)"
+        return v
+
+    s = run_optimize(_opts(env), steps=fake_steps(Path(env["knowledge"].working_tree_dir)), validate=refusing)
+    d = s.result("deliver")
+    assert d.engine_pr.action == "none" and "rejected when re-validated" in d.engine_pr.note
+    assert standin.pulls("team/engine", _branch(env)) == []
+    reply = [c for c in standin.comments("team/engine", env["trigger_pr"]) if c["user"]["login"] == "optbot"][-1]
+    assert "accepted alone" in reply["body"] and "nothing delivered" in reply["body"]
+    md = Path(d.report_md).read_text()
+    assert "**Not delivered**" in md and "2 commit(s) on branch" in md
