@@ -144,9 +144,11 @@ def _calls(fn: ast.AST, name: str) -> bool:
 
 
 def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
-    """wire.rewrite, and the rewrite across a call where the ops' lines are in two functions."""
-    if not p.src:
-        ls = _statements(p, import_root)
-        if len({id(_function_of(ls.tree, s)) for s in ls.stmts}) > 1:
-            return rewrite_across_call(p, e, ls)
-    return wire.rewrite(p, e, import_root)
+    """wire.rewrite, and the rewrite across a call where the ops' lines are in two functions (the
+    file parsed once for either)."""
+    if p.src:
+        return wire.rewrite(p, e, import_root)
+    ls = _statements(p, import_root)
+    if len({id(_function_of(ls.tree, s)) for s in ls.stmts}) > 1:
+        return rewrite_across_call(p, e, ls)
+    return wire._rewrite_run(p, e, ls)

@@ -90,7 +90,7 @@ MAX_STATEMENTS = 4
 
 def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     if not p.src:
-        return _rewrite_lines(p, e, import_root)
+        return _rewrite_run(p, e, _statements(p, import_root))
     efile, _, eline = p.src.rpartition(":")
     path = import_root / efile
     if not efile or not eline.isdigit() or not path.is_file():
@@ -233,10 +233,6 @@ def _function_of(tree: ast.Module, stmt: ast.stmt) -> ast.FunctionDef | ast.Asyn
     return min(fs, key=lambda f: (f.end_lineno or f.lineno) - f.lineno) if fs else None
 
 
-def _rewrite_lines(p: Program, e: Emitted, import_root: Path) -> Rewrite:
-    return _rewrite_run(p, e, _statements(p, import_root))
-
-
 def _rewrite_run(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
     """The ops' lines are a run of adjacent simple assignments: inline them into the last one
     (module docstring), match that, and replace the run by one assignment."""
@@ -253,9 +249,7 @@ def _rewrite_run(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
     k = body.index(stmts[0]) if body else -1
     if body is None or body[k:k + len(stmts)] != stmts:
         raise Refused(f"the statements at {where} are not adjacent in one block")
-    func = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and f.lineno <= stmts[0].lineno <= (f.end_lineno or f.lineno)
-                 and any(st is stmts[0] for st in ast.walk(f))), None)
+    func = _function_of(tree, stmts[0])
     last = stmts[-1]
     final = last.targets[0].id
     expr = copy.deepcopy(last.value)
