@@ -9,8 +9,8 @@ from pathlib import Path
 from bot.generate.template.emit import Emitted, describe
 from bot.generate.template.lift import Program, Refused
 from bot.generate.template import wire
-from bot.generate.template.wire import (Rewrite, _bodies, _statements, _callee, _col, _find, _function_of, _Inline, _Lines, _loads,
-                                        _with_import, kernel_location)
+from bot.generate.template.wire import (Rewrite, _alone, _bodies, _statements, _callee, _find, _function_of, _Inline, _Lines,
+                                        _loads, _offsets, _with_import, kernel_location)
 
 FUSED_PARAM = "_optbot_fused"
 
@@ -90,14 +90,7 @@ def rewrite_across_call(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
         n = (outside or stored)[0]
         raise Refused(f"{efile}:{n.lineno}: {helper.name} {'reads' if outside else 'assigns'} {param!r} outside "
                       "the fused expression; it would see the norm's input instead of its output")
-    lines = text.splitlines(keepends=True)
-    starts = [0]
-    for ln in lines:
-        starts.append(starts[-1] + len(ln))
-
-    def at(line: int, col: int) -> int:
-        return starts[line - 1] + _col(lines[line - 1], col)
-
+    lines, starts, at = _offsets(text)
     kfile, dotted = kernel_location(efile, e.op_name)
     alias = _callee(ls.import_root, kfile, e)
     s_text = text[at(*span[0]):at(*span[1])]
@@ -107,8 +100,7 @@ def rewrite_across_call(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
     call_end = max([*call.args, *(kw.value for kw in call.keywords)], key=lambda x: (x.end_lineno, x.end_col_offset))
     raw = ast.get_source_segment(text, norm_stmt.value.args[0])
     n_first, n_last = norm_stmt.lineno, norm_stmt.end_lineno or norm_stmt.lineno
-    if lines[n_first - 1][:_col(lines[n_first - 1], norm_stmt.col_offset)].strip() or \
-            lines[n_last - 1][_col(lines[n_last - 1], norm_stmt.end_col_offset):].split("#")[0].strip():
+    if not _alone(lines, norm_stmt, norm_stmt):
         raise Refused(f"{efile}:{n_first}: the norm statement shares its lines with other code")
     edits = [  # (start, end, new text), base-file offsets; applied from the end
         (at(*span[0]), at(*span[1]), f"({s_text} if {FUSED_PARAM} is None else {FUSED_PARAM}({args}))"),

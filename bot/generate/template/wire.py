@@ -109,12 +109,8 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     kfile, dotted = kernel_location(efile, e.op_name)
     alias = _callee(import_root, kfile, e)
     call = f"{alias}({', '.join(bind[i.name] for i in p.inputs)})"
-    lines = text.splitlines(keepends=True)
-    starts = [0]
-    for ln in lines:
-        starts.append(starts[-1] + len(ln))
-    a = starts[sub.lineno - 1] + _col(lines[sub.lineno - 1], sub.col_offset)
-    b = starts[sub.end_lineno - 1] + _col(lines[sub.end_lineno - 1], sub.end_col_offset)
+    _, _, at = _offsets(text)
+    a, b = at(sub.lineno, sub.col_offset), at(sub.end_lineno, sub.end_col_offset)
     new_text = text[:a] + call + text[b:]
     return _finish(p.src, efile, path, tree, new_text, stmt.lineno, ast.unparse(stmt), dotted, alias, e, kfile,
                    stmt.end_lineno or stmt.lineno)
@@ -280,8 +276,7 @@ def _rewrite_run(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
     src_lines = text.splitlines(keepends=True)
     first_line = src_lines[stmts[0].lineno - 1]
     indent = first_line[:len(first_line) - len(first_line.lstrip())]
-    end_line = src_lines[(last.end_lineno or last.lineno) - 1]
-    if first_line[:_col(first_line, stmts[0].col_offset)].strip() or end_line[_col(end_line, last.end_col_offset):].split("#")[0].strip():
+    if not _alone(src_lines, stmts[0], last):
         raise Refused(f"{where}: the statements share their lines with other code")
     new_text = "".join(src_lines[:stmts[0].lineno - 1] + [f"{indent}{final} = {ast.unparse(expr)}\n"]
                        + src_lines[last.end_lineno or last.lineno:])
@@ -300,6 +295,24 @@ class _Replace(ast.NodeTransformer):
 
 def _bodies(node: ast.AST) -> list[list[ast.stmt]]:
     return [getattr(node, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(node, f, None), list)]
+
+
+def _offsets(text: str):
+    """(the text's lines, each line's start offset, at(line, ast byte col) -> text offset)."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for ln in lines:
+        starts.append(starts[-1] + len(ln))
+
+    def at(line: int, col: int) -> int:
+        return starts[line - 1] + _col(lines[line - 1], col)
+    return lines, starts, at
+
+
+def _alone(lines: list[str], first: ast.stmt, last: ast.stmt) -> bool:
+    """No other code before `first` on its first line nor after `last` on its last line (a comment may follow)."""
+    head, tail = lines[first.lineno - 1], lines[(last.end_lineno or last.lineno) - 1]
+    return not head[:_col(head, first.col_offset)].strip() and not tail[_col(tail, last.end_col_offset):].split("#")[0].strip()
 
 
 def _col(line: str, byte_col: int) -> int:
