@@ -166,7 +166,7 @@ def _template(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
         if r.candidate is not None:
             _add(ctx, res, r.candidate, opps)
             notes.append(f"template {r.opportunity_id}: {r.program}: {r.reason}; entry files {r.entry_dir}")
-        elif r.status in ("covered", "duplicate", "small"):
+        elif r.status in ("covered", "duplicate", "small", "grouped"):
             notes.append(f"template {r.opportunity_id}: skipped, {r.reason}")
         else:
             notes.append(f"template {r.opportunity_id}: {r.status}: {r.reason} (left to the agent)")

@@ -177,7 +177,7 @@ class SharedStatement(nn.Module):
     example = staticmethod(_inputs)
 
 
-def _inputs_two(seed, d=32, s=5, t=5):  # streams of one shape: one program, two kernels
+def _inputs_two(seed, d=32, s=5, t=3):  # streams of two lengths (Qwen-Image: 4096 and 512 rows): one kernel
     g = torch.Generator().manual_seed(seed)
     return {"pixels": torch.randn(2, s, d, generator=g), "words": torch.randn(2, t, d, generator=g),
             "tau": torch.randn(2, d, generator=g)}

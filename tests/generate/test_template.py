@@ -384,44 +384,80 @@ def test_leaving_the_first_template_commit_out_keeps_the_second_runnable(engine,
     assert "_optbot_kernels.tpl_" in (rebuilt / "toyeng" / "model.py").read_text()
 
 
-def test_two_norms_through_one_helper_stack(engine, tmp_path):
-    """HelperModulate's image and text norms both go through `_modulate`: two candidates whose helper
-    edit is the same text (it names no kernel), so the second cherry-picks cleanly onto the first;
-    the stacked model runs both kernels (the helper's other callers, none left here, would keep
-    `_optbot_fused=None`) and matches the original."""
+def test_two_norms_through_one_helper_are_one_kernel_at_both_places(engine, tmp_path):
+    """HelperModulate's image and text norms both go through `_modulate`: one program at two
+    statements, with streams of two lengths, so one candidate with one kernel rewires both (as
+    Qwen-Image's img_norm1/img_norm2/txt_norm1/txt_norm2, each alone inside the validator's noise);
+    the other opportunity is `grouped`, naming it. The helper edit is made once, the model runs the
+    one kernel for both streams and matches the original, and the kernel's test covers both shapes."""
     import torch
-
-    from bot.engine import add_worktree
 
     graph, opps = _analyze(engine, "HelperModulate", tmp_path)
     norms = [o for o in opps if o.kind == "fuse-norm-consumer"]
     assert {o.location.module_pattern for o in norms} == {"img_norm", "txt_norm"}
     res = generate_templates(engine, graph, norms, _ctx(tmp_path))
-    assert [r.status for r in res] == ["candidate", "candidate"], [r.reason for r in res]
-    wt = add_worktree(engine, "tpl-stack-helper")
-    r = git.Repo(wt)
-    for c in res:
-        r.git.cherry_pick(c.candidate.commit_sha)  # raises on a conflict
+    assert [r.status for r in res] == ["candidate", "grouped"], [r.reason for r in res]
+    cand = res[0].candidate
+    assert f"in template-{res[0].opportunity_id}" in res[1].reason and res[1].candidate is None
+    assert cand.estimated_gain_ms == pytest.approx(sum(o.gain_ms for o in norms), abs=1e-4)
+    wt = Path(cand.worktree)
+    repo = git.Repo(wt)
+    assert repo.head.commit.hexsha == cand.commit_sha and repo.head.commit.parents[0].hexsha == engine.base_sha
+    msg = repo.head.commit.message
+    assert "one kernel at 2 place(s)" in msg and "and 1 more place(s)" in msg.splitlines()[0]
+    assert all(o.id in msg for o in norms)
+    # each place's "now:" is its rewritten call statement, not the class around it
+    assert "class HelperModulate" not in msg and "now: img_modulated, img_gate = self._modulate(pixels, img_mod" in msg
     src = (wt / "toyeng" / "model.py").read_text()
-    assert src.count("_optbot_fused=None") == 1 and src.count("_optbot_fused=_optbot_kernels.tpl_") == 2
+    kname = cand.adds_kernels[0][1:-len("_kernel")]
+    assert src.count("_optbot_fused=None") == 1 and src.count(f"_optbot_fused=_optbot_kernels.{kname}.{kname}") == 2
     assert "self.img_norm(" not in src and "self.txt_norm(" not in src
+    assert [f.name for f in (wt / "toyeng" / "optbot_kernels").glob("tpl_*.py")] == [f"{kname}.py"]
+    test_src = (wt / "toyeng" / "optbot_kernels" / f"test_{kname}.py").read_text()
+    assert "(2, 5, 32)" in test_src and "(2, 3, 32)" in test_src  # both streams' captured shapes
+    entry = load_entry(res[0].entry_dir)
+    assert entry.id.endswith("-and-1-more") and len(entry.test_files()) == 1
     out = tmp_path / "stack.pt"
     probe = ("import sys, torch; from toyeng import model as M; import toyeng.optbot_kernels as k\n"
              "ran = []\n"
              "for name in [n for n in dir(k) if n.startswith('tpl_')]:\n"
              "    mod = getattr(k, name); f = getattr(mod, name)\n"
-             "    def spy(*a, _f=f, _n=name): ran.append(_n); return _f(*a)\n"
+             "    def spy(*a, _f=f): ran.append(tuple(a[0].shape)); return _f(*a)\n"
              "    setattr(mod, name, spy)\n"
              "torch.manual_seed(0); m = M.HelperModulate().eval()\n"
              "with torch.inference_mode(): y = m(**m.example(7))\n"
-             "torch.save(y, sys.argv[1]); print(sorted(set(ran)))")
+             "torch.save(y, sys.argv[1]); print(sorted(ran))")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{wt}{os.pathsep}{ROOT}"}
     proc = subprocess.run([sys.executable, "-c", probe, str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(eval(proc.stdout.strip().splitlines()[-1])) == 2  # each stream's kernel ran
+    assert eval(proc.stdout.strip().splitlines()[-1]) == [(2, 3, 32), (2, 5, 32)]  # the one kernel, both streams
     M = _base_model(engine, "HelperModulate")
     torch.manual_seed(0)
     m = M.HelperModulate().eval()
     with torch.inference_mode():
         want = m(**m.example(7))
     torch.testing.assert_close(torch.load(out), want, atol=1e-4, rtol=1e-4)
+
+
+def test_kernel_key_ignores_row_counts_and_nothing_else(engine, tmp_path):
+    """Sites group by kernel_key: the two streams' programs (5 and 3 rows) share one; another eps, a
+    broadcast over another dim or another op sequence does not."""
+    import dataclasses
+
+    from bot.generate.template.emit import kernel_key
+    from bot.generate.template.lift import instances, lift
+
+    graph, opps = _analyze(engine, "HelperModulate", tmp_path)
+    img, txt = [lift(graph, o, instances(graph, o)[0]) for o in opps if o.kind == "fuse-norm-consumer"]
+    assert img.out_shape != txt.out_shape and kernel_key(img) == kernel_key(txt)
+    norm = next(n for n in img.nodes if n.op == "layer_norm")
+    eps = dataclasses.replace(img, nodes=[dataclasses.replace(n, attrs={**n.attrs, "eps": 1e-5}) if n is norm else n
+                                          for n in img.nodes])
+    assert kernel_key(eps) != kernel_key(img)
+    b = next(i for i in img.inputs if i.role == "bcast")
+    wide = dataclasses.replace(img, inputs=[dataclasses.replace(i, shape=img.out_shape, role="row") if i is b else i
+                                            for i in img.inputs])
+    assert kernel_key(wide) != kernel_key(img)
+    graph2, opps2 = _analyze(engine, "NormModulate", tmp_path)
+    other = lift(graph2, next(o for o in opps2 if o.kind == "fuse-norm-consumer"))
+    assert kernel_key(other) != kernel_key(img)

@@ -113,8 +113,10 @@ def rewrite_across_call(p: Program, e: Emitted, ls: _Lines) -> Rewrite:
     for a0, b0, t in sorted(edits, key=lambda x: x[0], reverse=True):
         new_text = new_text[:a0] + t + new_text[b0:]
     new_text, new_tree, import_line, _ = _with_import(where, ls.path, tree, new_text, dotted, alias, e)
-    new_call = next((st for st in ast.walk(new_tree) if isinstance(st, ast.stmt) and not isinstance(st, ast.FunctionDef)
-                     and f"{FUSED_PARAM}={alias}" in ast.unparse(st)), None)
+    # the innermost statement holding the call (the class and method around it hold it too)
+    new_call = min((st for st in ast.walk(new_tree) if isinstance(st, ast.stmt) and not hasattr(st, "body")
+                    and f"{FUSED_PARAM}={alias}" in ast.unparse(st)),
+                   key=lambda st: (st.end_lineno or st.lineno) - st.lineno, default=None)
     new_use = next((st for st in ast.walk(new_tree) if isinstance(st, type(use)) and not isinstance(st, ast.FunctionDef)
                     and f"{FUSED_PARAM} is None else {FUSED_PARAM}(" in ast.unparse(st)), None)
     if new_call is None or new_use is None:

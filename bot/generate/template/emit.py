@@ -34,17 +34,33 @@ def describe(p: Program) -> str:
     return " -> ".join(n.op for n in p.nodes)
 
 
-def emit(p: Program) -> Emitted:
+def kernel_key(p: Program) -> str:
+    """What the emitted kernel and wrapper are a function of: the ops, their arguments and attributes,
+    and per input its role, dtype, layout and which dims it broadcasts over; not the leading dims'
+    sizes (the kernel takes any row count) nor where in the graph or the source it was captured.
+    Programs with one key run as one kernel (generate_templates groups their sites)."""
+    return repr(([(n.name, n.op, n.args, sorted(n.attrs.items()), n.f32, n.per_row) for n in p.nodes],
+                 [(i.name, i.role, i.dtype, i.contig, len(i.shape), _bcast_mask(i, p.out_shape)) for i in p.inputs],
+                 p.output, p.n, len(p.out_shape)))
+
+
+def emit(p: Program, sites: tuple[Program, ...] = ()) -> Emitted:
+    """The kernel module and its test for program `p`, serving `p` and every program of `sites`
+    (other places with p's kernel_key: their shapes join the test's and their graph ops the docstring)."""
+    every = (p, *[s for s in sites if s is not p])
+    if any(kernel_key(s) != kernel_key(p) for s in every):
+        raise ValueError("emit: the sites are not one kernel (kernel_key differs)")
     # the source lines are in the name: two norms of one shape through one helper (Qwen-Image's
     # img_norm1 and img_norm2 via _modulate) are the same program, and one module name with two
     # texts (their docstrings name their graph ops) made the second commit conflict with the first
     sig = hashlib.sha1(repr([(n.op, n.args, sorted(n.attrs.items())) for n in p.nodes]).encode()
-                       + repr([(i.role, i.shape) for i in p.inputs]).encode() + repr(p.srcs).encode()).hexdigest()[:6]
+                       + repr([(i.role, i.shape) for i in p.inputs]).encode()
+                       + repr([s.srcs for s in every] if sites else p.srcs).encode()).hexdigest()[:6]
     slug = "_".join(dict.fromkeys(n.op for n in p.nodes))[:40]
     name = f"tpl_{slug}_{sig}"
     reduces = any(n.op in NORMS or n.op in REDUCE for n in p.nodes)
     space = {"num_warps": [1, 2, 4, 8]} if reduces else {"block_n": [256, 512, 1024, 2048], "num_warps": [2, 4, 8]}
-    return Emitted(name, f"_{name}_kernel", _module(p, name, reduces), _test(p, name), space, reduces)
+    return Emitted(name, f"_{name}_kernel", _module(p, name, reduces, every), _test(p, name, every), space, reduces)
 
 
 # ---- the Triton kernel ---------------------------------------------------------------------------
@@ -170,7 +186,7 @@ def _reference(p: Program) -> str:
 
 # ---- the module ----------------------------------------------------------------------------------
 
-def _module(p: Program, name: str, reduces: bool) -> str:
+def _module(p: Program, name: str, reduces: bool, every: tuple[Program, ...]) -> str:
     args = ", ".join(i.name for i in p.inputs)
     typed = ", ".join(f"{i.name}: torch.Tensor" for i in p.inputs)
     rows = [i.name for i in p.inputs if i.role == "row"] or [p.inputs[0].name]
@@ -179,7 +195,8 @@ def _module(p: Program, name: str, reduces: bool) -> str:
     doc = (f'"""Template-generated (optbot, bot/generate/template): {describe(p)} in one row kernel.\n\n'
            f"    {name}({args}) -> [..., N], N = {p.n} where captured\n"
            + "".join(f"    {i.name}: {i.role} {list(i.shape)} ({i.dtype}), graph value {i.value}\n" for i in p.inputs)
-           + f"\nReplaces graph ops {p.op_ids} ({p.src or ', '.join(p.srcs)}). Dispatch: Triton on CUDA tensors and on\n"
+           + "\nReplaces graph ops " + "; ".join(f"{s.op_ids} ({s.src or ', '.join(s.srcs)})" for s in every)
+           + ". Dispatch: Triton on CUDA tensors and on\n"
            "CPU under TRITON_INTERPRET=1, else the torch reference; under torch.compile the reference (UNDER_COMPILE),\n"
            "or the registered op optbot::" + name + " with UNDER_COMPILE = \"op\". No `from __future__ import annotations`: custom_op reads the\n"
            'annotations as types.\n"""')
@@ -302,7 +319,7 @@ def test_shapes(p: Program) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(shapes))
 
 
-def _test(p: Program, name: str) -> str:
+def _test(p: Program, name: str, every: tuple[Program, ...]) -> str:
     masks = {i.name: _bcast_mask(i, p.out_shape) for i in p.inputs}
     lines = []
     for i in p.inputs:
@@ -329,12 +346,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import {name} as op  # noqa: E402
 
-SHAPES = {test_shapes(p)!r}
+SHAPES = {list(dict.fromkeys(x for s in every for x in test_shapes(s)))!r}
 # bf16: every node is rounded where the unfused op stores it, and a norm's fp32 statistics differ in
 # the last bits between kernels, so one rounding can flip and be carried through the chain (a few
 # ulps at |x| ~ 4, where one is 0.03): wider than the store's hand-tuned 3e-2 / 2e-2
 CASES = [("float32", 2e-5, 2e-5), ("bfloat16", 6e-2, 3e-2)]
-BENCH_SHAPES = [{tuple(p.out_shape)!r}]
+BENCH_SHAPES = {list(dict.fromkeys(tuple(s.out_shape) for s in every))!r}
 
 
 def make_inputs(shape, dtype, device, seed):
