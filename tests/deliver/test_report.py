@@ -68,3 +68,13 @@ def test_report_without_a_stack_says_what_was_not_measured():
 def test_html_escapes_text():
     html = rpt.to_html([rpt.P("<script>alert(1)</script> `x<y`")])
     assert "<script>" not in html and "<code>x&lt;y</code>" in html
+
+
+def test_the_optimizations_table_shows_every_timed_mode():
+    """A commit whose eager timing was no-change but graph faster (SD3.5-large's norm1 on the H200,
+    2026-12-03): the table gives each mode with its outcome, not the eager ratio alone."""
+    r = _results()
+    v = r.validate.verdicts["c1"]
+    v.speed[0] = Speed("eager", "cuda", [10.0, 10.2], [10.3, 10.1], 0.99, 3.0, "no-change", n=20)
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "| eager 0.990x (no-change), graph 1.200x (cuda) |" in md
