@@ -252,3 +252,34 @@ class HelperAffine(nn.Module):
         return self.proj(out)
 
     example = staticmethod(_inputs_two)
+
+
+class ReturnBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
+        self.mod = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def _modulate(self, x, scale, shift):
+        return self.norm(x) * (1 + scale) + shift
+
+    def forward(self, x, c):
+        scale, shift = self.mod(c).unsqueeze(1).chunk(2, dim=-1)
+        return x + self.proj(self._modulate(x, scale, shift))
+
+
+class ReturnModulate(nn.Module):
+    """The norm and its modulation in one `return` of a helper (SGLang's `_flux2_norm_modulate`):
+    the statement is a return, not an assignment."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.blocks = nn.ModuleList([ReturnBlock(d), ReturnBlock(d)])
+
+    def forward(self, pixels, tau):
+        for b in self.blocks:
+            pixels = b(pixels, tau)
+        return pixels
+
+    example = staticmethod(_inputs_tau)

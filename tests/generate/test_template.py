@@ -135,6 +135,9 @@ CASES = [
     # two statements (FLUX.2's norm, then its modulation on the next line), joined into one
     ("TwoStatements", "fuse-norm-consumer", "layer_norm -> mul -> add", "h = h * (1 + scale) + shift",
      "h = _optbot_kernels.tpl_layer_norm_mul_add_"),
+    # a return (SGLang's _flux2_norm_modulate): the statement hands its value on as an assignment does
+    ("ReturnModulate", "fuse-norm-consumer", "layer_norm -> add -> mul -> add", "return self.norm(x) * (1 + scale) + shift",
+     "(x, scale, shift)"),
     # across a call (Qwen-Image's block): the norm in forward, its modulation in the helper's return
     ("HelperModulate", "fuse-norm-consumer", "layer_norm -> add -> mul -> add", "return x * (1 + scale_result) + shift_result, gate_result",
      ", _optbot_fused=_optbot_kernels.tpl_layer_norm_add_mul_"),  # either stream's norm ranks first

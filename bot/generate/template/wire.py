@@ -2,7 +2,7 @@
 the emitted kernel call in place of the sub-expression that computes the program.
 
 Only when every op (the lifted casts included) has the same engine line, that line belongs to a
-simple assignment `name = <expr>` (or the ops' lines are a run of such assignments, below), and some
+simple assignment `name = <expr>` or a `return <expr>` (or the ops' lines are a run of such assignments, below), and some
 sub-expression of <expr> has the program's op sequence structurally (`(1 + scale) * self.norm(x) + shift`: add(mul(., layer_norm(.)), .)). Program inputs
 bind to the AST sub-expressions in their places (`1 + scale` is one input when its add was left to
 another opportunity); a norm may be a module call `self.<attr>(x)` when the graph says that module
@@ -102,9 +102,11 @@ def rewrite(p: Program, e: Emitted, import_root: Path) -> Rewrite:
     if not stmts:
         raise Refused(f"{p.src}: no statement at that line")
     stmt = min(stmts, key=lambda s: (s.end_lineno or s.lineno) - s.lineno)
-    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+    # a return hands its value on as an assignment does (SGLang's `return norm(x) * (1 + scale) + shift`)
+    if not ((isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name))
+            or (isinstance(stmt, ast.Return) and stmt.value is not None)):
         raise Refused(f"{p.src}: the statement is a {type(stmt).__name__} ({ast.unparse(stmt)[:80]!r}), "
-                      "not a simple assignment `name = <expr>`")
+                      "not a simple assignment `name = <expr>` or a `return <expr>`")
     sub, bind = _find(p, stmt.value, f"{p.src}: no sub-expression of")
     kfile, dotted = kernel_location(efile, e.op_name)
     alias = _callee(import_root, kfile, e)
@@ -144,7 +146,8 @@ def _finish(where: str, efile: str, path: Path, tree: ast.Module, new_text: str,
     """The import of the kernel added, the file parsed again, and the new statement (at `lineno`,
     one line down for the import) found holding the kernel call; base lines lineno..last changed."""
     new_text, new_tree, import_line, shift = _with_import(where, path, tree, new_text, dotted, alias, e)
-    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, ast.Assign) and s.lineno == lineno + shift), None)
+    new_stmt = next((s for s in ast.walk(new_tree) if isinstance(s, (ast.Assign, ast.Return)) and s.lineno == lineno + shift),
+                    None)
     if new_stmt is None or alias not in ast.unparse(new_stmt):
         raise Refused(f"{where}: the rewritten statement was not found after the rewrite")
     return Rewrite(efile, lineno, old, ast.unparse(new_stmt), kfile, import_line, new_text,
