@@ -112,7 +112,7 @@ def generate_templates(checkout: EngineCheckout, graph: Graph, opportunities: li
             continue
         # one kernel for every place with the same program in one package folder: Qwen-Image's
         # img_norm1, img_norm2, txt_norm1 and txt_norm2 are one layer_norm + modulation at four
-        # statements, each 0.2-1.9% of the step, which one at a time sit inside the validator's
+        # statements, each 0.4-1.9% of the step, which one at a time sit inside the validator's
         # noise (benchmarks/results/h200-template-20261203/, qwen-image-full)
         groups.setdefault((kernel_key(p), _package_of(p)), []).append((opp, p))
     for sites in groups.values():
