@@ -42,7 +42,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.command("optimize")
 @workload_options
 @click.option("--resume", "resume", metavar="RUN_ID", default=None,
-              help="Continue the run RUN_ID (a folder of .optbot/runs/) at the step where it stopped.")
+              help="Continue the run RUN_ID (a folder of .optbot/runs/) at the step where it stopped, with the "
+                   "options it started with; only --pause-after, --stop-after and --json go with it.")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Validate candidates in parallel over this many GPUs (cuda:0..N-1).")
 @click.option("--budget", multiple=True, metavar="30m|$5",
@@ -142,6 +143,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         raise click.BadParameter(f"{generators!r}: expected a comma-separated subset of {','.join(GENERATORS)}",
                                  param_hint="--generators")
     if resume:
+        _resume_alone(resume)
         saved = RunState.load(resume)
         if saved.workload != workload:
             raise OptbotError(f"--resume {resume}: that run optimizes {saved.workload!r}, not {workload!r}")
@@ -171,6 +173,24 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
 
 # what a request decides; given beside it, one of these would measure something other than the comment asked
 REQUEST_DECIDES = ("ref", "preset", "gpus", "budget", "repo", "trigger_pr", "trigger_comment")
+
+
+# what a resumed run keeps from its start (RunOptions in state.json); --pause-after, --stop-after and
+# --json are per attempt
+RESUME_KEEPS = ("engine", "ref", "preset", "device", "gpus", "budget", "dry_run", "iters", "generators", "revalidate",
+                "ablation_rounds", "repo", "knowledge_repo", "knowledge_path", "engine_remote", "knowledge_remote",
+                "github_api_url", "trigger_pr", "trigger_comment")
+
+
+def _resume_alone(resume: str) -> None:
+    """A resumed run goes on with the options it started with, so one given again would be ignored
+    silently (an --ablation-rounds 0 that still ablates): refuse it, naming it."""
+    ctx = click.get_current_context()
+    given = [n for n in RESUME_KEEPS if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        names = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise OptbotError(f"--resume {resume}: the run goes on with the options it started with (its state.json); "
+                          f"{names} would be ignored: give --resume with --pause-after, --stop-after or --json only")
 
 
 def _request(path: Path, workload: str, engine: str | None, resume: str | None):

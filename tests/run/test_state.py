@@ -84,3 +84,22 @@ def test_resume_of_a_damaged_state_exits_2_without_a_traceback(tmp_path):
                        text=True, env={**os.environ, "OPTBOT_RUNS_DIR": str(tmp_path)}, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert "state.json: not a run state written by this optbot" in p.stderr
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path):
+    """A resumed run keeps the options it started with: `--resume X --ablation-rounds 0` would still
+    ablate, so it is refused with the option named (exit 2, no traceback); --pause-after and --json
+    are per attempt and pass (here on to the missing run's own error)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPTBOT_RUNS_DIR": str(tmp_path)}
+    base = [sys.executable, "-m", "bot", "optimize", "flux2", "--resume", "20261201-000000-optimize-abcdef"]
+    p = subprocess.run([*base, "--ablation-rounds", "0", "--preset", "full"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "--preset, --ablation-rounds would be ignored" in p.stderr
+    p = subprocess.run([*base, "--pause-after", "5m", "--json", str(tmp_path / "r.json")], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "would be ignored" not in p.stderr and "no run state" in p.stderr, p.stderr
