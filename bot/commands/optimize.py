@@ -182,13 +182,19 @@ RESUME_KEEPS = ("engine", "ref", "preset", "device", "gpus", "budget", "dry_run"
                 "github_api_url", "trigger_pr", "trigger_comment")
 
 
+def _given(names: tuple[str, ...]) -> list[str]:
+    """Those of `names` (click parameter names) given on the command line, as --flags."""
+    ctx = click.get_current_context()
+    return ["--" + n.replace("_", "-") for n in names
+            if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+
+
 def _resume_alone(resume: str) -> None:
     """A resumed run goes on with the options it started with, so one given again would be ignored
     silently (an --ablation-rounds 0 that still ablates): refuse it, naming it."""
-    ctx = click.get_current_context()
-    given = [n for n in RESUME_KEEPS if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    given = _given(RESUME_KEEPS)
     if given:
-        names = ", ".join("--" + n.replace("_", "-") for n in given)
+        names = ", ".join(given)
         raise OptbotError(f"--resume {resume}: the run goes on with the options it started with (its state.json); "
                           f"{names} would be ignored: give --resume with --pause-after, --stop-after or --json only")
 
@@ -197,10 +203,9 @@ def _request(path: Path, workload: str, engine: str | None, resume: str | None):
     from bot.trigger.request import load_request
 
     req = load_request(path)
-    ctx = click.get_current_context()
-    given = [n for n in REQUEST_DECIDES if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    given = _given(REQUEST_DECIDES)
     if resume or given:
-        what = "--resume" if resume else ", ".join("--" + n.replace("_", "-") for n in given)
+        what = "--resume" if resume else ", ".join(given)
         raise OptbotError(f"--request {path}: the request decides what {what} would; give it alone")
     if req.command.workload != workload:
         raise OptbotError(f"--request {path}: the request is for workload {req.command.workload!r}, not {workload!r}")
