@@ -16,6 +16,16 @@ Method (docs/analyze.md says more):
   value's dependencies are their old ones plus the op's, and its value number combines their old
   one with the op's, so later reads of the buffer carry what was written into it. Tensors are
   found by storage through weak references (dead ones pruned; empty tensors, data_ptr 0, skipped).
+- Unseen writes: a Triton or CUDA kernel launched directly (SGLang's fused norm and modulation
+  kernels write into a tensor from ``torch.empty``) is invisible to the dispatcher, so what it
+  wrote would look made from nothing: a constant. Memory from ``empty``, ``empty_like``,
+  ``empty_strided``, ``new_empty`` is uninitialized until a visible op writes it (views of it
+  are too); an op that reads it before that reads what an unseen kernel wrote, so its inputs'
+  dependencies are unknown: it depends on every label, ``unseen`` included, and its value number
+  is its own (never equal to another op's). The op is flagged ``uninit``. Over-approximate on
+  purpose: calling such work constant made the analyzer claim 80% of SGLang's FLUX.2 step as
+  hoistable (2026-12-03, H200). A direct launch that writes into a tensor an op made visibly
+  is not seen; docs/analyze.md says so.
 - Dependencies (taint): each step input is labelled by its role (latents, prompt, text_mask,
   timestep, guidance, pos_ids); parameters and buffers are "weights"; tensors created inside the
   step from nothing (ones, arange) or found on modules are "const". An op's dependency set is the
@@ -63,6 +73,9 @@ GRAPH_VERSION = 1
 # Roles of step inputs by keyword (the workload's `role:` keys override them; runner/input_spec.py).
 # An unknown keyword becomes its own label "input:<name>".
 BASE_LABELS = ["weights", "const", "latents", "prompt", "text_mask", "timestep", "guidance", "pos_ids"]
+# Factories whose memory holds nothing until something writes it (module docstring, "Unseen writes").
+_UNINIT_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                               "empty_permuted"})
 
 _COPY_NAMES = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::to_copy")
 _RANDOM_OPS = ("rand", "bernoulli", "normal", "uniform", "multinomial", "dropout")
@@ -159,6 +172,7 @@ class Recorder:
         self._code_in_engine: dict[Any, bool] = {}
         self._root = str(Path(self.engine_root).resolve()) + "/" if self.engine_root else ""
         self._vn_content: dict[str, int] = {}
+        self._uninit: set[int] = set()  # value ids of memory no visible op has written yet
 
     # ---- labels and values ---------------------------------------------------------------
     def label_bit(self, name: str) -> int:
@@ -301,24 +315,33 @@ class Recorder:
         op_id = len(self.ops)
         if not in_vids:
             deps = self.label_bit("const")
-        base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns,
-                      op_id if random else 0))
         outs, _ = tree_flatten(out)
         out_tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         in_storages = {_storage_key(t) for t in in_tensors} - {None}
         written = _written(schema, args, kwargs)
         # an in-place op writes into its input's storage but does work: never an alias
         alias = bool(out_tensors) and not written and all(_storage_key(o) in in_storages for o in out_tensors)
+        # reading memory that no visible op wrote: an unseen kernel wrote it (module docstring)
+        unseen = not alias and any(v in self._uninit for v, t in zip(in_vids, in_tensors)
+                                   if not any(t is w for w in written))
+        if unseen:
+            deps |= self.label_bit("unseen") | ((1 << len(self.labels)) - 1)
+        base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns,
+                      op_id if random or unseen else 0))
         if (self._host_taint or self._host_taint_made) and not alias and _base(name) not in _LAYOUT_OPS:
             deps |= self._host_deps(bool(in_vids), scalars)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
+        if _base(name) in _UNINIT_FACTORIES or (alias and any(v in self._uninit for v in in_vids)):
+            self._uninit.update(out_vids)  # made uninitialized, or a view of such memory
         wrote = self._propagate_writes(written, out_tensors, op_id, deps, base_vn) if written else []
         rec = {"id": op_id, "op": name, "m": self._mod_stack[-1], "s": self._source(), "p": self.pass_idx,
                "in": in_vids, "an": in_names, "out": out_vids}
         if wrote:
             rec["wr"] = wrote
+        if unseen:
+            rec["uninit"] = True
         if scalars:
             rec["sc"] = scalars
         if alias:

@@ -1,6 +1,7 @@
 """The graph capture's facts (runner/graph_capture.py) on small models."""
 from __future__ import annotations
 
+import ctypes
 import json
 
 import pytest
@@ -124,7 +125,10 @@ def test_inplace_writes_give_the_buffer_and_its_views_the_written_dependencies(h
     rec = _cap(Writer(how).eval(), hidden_states=torch.randn(2, 3), encoder_hidden_states=torch.randn(2, 4, 8))
     exps = [o for o in rec.ops if o["op"] == "aten::exp"]
     deps = [_labels(rec, o["out"][0]) for o in exps]
-    assert deps[0] == {"weights"}, deps  # before the write
+    if how == "empty_like-copy_":  # read before any write: uninitialized, what an unseen kernel wrote
+        assert "unseen" in deps[0] and exps[0].get("uninit"), deps
+    else:
+        assert deps[0] == {"weights"}, deps  # before the write
     for d in deps[1:]:  # the buffer, the view taken before the write, a view taken after it
         assert {"prompt", "weights"} <= d and "latents" not in d, (how, deps)
     vn = [rec.values[o["out"][0]]["vn"] for o in exps]
@@ -188,3 +192,43 @@ def test_the_same_model_captures_to_the_same_graph():
 def _labels(rec, vid):
     d = rec.values[vid]["deps"]
     return {n for i, n in enumerate(rec.labels) if d >> i & 1}
+
+
+class UnseenWriter(nn.Module):
+    """SGLang's fused kernels, in small: a kernel the dispatcher cannot see (here a raw memmove,
+    like a Triton launch) writes the scaled latents into a tensor from torch.empty_strided, and a
+    linear reads it; twice, with other contents of the same shape. A buffer written visibly
+    (copy_ into torch.empty) is the control."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.lin2 = nn.Linear(8, 8)
+
+    def forward(self, hidden_states, encoder_hidden_states):
+        ys = []
+        for scale in (2.0, 3.0):
+            h = hidden_states * scale
+            buf = torch.empty_strided(h.shape, h.stride(), dtype=h.dtype)
+            ctypes.memmove(buf.data_ptr(), h.data_ptr(), h.numel() * h.element_size())
+            ys.append(self.lin(buf.view(-1, 8)))  # reads what the unseen kernel wrote
+        table = torch.empty(4, 8)
+        table.copy_(self.lin2.weight[:4])  # visible: weights only, a constant
+        return ys, self.lin2(table)
+
+
+def test_a_read_of_memory_no_visible_op_wrote_depends_on_everything():
+    x = torch.randn(2, 3, 8)
+    m = UnseenWriter().eval()
+    rec = _cap(m, hidden_states=x, encoder_hidden_states=torch.randn(2, 4))
+    lins = [o for o in rec.ops if o["op"] == "aten::linear"]
+    assert len(lins) == 3
+    for o in lins[:2]:
+        assert {"latents", "timestep", "prompt", "unseen"} <= _labels(rec, o["out"][0]), _labels(rec, o["out"][0])
+        assert o.get("uninit")
+    # the same op on two buffers of one shape that unseen kernels filled differently: not one value
+    assert rec.values[lins[0]["out"][0]]["vn"] != rec.values[lins[1]["out"][0]]["vn"]
+    assert not lins[2].get("uninit") and _labels(rec, lins[2]["out"][0]) == {"weights", "const"}
+    with torch.inference_mode():  # the unseen writes did happen: the model computed on the latents
+        ys, _ = m(x, torch.zeros(2, 4))
+        assert torch.allclose(ys[1], m.lin((x * 3.0).view(-1, 8)))
