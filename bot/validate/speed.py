@@ -77,8 +77,7 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
         s = Speed(mode=mode, device=dev, passes=passes, n=ctx.iters)
         fails = [x for x in bs + cs if isinstance(x, str)]
         if fails:
-            who = [("base" if i < len(bs) else "candidate", x) for i, x in enumerate(bs + cs) if isinstance(x, str)]
-            s.note = "; ".join(sorted({f"{w}: {x[:200]}" for w, x in who}))  # e.g. a capture failure, reported
+            s.note = failure_note(bs, cs)  # e.g. a capture failure, reported
             s.base_ms = [_median(x) for x in bs if _median(x) is not None]
             s.candidate_ms = [_median(x) for x in cs if _median(x) is not None]
             # the base ran this mode in every process and the candidate did not: the candidate broke it
@@ -94,6 +93,18 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
         s.note = "; ".join(notes)
         speeds.append(s)
     return speeds
+
+
+def failure_note(base: list, cand: list) -> str:
+    """One mode's failures, each error once with who had it: "base and candidate: RuntimeError: ..."
+    when the engine itself cannot run the mode (Qwen-Image's host copy under CUDA-graph capture),
+    else each side's own. The runner already bounds an error to its first line (300 characters)."""
+    who: dict[str, list[str]] = {}
+    for side, xs in (("base", base), ("candidate", cand)):
+        for x in xs:
+            if isinstance(x, str) and side not in who.setdefault(x, []):
+                who[x].append(side)
+    return "; ".join(f"{' and '.join(sides)}: {err}" for err, sides in who.items())
 
 
 def mode_failures(base: dict, cand: dict) -> list[tuple[str, str]]:

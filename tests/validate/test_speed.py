@@ -75,3 +75,14 @@ def test_a_noisy_rejection_times_another_pair(flux2_cpu, tmp_path, monkeypatch):
     assert len(eager.base_ms) == 3 and len(eager.candidate_ms) == 3
     assert calls == [(2, 2), (3, 3)]  # decided again over all processes, then no more rounds (retimes=1)
     assert any("timing another candidate/base pair (1 of 1)" in ln for ln in lines), lines
+
+
+def test_a_mode_the_engine_cannot_run_says_so_once_and_whole():
+    from bot.validate.speed import failure_note
+
+    err = ("CUDA graph capture failed: RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph "
+           "capture unless the CPU tensor is pinned. Please use tensor.pin_memory() or allocate the tensor with "
+           "pin_memory=True")
+    assert failure_note([err, err], [err, err]) == f"base and candidate: {err}"
+    assert failure_note([{"ms": [1.0]}, {"ms": [1.0]}], ["boom", "boom"]) == "candidate: boom"
+    assert failure_note(["a"], ["b"]) == "base: a; candidate: b"
