@@ -22,7 +22,8 @@ Method (docs/analyze.md says more):
   ``empty_strided``, ``new_empty`` is uninitialized until a visible op writes it (views of it
   are too); an op that reads it before that reads what an unseen kernel wrote, so its inputs'
   dependencies are unknown: it depends on every label, ``unseen`` included, and its value number
-  is its own (never equal to another op's). The op is flagged ``uninit``. Over-approximate on
+  is its own (never equal to another op's), as is every allocation's: two buffers of one shape
+  are not one value. The op is flagged ``uninit``. Over-approximate on
   purpose: calling such work constant made the analyzer claim 80% of SGLang's FLUX.2 step as
   hoistable (2026-12-03, H200). A direct launch that writes into a tensor an op made visibly
   is not seen; docs/analyze.md says so.
@@ -326,8 +327,9 @@ class Recorder:
                                    if not any(t is w for w in written))
         if unseen:
             deps |= self.label_bit("unseen") | ((1 << len(self.labels)) - 1)
-        base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns,
-                      op_id if random or unseen else 0))
+        # numbered by op: no two random draws, unseen writes or uninitialized allocations are one value
+        fresh = random or unseen or _base(name) in _UNINIT_FACTORIES
+        base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns, op_id if fresh else 0))
         if (self._host_taint or self._host_taint_made) and not alias and _base(name) not in _LAYOUT_OPS:
             deps |= self._host_deps(bool(in_vids), scalars)
         out_vids = []

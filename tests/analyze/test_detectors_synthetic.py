@@ -247,6 +247,38 @@ def test_buffers_filled_from_timestep_and_weights_are_still_found(toy):
     assert set(reads["exp"]) <= _flagged(a, "hoist-constant", "load-time"), [o["summary"] for o in a["opportunities"]]
 
 
+class FusedOutsideTheDispatcher(nn.Module):
+    """SGLang's FLUX.2 block, in small: its norm + modulation runs as a Triton kernel launched
+    directly (here a raw memmove of the modulated latents), writing into a fresh torch.empty_strided
+    tensor; two such buffers of one shape feed different projections."""
+
+    def __init__(self):
+        super().__init__()
+        self.to_q, self.ff = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def _unseen(self, h):
+        import ctypes
+        buf = torch.empty_strided(h.shape, h.stride(), dtype=h.dtype)
+        ctypes.memmove(buf.data_ptr(), h.data_ptr(), h.numel() * h.element_size())
+        return buf
+
+    def forward(self, pixels, words=None, tau=None):
+        q = self.to_q(self._unseen(pixels * 2.0))
+        return self.ff(self._unseen(torch.tanh(q))) + pixels
+
+
+def test_work_on_what_an_unseen_kernel_wrote_is_neither_constant_nor_shared(toy):
+    """Without the capture's uninitialized-read rule both GEMMs were load-time constants and
+    siblings of one input (the 2026-12-03 H200 SGLang analysis: 472 of 507 ms 'hoistable')."""
+    a, g = toy(FusedOutsideTheDispatcher(), [{"pixels": torch.randn(1, 8, 16)}],
+               only=["hoist-constant", "merge-siblings"])
+    gemms = [o.id for o in g.ops if o.name == "linear"]
+    assert len(gemms) == 2
+    assert not _flagged(a, "hoist-constant") & set(gemms), [o["summary"] for o in a["opportunities"]]
+    assert not kinds(a, "merge-siblings"), [o["summary"] for o in a["opportunities"]]
+    assert all("latents" in g.deps(g.ops[i].outputs[0]) for i in gemms)
+
+
 # ---- fuse-elementwise-chain -------------------------------------------------------------------
 def test_gated_activation_and_long_chain(toy):
     class Chains(nn.Module):
