@@ -51,6 +51,8 @@ kit_files() {  # what a fresh machine needs to go on: the knowledge, the loop's 
   # their verdict-record.json is what resume reads). Keeps the kit, carried back in with the wheels,
   # under the device tool's 64 MiB.
   find "$LOOP" -path "$OPTBOT_RUNS_DIR" -prune -o -type f -print
+  # run 1's profile and analysis of the base, which run 2 reuses (bot/run/base_cache.py)
+  [ -d "$OPTBOT_HOME/cache/base" ] && find "$OPTBOT_HOME/cache/base" -type f
   for run in 1 2; do
     [ -f "$LOOP/run$run.id" ] || continue
     d="$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")"

@@ -8,6 +8,14 @@
 #   2. on the H200, carrying .whl-sglang (one command, well under 10 minutes):
 #      bash benchmarks/gpu_sglang.sh            # or: bash benchmarks/h200.sh sglang
 #      results under $RES/sglang (from h200.sh), else $OUT, else benchmarks/results/h200-sglang-<date>/
+#   3. the full optimize of SGLang's FLUX.2, in calls of at most LIMIT s (default 560) that pause
+#      (exit 75) and resume on one warm machine (about 950 s of device time in all: issue 21):
+#      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2            # then, back to back:
+#      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
+#      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
+#      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
+#      The wheels do not fit one call's carry with the tree: the first call on a machine copies
+#      .whl-sgl-a/ into /tmp/sglw, the next ones .whl-sgl-b/ too (docs/sglang.md).
 #
 # Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
 # cannot be brought up leaves its exact blocker in $OUT/blocker-WL.txt (the failing step and the
@@ -15,7 +23,7 @@
 # were used (sgl_kernel: "optbot stand-in ..."): the compiled sgl_kernel package is not on the box.
 set -uo pipefail
 what="${1:-run}"
-WHL=.whl-sglang
+WHL="${WHL:-.whl-sglang}"
 
 if [[ "$what" == download ]]; then
   set -e
@@ -67,6 +75,32 @@ ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
   echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
     | tee "$D/blocker.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$D/nvidia-smi.txt"
+
+if [[ "$what" == optimize ]]; then
+  wl="${2:-flux2}"; resume="${3:-}"
+  LIMIT="${LIMIT:-560}"; PAUSE="${PAUSE:-$((LIMIT - 340))}"
+  export OPTBOT_RUNS_DIR="${OPTBOT_RUNS_DIR:-/tmp/optbot-runs}"
+  start=$(date +%s)
+  if [[ -n "$resume" ]]; then
+    timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --pause-after "${PAUSE}s" \
+      --json "$D/optimize-$wl-sglang.json" 2>&1 | tee -a "$D/optimize-$wl-sglang.txt"
+  else
+    timeout "$LIMIT" python3 -m bot optimize "$wl" --engine sglang --preset full --device cuda --dry-run \
+      --generators "${GENERATORS:-replay,template}" --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} \
+      ${ABLATION:+--ablation-rounds $ABLATION} --json "$D/optimize-$wl-sglang.json" 2>&1 | tee "$D/optimize-$wl-sglang.txt"
+  fi
+  rc=${PIPESTATUS[0]}
+  echo "$wl sglang optimize attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
+  run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
+  if [[ -n "$run" ]]; then
+    mkdir -p "$D/run" && cp "$run"/*.json "$run"/report.* "$D/run/" 2>/dev/null && rm -f "$D/run/analysis.full.json"
+    cp -r "$run/forge" "$D/run/" 2>/dev/null
+    for v in "$run"/validate/*/verdict.json; do [[ -f "$v" ]] && cp "$v" "$D/run/verdict-$(basename "$(dirname "$v")").json"; done
+    python3 benchmarks/run_steps.py "$run" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize" | tee -a "$D/steps.txt"
+  fi
+  exit "$rc"
+fi
+
 python3 -m bot engine init sglang 2>&1 | tee "$D/engine.txt"
 python3 -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|diffusers|apache-tvm-ffi|cache.dit|compressed-tensors) ' \
   > "$D/packages.txt"

@@ -68,7 +68,8 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
 @click.option("--revalidate", is_flag=True,
               help="Validate every candidate on the GPU, even where the store holds a verdict recorded for the "
                    "same patch, base, workload, preset, dtype, hardware, torch and triton (default: reuse it; "
-                   "skip known-rejected entries). The delivered stack is always validated fresh.")
+                   "skip known-rejected entries), and profile and analyze the base afresh even where an earlier "
+                   "run did so on the same machine and software. The delivered stack is always validated fresh.")
 @github_option("repo", "The engine\'s GitHub repository (where the engine PR opens and the trigger PR lives).")
 @github_option("knowledge-repo")
 @click.option("--knowledge-path", type=click.Path(file_okay=False), default=None, help=KNOWLEDGE_PATH_HELP)

@@ -133,6 +133,23 @@ class RunContext:
     def iters(self) -> int:
         return self.options.iters or (20 if self.on_cuda else 5)
 
+    @property
+    def reuses_base(self) -> bool:
+        """Whether an earlier run's profile and analysis of this very base may stand in for new
+        ones (bot/run/base_cache.py): on a GPU, without --revalidate."""
+        return self.on_cuda and not self.options.revalidate
+
+    def base_key(self) -> str | None:
+        """The base cache's key for this run (after baseline: it holds the machine's environment),
+        or None where the base is always profiled and captured afresh."""
+        if not self.reuses_base or not self.env():
+            return None
+        from bot.run.base_cache import key_of
+        return key_of(self.target, self.env(), self.profile_iters())
+
+    def profile_iters(self) -> int:
+        return max(3, self.iters() // 2)
+
     def env(self) -> dict:
         """The baseline's environment (device name, torch, triton): what recorded results must match."""
         b = self.results.baseline

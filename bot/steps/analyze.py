@@ -22,9 +22,10 @@ class Result:
     status: str  # done | skipped
     reason: str
     opportunities: list[Opportunity] = field(default_factory=list)
+    reused_from: str = ""  # an earlier run's analysis of this very base (bot/run/base_cache.py)
 
     def summary(self) -> str:
-        return self.reason
+        return self.reason + (f"; reused from {self.reused_from}" if self.reused_from else "")
 
 
 def analyze_base(t: Target, worktree: Path | str, out_dir: Path, profile: dict, profile_source: str,
@@ -63,11 +64,46 @@ def check_passes(wl: Workload, graph: Graph) -> None:
 
 
 def run(ctx: RunContext) -> Result:
+    from bot.run import base_cache
+
     co, prof = ctx.results.checkout, ctx.results.profile
-    analysis = analyze_base(ctx.target, co.base_worktree, ctx.jobs_dir() / "graph", prof.load(), prof.profile_file,
-                            {"workload": co.workload, "preset": co.preset, "engine": co.engine})
-    write_json_atomic(ctx.run_dir / "analysis.full.json", analysis)
+    full = ctx.run_dir / "analysis.full.json"
+    key = ctx.base_key()
+    # only with the profile it was made from: a profile measured afresh is analyzed afresh
+    hit = base_cache.lookup(key, base_cache.FILES) if key and prof.reused_from else None
+    if hit:
+        analysis = _reused(hit[0], ctx.jobs_dir() / "graph", prof.profile_file, hit[1])
+        reused = hit[1].line()
+    else:
+        analysis = analyze_base(ctx.target, co.base_worktree, ctx.jobs_dir() / "graph", prof.load(), prof.profile_file,
+                                {"workload": co.workload, "preset": co.preset, "engine": co.engine})
+        reused = ""
+    write_json_atomic(full, analysis)
+    if key and not hit:
+        base_cache.store(key, ctx.run_id, {"profile.full.json": Path(prof.profile_file),
+                                           "graph.json": Path(analysis["meta"]["graph_file"]),
+                                           "analysis.full.json": full})
     opps = [from_json(Opportunity, o) for o in analysis.get("opportunities", [])]
     claimed = analysis.get("claimed_ms")
     return Result("done", f"{len(opps)} opportunities"
-                  + (f", {claimed:.3f} ms claimed ({analysis['profile'].get('device')})" if claimed else ""), opps)
+                  + (f", {claimed:.3f} ms claimed ({analysis['profile'].get('device')})" if claimed else ""), opps,
+                  reused_from=reused)
+
+
+def _reused(cached: Path, graph_dir: Path, profile_file: str, origin) -> dict:
+    """The cached analysis, its graph copied into this run and every path in it pointing at this
+    run's copies (the generators read the graph; estimates name their profile)."""
+    import json
+    import shutil
+
+    graph_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cached / "graph.json", graph_dir / "graph.json")
+    text = (cached / "analysis.full.json").read_text()
+    a = json.loads(text)
+    for old, new in ((a["meta"].get("graph_file"), str(graph_dir / "graph.json")),
+                     (a["profile"].get("source"), profile_file)):
+        if old:
+            text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
+    a = json.loads(text)
+    a["meta"]["reused_from"] = {"run_id": origin.run_id, "created_at": origin.created_at, "key": origin.key}
+    return a
