@@ -28,7 +28,7 @@ class Candidate:
     trailers: dict[str, str] = field(default_factory=dict)
     title: str = ""
     description: str = ""  # the whole commit message (the report and the stack's commits quote it)
-    estimated_gain_ms: float | None = None  # the opportunity's estimate from the profile (analyze)
+    estimated_gain_ms: float | None = None  # the profile's estimate (analyze): the opportunity's, or the sum of the places a candidate fixes
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -66,14 +66,15 @@ class Result:
 
 def _complete(ctx: RunContext, c: Candidate, n: int, opps: list[Opportunity]) -> Candidate:
     """A generator's candidate with what the run keeps of its commit: the message, its trailers, and
-    the estimated gain of the opportunity it names."""
+    the estimated gain: the generator's own where it set one (a template kernel at several places
+    sums their opportunities), else that of the opportunity it names."""
     commit = ctx.target.checkout.repo.commit(c.commit_sha)
     trailers = parse_trailers(commit.message)
     opp_id = c.opportunity_id or trailers.get("Optbot-Opportunity", "")
     gain = next((o.gain_ms for o in opps if o.id == opp_id), None)
     return dataclasses.replace(c, id=c.id or f"c{n + 1}", title=c.title or commit.summary, description=commit.message,
                                trailers=trailers, kind=c.kind or trailers.get("Optbot-Kind", ""), opportunity_id=opp_id,
-                               estimated_gain_ms=gain)
+                               estimated_gain_ms=c.estimated_gain_ms if c.estimated_gain_ms is not None else gain)
 
 
 def run(ctx: RunContext) -> Result:

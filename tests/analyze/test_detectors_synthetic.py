@@ -275,6 +275,7 @@ def test_work_on_what_an_unseen_kernel_wrote_is_neither_constant_nor_shared(toy)
     gemms = [o.id for o in g.ops if o.name == "linear"]
     assert len(gemms) == 2
     assert not _flagged(a, "hoist-constant") & set(gemms), [o["summary"] for o in a["opportunities"]]
+    assert not kinds(a, "hoist-constant"), "an allocation alone is no work to hoist"
     assert not kinds(a, "merge-siblings"), [o["summary"] for o in a["opportunities"]]
     assert all("latents" in g.deps(g.ops[i].outputs[0]) for i in gemms)
 

@@ -92,3 +92,23 @@ def test_the_agent_gets_the_runs_wall_time_and_its_failed_attempts_are_kept(tmp_
     assert [c.id for c in res.candidates] == ["agent-fuse"]
     assert [(a.candidate.id, a.verdict.status) for a in res.attempts] == [("agent-restructure", "rejected"),
                                                                           ("agent-tile", "held")]
+
+
+def test_a_candidate_keeps_the_estimate_its_generator_summed(tmp_path):
+    """A template kernel at four places carries the sum of their estimates (18.4 ms on Qwen-Image
+    on the H200); the run kept only the first place's (7.75 ms), so the report and any
+    estimate-vs-realized comparison undercounted it. A candidate without one gets its opportunity's."""
+    import git
+    from bot.generate.candidate import Candidate
+
+    repo = git.Repo.init(tmp_path / "e")
+    (tmp_path / "e" / "f.py").write_text("x = 1\n")
+    repo.index.add(["f.py"])
+    sha = repo.index.commit("optbot: a change\n\nOptbot-Opportunity: o1\nOptbot-Kind: fuse-norm-consumer\n").hexsha
+    ctx = _generate_ctx(tmp_path, "cpu", SimpleNamespace(base_sha="0" * 40, repo=repo))
+    opps = [SimpleNamespace(id="o1", gain_ms=7.75)]
+    summed = generate._complete(ctx, Candidate("t", "o1", "fuse-norm-consumer", "template", "", sha,
+                                               estimated_gain_ms=18.39), 0, opps)
+    plain = generate._complete(ctx, Candidate("r", "", "", "replay", "", sha), 1, opps)
+    assert summed.estimated_gain_ms == 18.39
+    assert plain.estimated_gain_ms == 7.75 and plain.opportunity_id == "o1"
