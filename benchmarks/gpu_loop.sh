@@ -130,27 +130,6 @@ for run in 1 2; do
     git -C "$know" show --stat HEAD > "$RES/run$run-knowledge-commit.txt"
   fi
 done
-python3 - "$RES" "$LOOP" <<'PY' | tee "$RES/summary.txt"
-import json, sys
-from pathlib import Path
-res, loop = Path(sys.argv[1]), Path(sys.argv[2]); rows = []
-for i in (1, 2):
-    f = loop / f"run{i}.json"
-    if not f.is_file():
-        print(f"run {i}: no result"); continue
-    d = json.loads(f.read_text())
-    st = json.loads((Path(d["run_dir"]) / "state.json").read_text())
-    gpu = d["gpu_s"]  # RunState.gpu_seconds(): every step over all attempts
-    sv = (d.get("combine") or {}).get("stack_verdict") or {}
-    b, c = (sv.get("base_eager") or {}).get("median_ms"), (sv.get("cand_eager") or {}).get("median_ms")
-    gain = (b - c) if b and c else 0.0
-    rows.append((i, gain, gpu, b, c))
-    per = ", ".join(f"{k} {v.get('gpu_s', 0):.0f}" for k, v in st["steps"].items() if v.get("gpu_s"))
-    print(f"run {i} ({d['run_id']}, {st.get('attempts')} attempts): gain {gain:.1f} ms per step "
-          f"({b} -> {c} ms, eager, the stack's verdict), GPU time {gpu:.1f} s ({per})")
-if len(rows) == 2 and rows[0][1] > 0 and rows[0][2] > 0:
-    g, t = rows[1][1] / rows[0][1], rows[1][2] / rows[0][2]
-    print(f"run 2 reached {100 * g:.1f}% of run 1's gain in {100 * t:.1f}% of its GPU time "
-          f"(issue 5 asks >= 95% in <= 25%)")
-PY
+# gain and GPU time of both runs, and every candidate's estimate against what it realized
+python3 benchmarks/loop_summary.py "$LOOP/run1.json" "$LOOP/run2.json" | tee "$RES/summary.md"
 pack
