@@ -75,6 +75,8 @@ if [ ! -d "$know/.git" ] && compgen -G "$KIT.part-*" > /dev/null; then
 fi
 if [ ! -d "$know/.git" ]; then
   mkdir -p "$know"
+  # run 1 measures the base itself: no profile or analysis left by an earlier experiment on this machine
+  rm -rf "$OPTBOT_HOME/cache/base"
   python3 - "$know" "$mode" <<'PY'
 import json, shutil, subprocess, sys
 from pathlib import Path
