@@ -93,10 +93,7 @@ if [[ "$what" == optimize ]]; then
   echo "$wl sglang optimize attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
   run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
   if [[ -n "$run" ]]; then
-    mkdir -p "$D/run" && cp "$run"/*.json "$run"/report.* "$D/run/" 2>/dev/null && rm -f "$D/run/analysis.full.json"
-    cp -r "$run/forge" "$D/run/" 2>/dev/null
-    for v in "$run"/validate/*/verdict.json; do [[ -f "$v" ]] && cp "$v" "$D/run/verdict-$(basename "$(dirname "$v")").json"; done
-    python3 benchmarks/run_steps.py "$run" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize" | tee -a "$D/steps.txt"
+    bash benchmarks/collect_run.sh "$run" "$D" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize"
   fi
   exit "$rc"
 fi

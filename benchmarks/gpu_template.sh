@@ -56,12 +56,7 @@ rc=${PIPESTATUS[0]}
 echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"
 run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
 if [[ -n "$run" ]]; then
-  mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$OUT/run/" 2>/dev/null
-  rm -f "$OUT/run/analysis.full.json"  # the full analysis is large; analysis.json holds the ranking
-  [[ -d "$run/template" ]] && cp -r "$run/template" "$OUT/run/"
-  # every verdict reached so far, also when the attempt was cut (validate.json is written at the step's end)
-  for v in "$run"/validate/*/verdict.json; do [[ -f "$v" ]] && cp "$v" "$OUT/run/verdict-$(basename "$(dirname "$v")").json"; done
-  python3 benchmarks/run_steps.py "$run" "bash benchmarks/gpu_template.sh" | tee -a "$OUT/steps.txt"
+  bash benchmarks/collect_run.sh "$run" "$OUT" "bash benchmarks/gpu_template.sh"
   # what the agent would be told for the run's top opportunity, with the full store (docs/generate.md)
   [[ -f "$run/analysis.full.json" && ! -f "$OUT/agent-prompt-$wl.md" ]] && \
     python3 benchmarks/agent_prompt.py "$(basename "$run")" --store "$PWD/kernel_store" --lessons "$PWD/lessons" \
