@@ -23,7 +23,7 @@ Method (docs/analyze.md says more):
   are too); an op that reads it before that reads what an unseen kernel wrote, so its inputs'
   dependencies are unknown: it depends on every label, ``unseen`` included, and its value number
   is its own (never equal to another op's), as is every allocation's: two buffers of one shape
-  are not one value. The op is flagged ``uninit``. Over-approximate on
+  are not one value. The op is flagged ``uninit``, an allocation ``alloc``. Over-approximate on
   purpose: calling such work constant made the analyzer claim 80% of SGLang's FLUX.2 step as
   hoistable (2026-12-03, H200). A direct launch that writes into a tensor an op made visibly
   is not seen; docs/analyze.md says so.
@@ -327,15 +327,16 @@ class Recorder:
                                    if not any(t is w for w in written))
         if unseen:
             deps |= self.label_bit("unseen") | ((1 << len(self.labels)) - 1)
+        alloc = _base(name) in _UNINIT_FACTORIES  # memory that holds nothing yet
         # numbered by op: no two random draws, unseen writes or uninitialized allocations are one value
-        fresh = random or unseen or _base(name) in _UNINIT_FACTORIES
+        fresh = random or unseen or alloc
         base_vn = _h((name, tuple(sorted((k, repr(v)) for k, v in scalars.items())), in_vns, op_id if fresh else 0))
         if (self._host_taint or self._host_taint_made) and not alias and _base(name) not in _LAYOUT_OPS:
             deps |= self._host_deps(bool(in_vids), scalars)
         out_vids = []
         for j, o in enumerate(out_tensors):
             out_vids.append(self._new_value(o, f"op:{op_id}", deps, _h((base_vn, j))))
-        if _base(name) in _UNINIT_FACTORIES or (alias and any(v in self._uninit for v in in_vids)):
+        if alloc or (alias and any(v in self._uninit for v in in_vids)):
             self._uninit.update(out_vids)  # made uninitialized, or a view of such memory
         wrote = self._propagate_writes(written, out_tensors, op_id, deps, base_vn) if written else []
         rec = {"id": op_id, "op": name, "m": self._mod_stack[-1], "s": self._source(), "p": self.pass_idx,
@@ -344,6 +345,8 @@ class Recorder:
             rec["wr"] = wrote
         if unseen:
             rec["uninit"] = True
+        if alloc:
+            rec["alloc"] = True  # an uninitialized allocation: no work of its own
         if scalars:
             rec["sc"] = scalars
         if alias:

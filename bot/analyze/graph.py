@@ -84,6 +84,7 @@ class Op:
     # new values an in-place write gave to tensors it did not return: the buffer a slice of it was
     # written through, other views of that storage (runner/graph_capture.py, "In-place writes")
     writes: list[int] = field(default_factory=list)
+    alloc: bool = False  # torch.empty and kin: uninitialized memory, no work (runner/graph_capture.py)
 
     @property
     def name(self) -> str:
@@ -117,7 +118,8 @@ class Graph:
                           src=srcs[o["s"]] if o["s"] >= 0 else "", pass_idx=o["p"], inputs=o["in"],
                           arg_names=o.get("an", []), outputs=o["out"], scalars=o.get("sc", {}),
                           alias=bool(o.get("alias")), host=bool(o.get("host")), xdev=bool(o.get("xdev")),
-                          mask=o.get("mask"), call_site=m[3] if len(m) > 3 else "", writes=o.get("wr", [])))
+                          mask=o.get("mask"), call_site=m[3] if len(m) > 3 else "", writes=o.get("wr", []),
+                          alloc=bool(o.get("alloc"))))
         g = cls(raw=raw, ops=ops, values=raw["values"], labels=raw["labels"])
         g.norm_groups = find_norms(g)
         return g

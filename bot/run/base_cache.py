@@ -72,15 +72,15 @@ def cache_dir(key: str) -> Path:
     return optbot_home() / "cache" / "base" / key
 
 
-def lookup(key: str, need: tuple[str, ...]) -> tuple[Path, Origin] | None:
-    """The cached folder and its origin when it holds every file in `need`."""
+def lookup(key: str) -> tuple[Path, Origin] | None:
+    """The cached folder and its origin when it holds the whole set (FILES)."""
     d = cache_dir(key)
     try:
         o = json.loads((d / "origin.json").read_text())
         origin = Origin(o["run_id"], o["created_at"], o["key"])
     except (OSError, ValueError, KeyError):
         return None
-    if origin.key != key or not all((d / n).is_file() for n in need):
+    if origin.key != key or not all((d / n).is_file() for n in FILES):
         return None
     return d, origin
 

@@ -70,7 +70,7 @@ def run(ctx: RunContext) -> Result:
     full = ctx.run_dir / "analysis.full.json"
     key = ctx.base_key()
     # only with the profile it was made from: a profile measured afresh is analyzed afresh
-    hit = base_cache.lookup(key, base_cache.FILES) if key and prof.reused_from else None
+    hit = base_cache.lookup(key) if key and prof.reused_from else None
     if hit:
         analysis = _reused(hit[0], ctx.jobs_dir() / "graph", prof.profile_file, hit[1])
         reused = hit[1].line()

@@ -32,7 +32,6 @@ class Result:
                 + (f"; reused from {self.reused_from}" if self.reused_from else ""))
 
     def load(self) -> dict:
-        import json
         return json.loads(Path(self.profile_file).read_text())
 
 
@@ -47,7 +46,7 @@ def run(ctx: RunContext) -> Result:
     out_dir = ctx.jobs_dir() / "profile"
     full = out_dir / "profile.full.json"
     key = ctx.base_key()
-    hit = base_cache.lookup(key, base_cache.FILES) if key else None
+    hit = base_cache.lookup(key) if key else None
     if hit:  # the same base, machine, software and analyzer: the ranking input is known
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(hit[0] / "profile.full.json", full)

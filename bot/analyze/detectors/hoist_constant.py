@@ -20,8 +20,6 @@ from bot.analyze.opportunity import Finding
 from bot.analyze.detectors.common import describe_ops, labels_of, region, wrapper_prefix
 
 KIND = "hoist-constant"
-# uninitialized memory: no work to hoist (what fills it is an op of its own, or unseen: docs/analyze.md)
-ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
 TIERS = {
     "load-time": (0.8, "depends only on weights and constants"),
     "per-request": (0.6, "depends on no latents and no timestep: the same in every denoising step of a request "
@@ -44,7 +42,8 @@ def detect(ctx) -> list[Finding]:
         vns = [g.values[v]["vn"] for v in o.outputs]
         repeated = all(vn in seen_vn[o.pass_idx] for vn in vns)
         seen_vn[o.pass_idx].update(vns)
-        if not ctx.free(o.id) or kind(o) == "view" or o.name in ALLOCATIONS:
+        # an allocation is no work to hoist: what fills it is an op of its own, or unseen (docs/analyze.md)
+        if not ctx.free(o.id) or kind(o) == "view" or o.alloc:
             continue
         d = g.op_deps(o)
         if not (d & ~static):
