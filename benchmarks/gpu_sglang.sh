@@ -14,8 +14,11 @@
 #      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
-#      The wheels do not fit one call's carry with the tree: the first call on a machine copies
-#      .whl-sgl-a/ into /tmp/sglw, the next ones .whl-sgl-b/ too (docs/sglang.md).
+#      One call's carry holds the tree, .whl-sgl-b/ (the light set) and .sgl-engine/ (the engine
+#      repository as a git bundle, 18 MB, made by `download`; the sglang wheel itself, 39 MB, does
+#      not fit beside the rest): WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2,
+#      carry [.whl-sgl-b, .sgl-engine]. Without the bundle, the first call on a machine copies
+#      .whl-sgl-a/ into /tmp/sglw and the next ones .whl-sgl-b/ too (docs/sglang.md).
 #
 # Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
 # cannot be brought up leaves its exact blocker in $OUT/blocker-WL.txt (the failing step and the
@@ -50,7 +53,12 @@ if [[ "$what" == download ]]; then
   rm -rf .whl-sgl-a .whl-sgl-b && mkdir -p .whl-sgl-a .whl-sgl-b
   cp "$WHL"/sglang-0.5.23-*.whl .whl-sgl-a/
   find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' -exec cp {} .whl-sgl-b/ \;
-  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b
+  # The engine repository as a git bundle: the same deterministic commit the wheel gives
+  # (bot/engine.py), in half the bytes, so that one call carries all it needs.
+  repo=$(python3 -m bot engine init sglang | awk '$1 == "repository" {print $2}')
+  rm -rf .sgl-engine && mkdir -p .sgl-engine
+  git -C "$repo" bundle create "$PWD/.sgl-engine/sglang-0.5.23.bundle" main
+  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b .sgl-engine
   exit 0
 fi
 
@@ -71,7 +79,14 @@ fi
 # sglang wheel carried as .whl/sglang-*.whl.keep, copied to the downloads folder.)
 for f in .whl/sglang-0.5.23-*.whl.keep; do [[ -f "$f" ]] && cp "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
+eng="$OPTBOT_HOME/engines/sglang-0.5.23"
+if [[ -f .sgl-engine/sglang-0.5.23.bundle && ! -d "$eng/.git" ]]; then
+  # the clone gets the settings bot/engine.py gives a repository it materializes
+  git clone -q --branch main .sgl-engine/sglang-0.5.23.bundle "$eng" && git -C "$eng" remote remove origin && \
+    git -C "$eng" config core.autocrlf false && git -C "$eng" config user.name optbot && \
+    git -C "$eng" config user.email optbot@localhost
+fi
+[[ -d "$eng/.git" ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
   echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
     | tee "$D/blocker.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$D/nvidia-smi.txt"

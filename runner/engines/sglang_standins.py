@@ -18,6 +18,14 @@ the chain (InternVL/DeepSeek-OCR image preprocessing, unrelated to the DiTs) imp
 time. The stand-in only satisfies those imports; calling anything in it raises. Before installing
 it, transformers' and diffusers' cached "is torchvision available" answers are taken (False), so
 they never try to use it.
+
+``flashinfer`` is not stood in for, only reported: sglang 0.5.23 requires it, but its wheel (65 MB,
+with CuTe-DSL and cuda-python behind it) is not on the GPU box, and some sixty SGLang modules import
+it behind ``try``, so a stand-in package would turn their working fallbacks into errors. Without
+it SGLang's RoPE takes its own torch fallback (``apply_flashinfer_rope_qk_inplace`` in
+rotary_embedding/utils.py: about a dozen elementwise ops per q/k pair) where a production install
+runs FlashInfer's one in-place kernel. The note says so, so that no result passes that path off as
+SGLang's production speed (docs/sglang.md).
 """
 from __future__ import annotations
 
@@ -31,6 +39,8 @@ import torch
 
 SGL_KERNEL_NOTE = "optbot stand-in (torch rmsnorm, fused_add_rmsnorm; any other kernel raises)"
 TORCHVISION_NOTE = "optbot import-only stand-in (torchvision absent; calls raise)"
+FLASHINFER_NOTE = ("absent, no stand-in: SGLang's RoPE runs its own torch fallback (about a dozen ops per q/k "
+                   "pair) where production runs FlashInfer's in-place kernel")
 
 
 class _Missing:
@@ -156,4 +166,6 @@ def install(is_cuda: bool) -> dict[str, str]:
     if importlib.util.find_spec("torchvision") is None:
         install_torchvision()
         notes["torchvision"] = TORCHVISION_NOTE
+    if is_cuda and importlib.util.find_spec("flashinfer") is None:
+        notes["flashinfer"] = FLASHINFER_NOTE  # reported only: nothing is installed for it
     return notes

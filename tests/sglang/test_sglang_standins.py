@@ -65,3 +65,26 @@ def test_installed_stand_in_serves_the_import_chain_in_a_child():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "RAISED sgl_kernel.flash_attn.flash_attn_varlen_func is not available" in r.stdout
+
+
+def test_flashinfer_absence_is_reported_never_stood_in():
+    """On CUDA without flashinfer the notes say SGLang's RoPE runs its torch fallback, and nothing
+    is installed under that name (SGLang's try/except imports keep falling back). On CPU SGLang
+    never asks for it: no note."""
+    code = (
+        "import importlib.util, sys\n"
+        "from runner.engines import sglang_standins as st\n"
+        "assert importlib.util.find_spec('flashinfer') is None\n"
+        "print('CPU', sorted(st.install(False)))\n"
+        "notes = st.install(True)\n"
+        "print('CUDA', sorted(notes))\n"
+        "print('NOTE', notes['flashinfer'])\n"
+        "assert 'flashinfer' not in sys.modules and importlib.util.find_spec('flashinfer') is None\n"
+        "try:\n    import flashinfer.rope\nexcept ImportError:\n    print('IMPORT FAILS')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "CPU ['torchvision']" in r.stdout or "CPU []" in r.stdout
+    assert "CUDA ['flashinfer', 'sgl_kernel'" in r.stdout
+    assert f"NOTE {st.FLASHINFER_NOTE}" in r.stdout and "torch fallback" in st.FLASHINFER_NOTE
+    assert "IMPORT FAILS" in r.stdout
