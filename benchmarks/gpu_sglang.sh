@@ -14,6 +14,8 @@
 #      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
+#   4. the bench of what optimize delivered, on the same warm machine (its branch lives there):
+#      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh bench flux2 optbot/flux2/<sglang-sha12>
 #      One call's carry holds the tree, .whl-sgl-b/ (the light set) and .sgl-engine/ (the engine
 #      repository as a git bundle, 18 MB, made by `download`; the sglang wheel itself, 39 MB, does
 #      not fit beside the rest): WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2,
@@ -38,21 +40,25 @@ if [[ "$what" == download ]]; then
     -d "$WHL" sglang==0.5.23
   # The light set (requirements-sglang.txt) minus what the GPU image already holds (KINDS.md's
   # list: aiohttp, einops, psutil, sentencepiece, imageio, transformers 5.17, triton, ...), plus
-  # their missing dependencies, diffusers as a package (cache_dit imports it) and gitpython for the
+  # their missing dependencies and gitpython for the
   # bot. Versions as this registry resolved them for cp312; never a torch, triton or CUDA library.
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
     -d "$WHL" \
-    apache-tvm-ffi==0.1.11 cache-dit==1.5.1 compressed-tensors==0.18.0 diffusers==0.42.1 importlib-metadata==10.2.0 \
+    apache-tvm-ffi==0.1.11 cache-dit==1.5.1 compressed-tensors==0.18.0 importlib-metadata==10.2.0 \
     gguf==0.19.0 addict==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
     typing-inspection==0.4.5 msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pyzmq==27.3.0 starlette==1.10.0 \
     loguru==0.7.3 dill==0.4.1 ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 \
     matplotlib-inline==0.2.2 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 \
     stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4 traitlets==5.16.1 \
     gitpython gitdb smmap
+  # diffusers' source distribution: the diffusers engine (bench's reference rows) is made from it,
+  # and its src/ also serves cache_dit's `import diffusers`, so the 6 MB wheel stays behind
+  python3 -m pip download -q --no-deps --no-binary=:all: -d "$WHL" diffusers==0.42.1
   # Two halves for two calls to one warm machine (docs/sglang.md): the wheel, and the rest.
   rm -rf .whl-sgl-a .whl-sgl-b && mkdir -p .whl-sgl-a .whl-sgl-b
   cp "$WHL"/sglang-0.5.23-*.whl .whl-sgl-a/
-  find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' -exec cp {} .whl-sgl-b/ \;
+  find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' ! -name 'diffusers-*' -exec cp {} .whl-sgl-b/ \;
+  cp "$WHL"/diffusers-0.42.1.tar.gz .whl-sgl-b/
   # The engine repository as a git bundle: the same deterministic commit the wheel gives
   # (bot/engine.py), in half the bytes, so that one call carries all it needs.
   repo=$(python3 -m bot engine init sglang | awk '$1 == "repository" {print $2}')
@@ -73,7 +79,7 @@ if [[ -d "$WHL" ]]; then
   # Everything but sglang itself goes to /tmp/site; sglang's wheel only feeds the engine repository.
   ls "$WHL"/*.whl | grep -v '/sglang-' | xargs python3 -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target /tmp/site 2>&1 | tail -3
-  cp "$WHL"/sglang-0.5.23-*.whl "$OPTBOT_HOME/downloads/"
+  cp "$WHL"/sglang-0.5.23-*.whl "$WHL"/diffusers-0.42.1.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
 fi
 # (benchmarks/h200.sh's own layout also works: light-set wheels in .whl/ installed there, and the
 # sglang wheel carried as .whl/sglang-*.whl.keep, copied to the downloads folder.)
@@ -85,6 +91,10 @@ if [[ -f .sgl-engine/sglang-0.5.23.bundle && ! -d "$eng/.git" ]]; then
   git clone -q --branch main .sgl-engine/sglang-0.5.23.bundle "$eng" && git -C "$eng" remote remove origin && \
     git -C "$eng" config core.autocrlf false && git -C "$eng" config user.name optbot && \
     git -C "$eng" config user.email optbot@localhost
+fi
+# cache_dit (in SGLang's import chain) imports diffusers: the diffusers engine's src/ serves it
+if ! python3 -c "import diffusers" 2>/dev/null && [[ -f "$OPTBOT_HOME/downloads/diffusers-0.42.1.tar.gz" ]]; then
+  python3 -m bot engine init diffusers > /dev/null && export PYTHONPATH="$PYTHONPATH:$OPTBOT_HOME/engines/diffusers-0.42.1/src"
 fi
 [[ -d "$eng/.git" ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
   echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
@@ -110,6 +120,19 @@ if [[ "$what" == optimize ]]; then
   if [[ -n "$run" ]]; then
     bash benchmarks/collect_run.sh "$run" "$D" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize"
   fi
+  exit "$rc"
+fi
+
+if [[ "$what" == bench ]]; then
+  # upstream SGLang in every mode, the optimized SGLang branch (CANDIDATE: a ref in the engine
+  # repository, e.g. what `optimize` delivered on this machine) in the four production modes,
+  # diffusers upstream in the same four as the reference, and the floor: one run
+  wl="${2:-flux2}"; cand="${3:-}"
+  start=$(date +%s)
+  timeout "${LIMIT:-560}" python3 -m bot bench "$wl" --engine sglang --preset full --device cuda \
+    ${cand:+--candidate "$cand"} --with-engine diffusers --json "$D/bench-$wl-sglang.json" 2>&1 | tee "$D/bench-$wl-sglang.txt"
+  rc=${PIPESTATUS[0]}
+  echo "$wl sglang bench: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
   exit "$rc"
 fi
 
