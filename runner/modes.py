@@ -87,9 +87,3 @@ def cuda_usable(device: str) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
-
-
-def error_line(e: BaseException) -> str:
-    """One line for a mode that failed: the exception type and the first line of its message."""
-    msg = str(e).splitlines()[0][:300] if str(e) else ""
-    return f"{type(e).__name__}: {msg}"

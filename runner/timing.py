@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from runner import channel
+from runner.errors import error_line
 
 
 @dataclass
@@ -85,7 +86,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, *, warmu
             try:
                 runners[name] = capture_graph(fn, warmup)
             except Exception as e:  # noqa: BLE001 - a capture failure is a reported result
-                out[name] = f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                out[name] = f"CUDA graph capture failed: {error_line(e)}"
                 torch.cuda.synchronize()
         else:
             runners[name] = fn

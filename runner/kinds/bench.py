@@ -25,7 +25,8 @@ from runner import env as envmod
 from runner import peaks
 from runner.harness import prepare_first_step, step_passes, tensor_digest
 from runner.job import parse_mode
-from runner.modes import ModeWalk, cuda_usable, error_line
+from runner.errors import error_line
+from runner.modes import ModeWalk, cuda_usable
 from runner.profiler import count_flops
 from runner.timing import time_interleaved
 

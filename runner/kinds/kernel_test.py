@@ -47,6 +47,7 @@ import os
 import sys
 from pathlib import Path
 
+from runner.errors import error_line
 from runner.job import Job
 
 
@@ -158,7 +159,7 @@ def run(job: Job) -> dict:
                 except Exception as e:  # noqa: BLE001 - the crash is the finding
                     crashed = is_cuda and "CUDA" in str(e)
                     res = {"passed": False, "max_abs": None, "max_rel": None, "where": None,
-                           "reason": f"crashed under {mode}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                           "reason": f"crashed under {mode}: {error_line(e)}"}
                 path = mod.kernel_path() if hasattr(mod, "kernel_path") else None
                 if res["passed"] and require_triton and path != "triton":
                     res["passed"], res["reason"] = False, f"kernel() under {mode} took the {path!r} path, not triton"
@@ -184,7 +185,7 @@ def run(job: Job) -> dict:
                     compiled_ref(*inputs)
                     fns["reference_compiled"] = lambda: compiled_ref(*inputs)
                 except Exception as e:  # noqa: BLE001 - a reference inductor cannot compile is a note
-                    compile_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    compile_error = error_line(e)
                 else:
                     compile_error = None
             t = time_interleaved(fns, job.device, warmup=5, iters=int(p.get("bench_iters", 50)))

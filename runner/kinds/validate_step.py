@@ -34,7 +34,8 @@ import torch
 from runner import env as envmod
 from runner.harness import build, make_step, step_passes
 from runner.poison import PoisonEmpty, poison_allocator
-from runner.modes import ModeWalk, cuda_usable, error_line
+from runner.errors import error_line
+from runner.modes import ModeWalk, cuda_usable
 from runner.timing import time_interleaved
 
 

@@ -26,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+from runner.errors import error_line
 from runner.job import Job
 
 
@@ -147,7 +148,7 @@ def run(job: Job) -> dict:
                     try:
                         out = call(*inputs, **cfg)
                     except Exception as e:  # noqa: BLE001 - a config that fails to compile/launch is a result
-                        ok, reason = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                        ok, reason = False, error_line(e)
                         break
                     path = mod.kernel_path() if hasattr(mod, "kernel_path") else "triton"
                     if path != "triton":
