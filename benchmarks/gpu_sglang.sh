@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
 # SGLang's own FLUX.2 and Qwen-Image DiTs on the H200, full preset: the production baseline.
 #
-# Two steps, because the GPU box reaches no package registry:
+# Because the GPU box reaches no package registry:
 #   1. here, with the registry:   bash benchmarks/gpu_sglang.sh download
-#      fills .whl-sglang/ (git-ignored) with sglang's cp312 wheel and the part of its light import
-#      set that the GPU image lacks (docs/sglang.md), about 55 MB;
-#   2. on the H200, carrying .whl-sglang (one command, well under 10 minutes):
-#      bash benchmarks/gpu_sglang.sh            # or: bash benchmarks/h200.sh sglang
+#      fills the git-ignored carry folders (docs/sglang.md):
+#        .whl-sgl-b/   the light import set the GPU image lacks, and diffusers' sdist (20 MB)
+#        .sgl-engine/  the engine repository as a git bundle of its one commit (18 MB; the sglang
+#                      wheel itself, 39 MB, is .whl-sgl-a/ for the older two-call way)
+#        .cdsl-a/, .cdsl-b/  CuTe-DSL (nvidia-cutlass-dsl 4.8.1, cu13: SGLang's Qwen-Image imports
+#                      `cutlass` on CUDA), 97 MB of wheels as one xz tar in two halves of ~34 MB
+#      The tree plus .whl-sgl-b and .sgl-engine is one call's carry (under 64 MiB); each CuTe-DSL
+#      half needs a call of its own on the same warm machine first:
+#        bash benchmarks/gpu_sglang.sh stage      # carry .cdsl-a, then again carrying .cdsl-b
+#   2. on the H200 (carry .whl-sgl-b and .sgl-engine, WHL=.whl-sgl-b):
+#      bash benchmarks/gpu_sglang.sh            # profile of both DiTs; or: bash benchmarks/h200.sh sglang
 #      results under $RES/sglang (from h200.sh), else $OUT, else benchmarks/results/h200-sglang-<date>/
 #   3. the full optimize of SGLang's FLUX.2, in calls of at most LIMIT s (default 560) that pause
-#      (exit 75) and resume on one warm machine (about 950 s of device time in all: issue 21):
-#      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2            # then, back to back:
-#      WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
+#      (exit 75) and resume on one warm machine (about 500 s of device time: issue 21):
+#      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2            # then, back to back:
+#      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
 #   4. the bench of what optimize delivered, on the same warm machine (its branch lives there):
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh bench flux2 optbot/flux2/<sglang-sha12>
-#      One call's carry holds the tree, .whl-sgl-b/ (the light set) and .sgl-engine/ (the engine
-#      repository as a git bundle, 18 MB, made by `download`; the sglang wheel itself, 39 MB, does
-#      not fit beside the rest): WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2,
-#      carry [.whl-sgl-b, .sgl-engine]. Without the bundle, the first call on a machine copies
-#      .whl-sgl-a/ into /tmp/sglw and the next ones .whl-sgl-b/ too (docs/sglang.md).
 #
 # Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
 # cannot be brought up leaves its exact blocker in $OUT/blocker-WL.txt (the failing step and the
 # error) instead of stopping the script. The environment block of each result says which stand-ins
-# were used (sgl_kernel: "optbot stand-in ..."): the compiled sgl_kernel package is not on the box.
+# were used (sgl_kernel: "optbot stand-in ...") and what is absent (flashinfer).
 set -uo pipefail
 what="${1:-run}"
 WHL="${WHL:-.whl-sglang}"
@@ -59,14 +61,38 @@ if [[ "$what" == download ]]; then
   cp "$WHL"/sglang-0.5.23-*.whl .whl-sgl-a/
   find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' ! -name 'diffusers-*' -exec cp {} .whl-sgl-b/ \;
   cp "$WHL"/diffusers-0.42.1.tar.gz .whl-sgl-b/
+  # CuTe-DSL: the meta wheel only holds a .pth that puts nvidia_cutlass_dsl/dsl_packages on
+  # sys.path, which an install into a --target folder never runs: the run below names that folder
+  # on PYTHONPATH itself. cuda-bindings and protobuf are on the GPU image.
+  mkdir -p "$WHL/cdsl"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
+    -d "$WHL/cdsl" nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+    nvidia-cutlass-dsl-libs-cu13==4.8.1
+  if [[ ! -f "$WHL/cdsl.tar.xz" ]]; then
+    x=$(mktemp -d); for w in "$WHL"/cdsl/*.whl; do unzip -q -o "$w" -d "$x"; done
+    tar cf - -C "$x" . | xz -T0 -6 > "$WHL/cdsl.tar.xz"; rm -rf "$x"
+  fi
+  rm -rf .cdsl-a .cdsl-b && mkdir -p .cdsl-a .cdsl-b
+  split -n 2 -d "$WHL/cdsl.tar.xz" "$WHL/cdsl.tar.xz.part-"
+  mv "$WHL/cdsl.tar.xz.part-00" .cdsl-a/ && mv "$WHL/cdsl.tar.xz.part-01" .cdsl-b/
   # The engine repository as a git bundle: the same deterministic commit the wheel gives
   # (bot/engine.py), in half the bytes, so that one call carries all it needs.
   repo=$(python3 -m bot engine init sglang | awk '$1 == "repository" {print $2}')
   rm -rf .sgl-engine && mkdir -p .sgl-engine
   git -C "$repo" bundle create "$PWD/.sgl-engine/sglang-0.5.23.bundle" main
-  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b .sgl-engine
+  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b .sgl-engine .cdsl-a .cdsl-b
   exit 0
 fi
+
+# CuTe-DSL, staged in halves by earlier calls on this machine (each carrying one), unpacked once both are here
+CDSL=/tmp/cdsl-parts
+for d in .cdsl-a .cdsl-b; do [[ -d "$d" ]] && mkdir -p "$CDSL" && cp "$d"/cdsl.tar.xz.part-* "$CDSL"/; done
+if [[ "$what" == stage ]]; then ls -la "$CDSL"; exit 0; fi
+if [[ ! -d /tmp/site-cdsl/nvidia_cutlass_dsl && -f "$CDSL/cdsl.tar.xz.part-00" && -f "$CDSL/cdsl.tar.xz.part-01" ]]; then
+  mkdir -p /tmp/site-cdsl && cat "$CDSL"/cdsl.tar.xz.part-* | xz -d | tar xf - -C /tmp/site-cdsl
+fi
+CDSL_PATH=""
+[[ -d /tmp/site-cdsl/nvidia_cutlass_dsl ]] && CDSL_PATH="/tmp/site-cdsl:/tmp/site-cdsl/nvidia_cutlass_dsl/dsl_packages"
 
 # Results: $RES/sglang when called from benchmarks/h200.sh (its staging folder), else $OUT, else
 # benchmarks/results/h200-sglang-<date>/.
@@ -85,6 +111,7 @@ fi
 # sglang wheel carried as .whl/sglang-*.whl.keep, copied to the downloads folder.)
 for f in .whl/sglang-0.5.23-*.whl.keep; do [[ -f "$f" ]] && cp "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+[[ -n "$CDSL_PATH" ]] && export PYTHONPATH="$PYTHONPATH:$CDSL_PATH"
 eng="$OPTBOT_HOME/engines/sglang-0.5.23"
 if [[ -f .sgl-engine/sglang-0.5.23.bundle && ! -d "$eng/.git" ]]; then
   # the clone gets the settings bot/engine.py gives a repository it materializes
@@ -138,7 +165,7 @@ if [[ "$what" == bench ]]; then
 fi
 
 python3 -m bot engine init sglang 2>&1 | tee "$D/engine.txt"
-python3 -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|diffusers|apache-tvm-ffi|cache.dit|compressed-tensors) ' \
+python3 -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|diffusers|apache-tvm-ffi|cache.dit|compressed-tensors|nvidia-cutlass-dsl[a-z0-9-]*) ' \
   > "$D/packages.txt"
 
 status=0
