@@ -3,42 +3,88 @@
 Roofline figures use these, not datasheet numbers (DESIGN decision 9). On the GPU: a large bf16
 matmul on random data (zeros run faster and flatter the ceiling) and a 1 GiB device-to-device
 copy, counted as bytes read + bytes written. A ceiling is a best case, so it is the fastest trial. On the CPU: the same at CPU sizes, in the job's dtype.
+
+With `fp8=True` (bench's floor rows), also the FP8 matmul ceiling: `torch._scaled_mm` on float8
+e4m3 operands with row-wise float32 scales and a bf16 output, the form an FP8 deployment's linear
+layers take (dynamic per-token activation scales, per-channel weight scales). Measured where it
+runs: a CUDA device of compute capability 8.9 or newer, and the CPU (where torch emulates it,
+slower than float32: the figure says so rather than flattering anything). Elsewhere it is None
+with the reason.
 """
 from __future__ import annotations
 
 import torch
 
+from runner.errors import error_line
 from runner.timing import time_fn
 
 
-def measure(device: str, dtype: torch.dtype) -> dict:
+def _shapes(is_cuda: bool) -> list[tuple[int, int, int]]:
+    # the best of two shapes, a square one and a DiT-like one (tokens x hidden -> 3 x hidden)
+    return [(8192, 8192, 8192), (4608, 6144, 18432)] if is_cuda else [(1024, 1024, 1024)]
+
+
+def _best_rate(device: str, make, op) -> tuple[float, tuple[int, int, int]]:
+    """The fastest trial's TFLOP/s over the shapes: `make(m, k, n, g)` gives the operands (drawn on
+    the CPU from a fixed generator and copied: no device RNG, whose state a candidate's failed
+    graph capture earlier in the process may have poisoned), `op(*operands)` one product."""
     is_cuda = device.startswith("cuda")
-    # A ceiling is the best the device does: the fastest trial (min) of the best of two shapes,
-    # a square one and a DiT-like one (tokens x hidden -> 3 x hidden).
-    shapes = [(8192, 8192, 8192), (4608, 6144, 18432)] if is_cuda else [(1024, 1024, 1024)]
-    # inputs drawn on the CPU and copied: no device RNG (its state may be poisoned by a candidate's
-    # failed graph capture earlier in the same process)
     g = torch.Generator(device="cpu").manual_seed(0)
     # Two products per trial (host sync overhead stays small), and a pause between trials: a long
     # stream of back-to-back 8192^3 products runs into the power limit and measures a throttled
     # clock (685 TFLOP/s sustained on the H200, while FLUX.2's own GEMMs ran at 763 in the step).
     reps = 2
-    best = (0.0, shapes[0])
-    for m, k, n in shapes:
-        a = torch.randn(m, k, dtype=torch.float32, generator=g).to(device=device, dtype=dtype)
-        b = torch.randn(k, n, dtype=torch.float32, generator=g).to(device=device, dtype=dtype)
+    best = (0.0, _shapes(is_cuda)[0])
+    for m, k, n in _shapes(is_cuda):
+        operands = make(m, k, n, g)
 
-        def mm_batch():
+        def batch():
             for _ in range(reps):
-                torch.mm(a, b)
+                op(*operands)
 
         # a long warm-up: an idle H200 sits at 345 MHz and needs time under load to reach full clocks
-        mm = time_fn(mm_batch, device, warmup=20 if is_cuda else 2, iters=20 if is_cuda else 5, flush_l2=False,
-                     pause_s=0.05 if is_cuda else 0.0)
-        rate = reps * 2 * m * k * n / (mm.min_ms * 1e-3) / 1e12
+        t = time_fn(batch, device, warmup=20 if is_cuda else 2, iters=20 if is_cuda else 5, flush_l2=False,
+                    pause_s=0.05 if is_cuda else 0.0)
+        rate = reps * 2 * m * k * n / (t.min_ms * 1e-3) / 1e12
         if rate > best[0]:
             best = (rate, (m, k, n))
-        del a, b
+        del operands
+    return best
+
+
+def fp8_unsupported(device: str) -> str:
+    """Why the FP8 ceiling cannot be measured on `device`, or "" when it can."""
+    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no float8_e4m3fn / _scaled_mm"
+    if device.startswith("cuda"):
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        if cap < (8, 9):
+            return f"compute capability {cap[0]}.{cap[1]}: FP8 matrix units need 8.9 (Ada) or newer"
+    return ""
+
+
+def _fp8_operands(device: str):
+    def make(m, k, n, g):
+        a = torch.randn(m, k, generator=g).to(device=device, dtype=torch.float8_e4m3fn)  # [M, K] row-major
+        b = torch.randn(n, k, generator=g).to(device=device, dtype=torch.float8_e4m3fn).t()  # [K, N] column-major
+        sa = (torch.rand(m, 1, generator=g) + 0.5).to(device)  # per-row (token) scales
+        sb = (torch.rand(1, n, generator=g) + 0.5).to(device)  # per-column (output channel) scales
+        return a, b, sa, sb
+    return make
+
+
+def _fp8_mm(a, b, sa, sb):
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def measure(device: str, dtype: torch.dtype, fp8: bool = False) -> dict:
+    is_cuda = device.startswith("cuda")
+
+    def make(m, k, n, g):
+        return (torch.randn(m, k, dtype=torch.float32, generator=g).to(device=device, dtype=dtype),
+                torch.randn(k, n, dtype=torch.float32, generator=g).to(device=device, dtype=dtype))
+
+    rate, shape = _best_rate(device, make, torch.mm)
     nbytes = (1 << 30) if is_cuda else (64 << 20)
     src = torch.arange(nbytes // 4, device=device, dtype=torch.float32)  # copy speed ignores values
     dst = torch.empty_like(src)
@@ -50,11 +96,23 @@ def measure(device: str, dtype: torch.dtype) -> dict:
 
     cp = time_fn(cp_batch, device, warmup=5, iters=10 if is_cuda else 5, flush_l2=False)
     del src, dst
-    return {
+    out = {
         "device": "cuda" if is_cuda else "cpu",
-        "matmul_tflops": round(best[0], 2),
-        "matmul_shape": list(best[1]),
+        "matmul_tflops": round(rate, 2),
+        "matmul_shape": list(shape),
         "matmul_dtype": str(dtype).replace("torch.", ""),
         "copy_gbps": round(copy_reps * 2 * nbytes / (cp.min_ms * 1e-3) / 1e9, 1),
         "copy_bytes": nbytes,
     }
+    if fp8:
+        why = fp8_unsupported(device)
+        if not why:
+            try:
+                f_rate, f_shape = _best_rate(device, _fp8_operands(device), _fp8_mm)
+                out.update(fp8_matmul_tflops=round(f_rate, 2), fp8_matmul_shape=list(f_shape),
+                           fp8_matmul_form="_scaled_mm e4m3 x e4m3, row-wise fp32 scales, bf16 out")
+            except RuntimeError as e:  # a build without the kernel for this device
+                why = f"_scaled_mm failed: {error_line(e)}"
+        if why:
+            out.update(fp8_matmul_tflops=None, fp8_matmul_why=why)
+    return out

@@ -24,6 +24,11 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert cand["correct"] is True and cand["comparison"]["noise_pred"]["rel_l2"] == 0.0
     assert "needs a CUDA device" in rows[("upstream", "graph")]["error"]
     assert b["roofline_ms"] > 0 and "measured in this run (cpu)" in b["roofline_basis"]
+    # the FP8 floor: the linear FLOPs at the FP8 ceiling this CPU measured (torch emulates
+    # _scaled_mm here, slower than float32, so this floor is the higher one: labelled, not flattering)
+    assert b["roofline_fp8_ms"] > 0 and "TFLOP/s FP8" in b["roofline_fp8_basis"]
+    assert "measured in this run (cpu)" in b["roofline_fp8_basis"]
+    assert "compute floor, FP8 linear" in out.with_suffix(".md").read_text()
     assert "measured on cpu" in r.stdout
     # the compile recipes ran, correct, and the fastest correct one is the bar every row is set against
     compiled = [rows[("upstream", m)] for m in ("compile", "compile:whole")]

@@ -52,6 +52,10 @@ class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
     roofline_ms: float | None = None
     roofline_basis: str = ""
+    # the same FLOPs with the linear layers at the FP8 matmul ceiling measured in the run (attention
+    # stays bf16, as FP8 deployments keep it): what an FP8 path could reach (issue 16)
+    roofline_fp8_ms: float | None = None
+    roofline_fp8_basis: str = ""
     # the recipe a user who compiles would pick: the fastest correct upstream compile row of this run
     best_compile_mode: str = ""
     best_compile_ms: float | None = None
@@ -104,8 +108,10 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     \b
     Rows: upstream eager (the reference), upstream CUDA-graph replay, upstream torch.compile in
     the recipes a user would write (regional and whole-model, each also inside a CUDA graph), the
-    --candidate branch in the four production modes, each --with-engine engine, and the compute
-    floor (all FLOPs at the matmul ceiling measured in the same run). Every row's outputs are
+    --candidate branch in the four production modes, each --with-engine engine, and two compute
+    floors: all FLOPs at the matmul ceiling measured in the same run, and the linear layers' FLOPs
+    at the FP8 (_scaled_mm, row-wise scales) ceiling measured there too, with attention still at
+    the matmul one: what an FP8 path could reach. Every row's outputs are
     compared with upstream eager under the workload's tolerance, in a separate process. The
     fastest correct upstream compile row is the bar ("vs best compile"), not eager. A row that
     fails keeps its error; the rows that ran stay.
@@ -163,6 +169,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 res.roofline_basis = (f"{(fl['linear'] + fl['attention']) / 1e12:.4g} TFLOP (linear {fl['linear'] / 1e12:.4g} + "
                                       f"attention {fl['attention'] / 1e12:.4g}) at {pk['matmul_tflops']} TFLOP/s "
                                       f"{pk['matmul_dtype']} matmul measured in this run ({pk['device']})")
+                res.roofline_fp8_ms, res.roofline_fp8_basis = _fp8_floor(fl, pk)
         for mode, m in r["modes"].items():
             row = BenchRow(label, mode, res.device, engine_sha=sha)
             if "error" in m:
@@ -217,6 +224,17 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     console.print(f"run directory: {run_dir}")
 
 
+def _fp8_floor(fl: dict, pk: dict) -> tuple[float | None, str]:
+    """Linear FLOPs at the FP8 ceiling plus attention FLOPs at the matmul ceiling, both measured in
+    the run; None with the reason where the FP8 ceiling could not be measured."""
+    if not pk.get("fp8_matmul_tflops"):
+        return None, f"FP8 ceiling not measured: {pk.get('fp8_matmul_why', 'no FP8 figure in this run')}"
+    ms = (fl["linear"] / (pk["fp8_matmul_tflops"] * 1e12) + fl["attention"] / (pk["matmul_tflops"] * 1e12)) * 1e3
+    return ms, (f"linear {fl['linear'] / 1e12:.4g} TFLOP at {pk['fp8_matmul_tflops']} TFLOP/s FP8 "
+                f"({pk['fp8_matmul_form']}) + attention {fl['attention'] / 1e12:.4g} TFLOP at "
+                f"{pk['matmul_tflops']} TFLOP/s {pk['matmul_dtype']}, measured in this run ({pk['device']})")
+
+
 def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -232,6 +250,10 @@ def _table_rows(res: BenchResult) -> list[list[str]]:
     if res.roofline_ms is not None:
         rows.append(["roofline", "compute floor", _fmt(res.roofline_ms), "-", "-", _fmt(res.roofline_ms / res.passes), "-",
                      "-", "-", res.roofline_basis])
+    if res.roofline_fp8_basis:
+        fp8 = res.roofline_fp8_ms
+        rows.append(["roofline", "compute floor, FP8 linear", _fmt(fp8), "-", "-",
+                     _fmt(fp8 / res.passes if fp8 is not None else None), "-", "-", "-", res.roofline_fp8_basis])
     return rows
 
 

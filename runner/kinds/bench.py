@@ -41,7 +41,7 @@ def run(job) -> dict:
                     "shape": shape, "seed": seed, "modes": {}}
     if job.params.get("flops"):
         result["flops"] = count_flops(step)
-        result["peaks"] = peaks.measure(job.device, built.dtype)
+        result["peaks"] = peaks.measure(job.device, built.dtype, fp8=True)  # both floor rows
     walk = ModeWalk(built.model, step, job.device, job.warmup, backend=job.params.get("compile_backend") or "inductor")
     for i, mode in enumerate(modes):
         entry: dict = {}
