@@ -16,7 +16,7 @@ import torch
 
 from runner import engines
 from runner import env as envmod
-from runner import inputs
+from runner import inputs, quant
 from runner.job import Job
 from runner.timing import time_fn
 
@@ -72,6 +72,11 @@ def build(job: Job) -> Built:
         if "__init__()" not in str(e):
             raise
         raise HarnessError("config-rejected", f"{cls.__name__} rejected the preset's config: {e}") from None
+    if job.params.get("quant"):  # after the weights: a deployment quantizes the loaded model
+        try:
+            envmod.note("quant", quant.apply(model, job.params["quant"], job.device))
+        except quant.QuantError as e:
+            raise HarnessError("quant", str(e)) from None
     return Built(model, src, job.device, dtype, adapter)
 
 

@@ -29,6 +29,11 @@ from typing import Any
 
 
 
+# Quantization recipes a job can ask for (params["quant"], applied by runner/quant.py after the
+# weights load): here, torch-free, so the bot's options can offer them.
+QUANT_RECIPES = ("fp8",)
+
+
 def job_kinds() -> list[str]:
     """The kinds runner/kinds/ implements (one module each)."""
     kinds_dir = Path(__file__).parent / "kinds"

@@ -12,7 +12,7 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     patch = ROOT / "tests" / "validate" / "adversarial" / "honest_merge_qkv.patch"
     # and one that breaks under torch.compile: its compile row carries the error, the rows that ran stay
     crash = ROOT / "tests" / "validate" / "adversarial" / "compile_only_crash.patch"
-    r = optbot("bench", "flux2", "--candidate", str(patch), "--candidate", str(crash),
+    r = optbot("bench", "flux2", "--candidate", str(patch), "--candidate", str(crash), "--quant", "fp8",
                "--modes", "eager,graph,compile,compile:whole", "--other-modes", "eager,compile",
                "--compile-backend", "aot_eager", "--iters", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -29,6 +29,15 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert b["roofline_fp8_ms"] > 0 and "TFLOP/s FP8" in b["roofline_fp8_basis"]
     assert "measured in this run (cpu)" in b["roofline_fp8_basis"]
     assert "compute floor, FP8 linear" in out.with_suffix(".md").read_text()
+    # --quant fp8: upstream with the recipe applied (optbot's emulation here: torchao refuses the
+    # CPU), its own error against upstream eager reported and not judged, in the other modes
+    q = b["quant"]["upstream+fp8"]
+    assert q["implementation"].startswith("optbot emulation") and q["linear_layers"] > 0
+    fp8 = rows[("upstream+fp8", "eager")]
+    assert fp8["correct"] is None and fp8["median_ms"] and "recipe's own error" in fp8["correctness"]
+    assert 0 < fp8["comparison"]["noise_pred"]["rel_l2"] < 0.5
+    assert ("upstream+fp8", "compile") in rows
+    assert "upstream+fp8: optbot emulation" in out.with_suffix(".md").read_text()
     assert "measured on cpu" in r.stdout
     # the compile recipes ran, correct, and the fastest correct one is the bar every row is set against
     compiled = [rows[("upstream", m)] for m in ("compile", "compile:whole")]

@@ -19,7 +19,7 @@ from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
-from runner.job import Job
+from runner.job import QUANT_RECIPES, Job
 
 
 @dataclass
@@ -60,14 +60,19 @@ class BenchResult:
     best_compile_mode: str = ""
     best_compile_ms: float | None = None
     env: dict = field(default_factory=dict)
+    # --quant rows: variant label -> what the runner applied (runner/quant.py: implementation, layers)
+    quant: dict = field(default_factory=dict)
     command: str = ""
 
 
 def _job(t: Target, wt: Path, sha: str, modes: list[str], out_dir: Path, iters: int, flops: bool,
-         backend: str = "inductor") -> Job:
+         backend: str = "inductor", quant: str | None = None) -> Job:
+    params = {"modes": modes, "flops": flops, "compile_backend": backend,
+              "engine": t.engine_name or t.workload.default_engine}
+    if quant:
+        params["quant"] = quant
     return t.job("bench", wt, out_dir, engine_sha=sha, seeds=[1234], warmup=3 if t.device.startswith("cuda") else 1,
-                 iters=iters, params={"modes": modes, "flops": flops, "compile_backend": backend,
-                                      "engine": t.engine_name or t.workload.default_engine})
+                 iters=iters, params=params)
 
 
 # upstream: every recipe a user who compiles might pick (max-autotune only on request: its GEMM
@@ -96,13 +101,19 @@ def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]
 @click.option("--other-modes", default=None, metavar="LIST",
               help="Modes for the --candidate and --with-engine rows (default on cuda: "
                    f"{','.join(CUDA_OTHERS)}, the four production modes; on cpu: eager).")
+@click.option("--quant", type=click.Choice(QUANT_RECIPES), default=None,
+              help="Also bench upstream with this recipe applied to its linear layers after the weights "
+                   "load (fp8: e4m3 weights with per-channel scales, per-token dynamic activation scales, "
+                   "torch._scaled_mm; torchao's recipe where torchao runs, optbot's emulation of it "
+                   "elsewhere: runner/quant.py), rows upstream+RECIPE in the --other-modes. Their "
+                   "outputs' error against upstream eager is the recipe's own: reported, not judged.")
 @click.option("--iters", default=None, type=int, help="Timed steps per mode (default 10 on cuda, 3 on cpu).")
 @click.option("--compile-backend", default="inductor", show_default=True, metavar="NAME",
               help="torch.compile backend of the compile modes (aot_eager traces without generating code: "
                    "a quick check that the candidate compiles at all).")
 @click.option("--timeout", default=1800, show_default=True, help="Seconds per runner job.")
-def command(workload, engine, ref, preset, device, json_path, candidates, extra_engines, modes, other_modes, iters,
-            compile_backend, timeout):
+def command(workload, engine, ref, preset, device, json_path, candidates, extra_engines, modes, other_modes, quant,
+            iters, compile_backend, timeout):
     """Per-step latency of upstream vs optimized vs other engines vs the roofline, outputs checked.
 
     \b
@@ -131,6 +142,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     console = Console(width=None if Console().is_terminal else 150)
     # (label, the target its engine is, worktree, sha); another engine of the workload is its own target
     variants: list[tuple[str, Target, Path, str]] = [("upstream", t, base_worktree(t), t.checkout.base_sha)]
+    if quant:
+        variants.append((f"upstream+{quant}", t, variants[0][2], t.checkout.base_sha))
     for candidate in candidates:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
@@ -153,7 +166,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         ml = mode_list if label == "upstream" else others
         eng = vt.engine_name or vt.workload.default_engine
         console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(ml)} on {t.device} ...")
-        job = _job(vt, wt, sha, ml, run_dir / label, iters, flops=(label == "upstream"), backend=compile_backend)
+        job = _job(vt, wt, sha, ml, run_dir / label, iters, flops=(label == "upstream"), backend=compile_backend,
+                   quant=quant if label == f"upstream+{quant}" else None)
         out = run_job(job, run_dir, timeout_s=timeout, name=f"bench-{label}")
         if not out.ok:
             if label == "upstream":
@@ -161,6 +175,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
             res.rows.append(BenchRow(label, "-", res.device, error=out.reason(), engine_sha=sha))
             continue
         r = out.result
+        if "quant" in r.get("env", {}):
+            res.quant[label] = r["env"]["quant"]
         if label == "upstream":
             res.env = r["env"]
             if "flops" in r:
@@ -202,10 +218,15 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
             row.correct, row.correctness = True, "reference"
         elif key in comps:
             row.comparison = comps[key]
-            bad = {n: c for n, c in comps[key].items() if not c["ok"]}
-            row.correct = not bad
-            worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))
-            row.correctness = worst["reason"] if not bad else "; ".join(c["reason"] for c in bad.values())
+            if row.variant in res.quant:  # the recipe's own error against the unquantized model
+                errs = "; ".join(f"{n}: rel L2 {c['rel_l2']:.3g}, max abs {c['max_abs']:.3g}" for n, c in comps[key].items())
+                row.correctness = (f"{errs} (the {res.quant[row.variant]['recipe']} recipe's own error against upstream "
+                                   "eager: reported, not judged)")
+            else:
+                bad = {n: c for n, c in comps[key].items() if not c["ok"]}
+                worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))
+                row.correct = not bad
+                row.correctness = worst["reason"] if not bad else "; ".join(c["reason"] for c in bad.values())
         if row.median_ms and base_ms:
             row.speedup = base_ms / row.median_ms
     best = min((r for r in res.rows if r.variant == "upstream" and r.mode.startswith("compile") and r.median_ms
@@ -268,6 +289,13 @@ def _bar(res: BenchResult) -> str:
             f"{res.best_compile_ms:.2f} ms/step (\"vs best compile\" > 1 is faster than it).")
 
 
+def _quant_lines(res: BenchResult) -> list[str]:
+    """What each --quant row ran: the implementation (torchao's or optbot's emulation) and its reach."""
+    return [f"{label}: {q['implementation']}; {q['linear_layers']} linear layers ({q['form']})"
+            + (f"; left unquantized: {', '.join(q['left_unquantized'])}" if q.get("left_unquantized") else "")
+            for label, q in res.quant.items()]
+
+
 def _print(console: Console, res: BenchResult) -> None:
     env = res.env
     t = Table(title=f"optbot bench {res.workload} · {res.preset} · {res.dtype} · measured on {res.device} "
@@ -278,6 +306,8 @@ def _print(console: Console, res: BenchResult) -> None:
         t.add_row(*row)
     console.print(t)
     console.print(_bar(res))
+    for line in _quant_lines(res):
+        console.print(line, markup=False)
 
 
 def markdown(res: BenchResult) -> str:
@@ -287,6 +317,6 @@ def markdown(res: BenchResult) -> str:
              f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(res)]
-    lines += ["", _bar(res)]
+    lines += ["", _bar(res)] + [f"- {line}" for line in _quant_lines(res)]
     lines += ["", "```"] + [f"{k}: {v}" for k, v in env.items()] + ["```", ""]
     return "\n".join(lines)

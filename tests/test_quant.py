@@ -1,0 +1,76 @@
+"""runner/quant.py: the fp8 recipe applied to a built model (issue 16). On the CPU torchao refuses
+float8, so what runs here is optbot's emulation of torchao's recipe on the same torch._scaled_mm:
+checked against the recipe's arithmetic done in float32, against the unquantized layer (an error
+of e4m3's size, never zero), under torch.compile, and on what it must leave alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner import quant
+
+
+def _model(dtype, seed, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=bias), torch.nn.GELU(), torch.nn.Linear(96, 48, bias=bias),
+                            torch.nn.Linear(48, 10))  # the last: 10 outputs, not a multiple of 16
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return m.to(dtype)
+
+
+CASES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+@pytest.mark.parametrize("dtype, tol", CASES)
+@pytest.mark.parametrize("tokens", [1, 37, 128])
+def test_fp8_linear_is_the_recipe_and_close_to_the_unquantized_layer(dtype, tol, tokens):
+    for seed in (0, 1):
+        m = _model(dtype, seed)
+        lin = m[0]
+        w, b = lin.weight.detach().clone(), lin.bias.detach().clone()
+        x = (3.0 * torch.randn(2, tokens, 64, generator=torch.Generator().manual_seed(seed + 10))).to(dtype)
+        exact = torch.nn.functional.linear(x.float(), w.float(), b.float())
+        note = quant.apply(m, "fp8", "cpu")
+        assert isinstance(lin, quant.Fp8Linear) and lin.w8.dtype == torch.float8_e4m3fn
+        assert lin.weight.numel() == 0 and lin.weight.dtype == dtype  # the unquantized values are gone
+        x_before = x.clone()
+        out = lin(x)
+        assert torch.equal(x, x_before) and out.dtype == dtype and out.shape == (2, tokens, 96)
+        torch.testing.assert_close(out.float(), quant.reference_linear(x.float(), w.float(), b.float()), atol=tol, rtol=tol)
+        rel = ((out.float() - exact).norm() / exact.norm()).item()
+        assert 1e-4 < rel < 0.1, rel  # e4m3 has 3 mantissa bits: a real, bounded error
+        assert note["linear_layers"] == 2 and note["left_unquantized"] == ["3"]
+        assert note["implementation"].startswith("optbot emulation") and "refuses the CPU" in note["implementation"]
+
+
+def test_per_token_scales_keep_a_small_token_beside_a_large_one():
+    """Dynamic per-token scales: a token 1000x smaller than its neighbour keeps its precision (one
+    scale for the whole tensor would flush it to e4m3's subnormals)."""
+    m = _model(torch.float32, 3, bias=False)
+    lin = m[0]
+    w = lin.weight.detach().clone()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(4))
+    x[1] *= 1e-3
+    quant.apply(m, "fp8", "cpu")
+    out, exact = lin(x), x @ w.t()
+    rel_small = ((out[1] - exact[1]).norm() / exact[1].norm()).item()
+    assert rel_small < 0.1, rel_small
+
+
+def test_the_quantized_model_compiles_whole_and_gives_the_eager_numbers():
+    m = _model(torch.float32, 5)
+    quant.apply(m, "fp8", "cpu")
+    x = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(6))
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    with torch.inference_mode():  # as the harness runs every step (_scaled_mm has no backward)
+        torch.testing.assert_close(compiled(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_refusals_name_what_is_wrong():
+    with pytest.raises(quant.QuantError, match="unknown quantization recipe 'int4'"):
+        quant.apply(_model(torch.float32, 0), "int4", "cpu")
+    with pytest.raises(quant.QuantError, match="no linear layer has both feature counts a multiple of 16"):
+        quant.apply(torch.nn.Sequential(torch.nn.Linear(10, 20)), "fp8", "cpu")
