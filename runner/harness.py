@@ -17,7 +17,7 @@ import torch
 from runner import engines
 from runner import env as envmod
 from runner import inputs, quant
-from runner.job import Job
+from runner.job import Job, split_precision
 from runner.timing import time_fn
 
 # what Python says when a call's keywords do not fit the signature of a forward
@@ -65,16 +65,17 @@ def build(job: Job) -> Built:
     adapter.prepare(job)  # engine set-up that must precede its import (runner/engines/)
     cls, src = import_model_class(job.model_class, job.engine_root)
     preset = job.workload["presets"][job.preset]
-    dtype = DTYPES[job.dtype]
+    base, recipe = split_precision(job.dtype)
+    dtype = DTYPES[base]
     try:
         model = adapter.build_model(cls, job, preset, dtype)
     except TypeError as e:
         if "__init__()" not in str(e):
             raise
         raise HarnessError("config-rejected", f"{cls.__name__} rejected the preset's config: {e}") from None
-    if job.params.get("quant"):  # after the weights: a deployment quantizes the loaded model
+    if recipe:  # after the weights: a deployment quantizes the loaded model
         try:
-            envmod.note("quant", quant.apply(model, job.params["quant"], job.device))
+            envmod.note("quant", quant.apply(model, recipe, job.device))
         except quant.QuantError as e:
             raise HarnessError("quant", str(e)) from None
     return Built(model, src, job.device, dtype, adapter)

@@ -7,7 +7,8 @@ Job JSON (written by the bot, read by ``python -m runner JOB FD``):
   workload      Workload.to_json() of bot/workload.py, the whole parsed file
   preset        "full" | "tiny"
   device        "cpu" | "cuda" | "cuda:N"
-  dtype         "float32" | "bfloat16" | "float16"
+  dtype         "float32" | "bfloat16" | "float16", with "+fp8" when the linear layers run in FP8
+                (split_precision; runner/quant.py)
   engine_root   absolute path of the engine's import root (first on PYTHONPATH)
   engine_sha    the worktree's commit (recorded in the environment block)
   model_class   dotted path of the model class inside the engine
@@ -29,9 +30,23 @@ from typing import Any
 
 
 
-# Quantization recipes a job can ask for (params["quant"], applied by runner/quant.py after the
-# weights load): here, torch-free, so the bot's options can offer them.
+# Quantization recipes (runner/quant.py applies one after the weights load). A job's dtype names
+# its precision: the model's dtype, then "+RECIPE" when its linear layers run quantized
+# ("bfloat16+fp8"). One string, so that every record keyed by dtype (verdicts, store matches,
+# tolerances, cached profiles) keeps quantized and unquantized results apart by construction.
 QUANT_RECIPES = ("fp8",)
+
+
+def split_precision(dtype: str) -> tuple[str, str | None]:
+    """"bfloat16+fp8" -> ("bfloat16", "fp8"); "bfloat16" -> ("bfloat16", None)."""
+    base, _, recipe = dtype.partition("+")
+    if recipe and recipe not in QUANT_RECIPES:
+        raise ValueError(f"precision {dtype!r}: unknown quantization recipe {recipe!r}, one of {list(QUANT_RECIPES)}")
+    return base, recipe or None
+
+
+def precision(dtype: str, quant: str | None) -> str:
+    return f"{dtype}+{quant}" if quant else dtype
 
 
 def job_kinds() -> list[str]:

@@ -19,7 +19,7 @@ from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
-from runner.job import QUANT_RECIPES, Job
+from runner.job import QUANT_RECIPES, Job, precision
 
 
 @dataclass
@@ -66,13 +66,10 @@ class BenchResult:
 
 
 def _job(t: Target, wt: Path, sha: str, modes: list[str], out_dir: Path, iters: int, flops: bool,
-         backend: str = "inductor", quant: str | None = None) -> Job:
-    params = {"modes": modes, "flops": flops, "compile_backend": backend,
-              "engine": t.engine_name or t.workload.default_engine}
-    if quant:
-        params["quant"] = quant
+         backend: str = "inductor") -> Job:
     return t.job("bench", wt, out_dir, engine_sha=sha, seeds=[1234], warmup=3 if t.device.startswith("cuda") else 1,
-                 iters=iters, params=params)
+                 iters=iters, params={"modes": modes, "flops": flops, "compile_backend": backend,
+                                      "engine": t.engine_name or t.workload.default_engine})
 
 
 # upstream: every recipe a user who compiles might pick (max-autotune only on request: its GEMM
@@ -142,8 +139,9 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     console = Console(width=None if Console().is_terminal else 150)
     # (label, the target its engine is, worktree, sha); another engine of the workload is its own target
     variants: list[tuple[str, Target, Path, str]] = [("upstream", t, base_worktree(t), t.checkout.base_sha)]
-    if quant:
-        variants.append((f"upstream+{quant}", t, variants[0][2], t.checkout.base_sha))
+    if quant:  # the same upstream at the quantized precision (runner/job.split_precision)
+        variants.append((f"upstream+{quant}", dataclasses.replace(t, dtype=precision(t.dtype, quant)), variants[0][2],
+                         t.checkout.base_sha))
     for candidate in candidates:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
@@ -166,8 +164,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         ml = mode_list if label == "upstream" else others
         eng = vt.engine_name or vt.workload.default_engine
         console.print(f"[bold]{label}[/bold] ({eng} @ {sha[:12]}): modes {', '.join(ml)} on {t.device} ...")
-        job = _job(vt, wt, sha, ml, run_dir / label, iters, flops=(label == "upstream"), backend=compile_backend,
-                   quant=quant if label == f"upstream+{quant}" else None)
+        job = _job(vt, wt, sha, ml, run_dir / label, iters, flops=(label == "upstream"), backend=compile_backend)
         out = run_job(job, run_dir, timeout_s=timeout, name=f"bench-{label}")
         if not out.ok:
             if label == "upstream":

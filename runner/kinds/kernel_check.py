@@ -29,6 +29,7 @@ import torch
 
 from runner import env as envmod
 from runner.harness import DTYPES
+from runner.job import split_precision
 from runner.kinds.validate_step import input_changes
 from runner.poison import PoisonEmpty, poison_allocator
 from runner.timing import time_interleaved
@@ -98,7 +99,7 @@ def run(job) -> dict:
     tests = []
     for path in p["tests"]:
         mod = _load(path)
-        dtypes = list(getattr(mod, "DTYPES", None) or [job.dtype])
+        dtypes = list(getattr(mod, "DTYPES", None) or [split_precision(job.dtype)[0]])
         tolmap = getattr(mod, "TOLERANCE", {}) or {}
         cases = []
         for dname in dtypes:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from runner.errors import error_line
-from runner.job import Job
+from runner.job import Job, split_precision
 
 
 def _load(path: str):
@@ -129,7 +129,7 @@ def run(job: Job) -> dict:
     if not on_cuda:
         cases = [c for c in cases if c[0] == "float32"] or cases[:1]  # the interpreter: fp32 is what it checks well
     else:
-        cases = [c for c in cases if c[0] == job.dtype] or cases
+        cases = [c for c in cases if c[0] == split_precision(job.dtype)[0]] or cases
         # bot/jobs.py pins a `cuda:N` job with CUDA_VISIBLE_DEVICES=N and hands it plain "cuda": only
         # an explicit index (a job run by hand) needs set_device, which refuses a device without one
         index = cuda_index(job.device)
