@@ -72,7 +72,8 @@ def cuda_available() -> bool:
         return False
 
 
-def resolve_target(workload: str, engine: str | None, ref: str | None, preset: str | None, device: str | None) -> Target:
+def resolve_target(workload: str, engine: str | None, ref: str | None, preset: str | None, device: str | None,
+                   quant: str | None = None) -> Target:
     wl = load_workload(workload)
     if device is None:
         device = "cuda" if cuda_available() else "cpu"
@@ -81,11 +82,12 @@ def resolve_target(workload: str, engine: str | None, ref: str | None, preset: s
     if preset is None:
         preset = "full" if device.startswith("cuda") else "tiny"
     wl.preset(preset)  # validates the name against the file
+    dtype = wl.precision_for(device, quant)  # before the engine: a missing tolerance is the file's error
     name, source = resolve_source(wl.engine(None).source, engine, wl.engines)
     spec = wl.engines.get(name) or wl.engine(None)
     checkout = checkout_engine(source, ref or spec.ref, spec.import_root, name or spec.name)
     click.echo(f"engine {checkout.name}: {checkout.repo_path} @ {checkout.base_sha[:12]}", err=True)
-    t = Target(wl, checkout.name, spec.model_class, checkout, preset, device, wl.dtype_for(device))
+    t = Target(wl, checkout.name, spec.model_class, checkout, preset, device, dtype)
     check_model(t, spec.adapter)
     return t
 

@@ -17,6 +17,7 @@ from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
 from runner import input_spec
 from runner.input_spec import InputSpec
+from runner.job import QUANT_RECIPES, precision
 
 PRESETS = ("full", "tiny")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -58,6 +59,9 @@ class Tolerance:
     rel_l2: float
     atol: float
     rtol: float
+    # for a quantized precision ("bfloat16+fp8"): how the bound was derived from the recipe's own
+    # error against the unquantized model (a measurement, with its command), never a number picked to pass
+    evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,17 @@ class Workload:
         if kind not in self.dtype:
             raise ConfigError(self.file, "dtype", self.dtype, f"a dtype for device kind '{kind}'")
         return self.dtype[kind]
+
+    def precision_for(self, device: str, quant: str | None = None) -> str:
+        """The device's dtype, with +RECIPE when the linear layers run quantized (runner/job.py); a
+        quantized precision needs its own tolerance in the file (correctness.tolerance."bfloat16+fp8")."""
+        dt = precision(self.dtype_for(device), quant)
+        if quant and not self.bit_exact and dt not in self.tolerance:
+            raise ConfigError(self.file, f"correctness.tolerance.{dt}", None,
+                              f"a tolerance for {dt}, derived from the {quant} recipe's own error against "
+                              f"{self.dtype_for(device)} (optbot bench {self.name} --quant {quant} measures it), "
+                              "with its evidence (docs/fp8.md)")
+        return dt
 
     def to_json(self) -> dict:
         """What a runner job carries (runner/job.py): the inputs as declared, expressions as text."""
@@ -347,9 +362,16 @@ def parse_workload(data: Any, file: Path) -> Workload:
     tolerance = {}
     for dt, t in tol_raw.items():
         p = f"correctness.tolerance.{dt}"
-        if dt not in DTYPES:
-            raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}")
-        tolerance[dt] = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")))
+        base, _, recipe = str(dt).partition("+")
+        if base not in DTYPES or (recipe and recipe not in QUANT_RECIPES):
+            raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}, optionally with +RECIPE for a "
+                                           f"quantized precision ({', '.join(QUANT_RECIPES)}), e.g. bfloat16+fp8")
+        evidence = r.get(t, "evidence", p, str, default="") if recipe else ""
+        if recipe and not evidence.strip():
+            raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "
+                                                           f"{base} (measure it: optbot bench WL --quant {recipe}), "
+                                                           "with the command and the device")
+        tolerance[dt] = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence)
         for k in ("rel_l2", "atol", "rtol"):
             if getattr(tolerance[dt], k) < 0:
                 raise ConfigError(file, f"{p}.{k}", getattr(tolerance[dt], k), "a non-negative number")

@@ -74,3 +74,29 @@ def test_refusals_name_what_is_wrong():
         quant.apply(_model(torch.float32, 0), "int4", "cpu")
     with pytest.raises(quant.QuantError, match="no linear layer has both feature counts a multiple of 16"):
         quant.apply(torch.nn.Sequential(torch.nn.Linear(10, 20)), "fp8", "cpu")
+
+
+def test_a_precision_names_the_dtype_and_the_recipe():
+    from runner.job import precision, split_precision
+
+    assert split_precision("bfloat16+fp8") == ("bfloat16", "fp8") and split_precision("float32") == ("float32", None)
+    assert precision("bfloat16", "fp8") == "bfloat16+fp8" and precision("bfloat16", None) == "bfloat16"
+    with pytest.raises(ValueError, match="unknown quantization recipe 'int4'"):
+        split_precision("bfloat16+int4")
+
+
+def test_validate_at_the_fp8_precision_judges_against_the_fp8_baseline(diffusers_engine, tmp_path):
+    """`optbot validate --quant fp8`: base and candidate both run the recipe (the runner's note says
+    which implementation), and the verdict is decided under the workload's float32+fp8 tolerance."""
+    import json
+
+    from tests.test_cli_profile import ROOT, optbot
+
+    out = tmp_path / "v.json"
+    r = optbot("validate", "flux2", "--quant", "fp8", "--candidate",
+               str(ROOT / "tests" / "validate" / "adversarial" / "honest_merge_qkv.patch"), "--no-speed",
+               "--json", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    v = json.loads(out.read_text())
+    assert v["status"] == "accepted" and v["dtype"] == "float32+fp8"
+    assert "(float32+fp8)" in v["correctness"]["rule"] and "rel_l2 <= 0.037" in v["correctness"]["rule"]

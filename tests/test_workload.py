@@ -112,6 +112,11 @@ def _base() -> dict:
     (lambda d: d["presets"].update(huge=d["presets"]["tiny"]), "presets.huge", "preset named"),
     (lambda d: d["dtype"].update(cuda="float8"), "dtype.cuda", "one of"),
     (lambda d: d["correctness"]["tolerance"].pop("bfloat16"), "correctness.tolerance.bfloat16", "tolerance for bfloat16"),
+    # a quantized precision's tolerance: a known recipe, and the evidence it was derived from
+    (lambda d: d["correctness"]["tolerance"].update({"bfloat16+int4": {"rel_l2": 0.1, "atol": 1, "rtol": 1, "evidence": "x"}}),
+     "correctness.tolerance.bfloat16+int4", "+RECIPE"),
+    (lambda d: d["correctness"]["tolerance"].update({"bfloat16+fp8": {"rel_l2": 0.1, "atol": 1, "rtol": 1}}),
+     "correctness.tolerance.bfloat16+fp8.evidence", "recipe's own error"),
     (lambda d: d["engines"]["diffusers"].update(model_class="NoDots"), "engines.diffusers.model_class", "dotted path"),
     (lambda d: d.update(colour="blue"), "colour", "known keys"),
     (lambda d: d.update(default_engine="vllm"), "default_engine", "one of"),
@@ -164,3 +169,13 @@ def test_a_shape_is_the_json_a_job_carries_and_a_result_echoes():
     for s in (pr.shapes, *pr.extra_shapes):
         back = Shape.from_json(json.loads(json.dumps(s.to_json())))
         assert back == s and back.label() == s.label()  # the resolution comes back a tuple
+
+
+def test_a_quantized_precision_has_its_own_tolerance_or_says_where_to_measure_it():
+    wl = load_workload("flux2")
+    assert wl.precision_for("cpu") == "float32" and wl.precision_for("cpu", "fp8") == "float32+fp8"
+    tol = wl.tolerance["float32+fp8"]
+    assert 0 < tol.rel_l2 < wl.tolerance["bfloat16"].rel_l2 and "optbot bench flux2 --quant fp8" in tol.evidence
+    with pytest.raises(ConfigError) as ei:  # not measured on a GPU yet: the file's error, naming the key
+        wl.precision_for("cuda", "fp8")
+    assert "correctness.tolerance.bfloat16+fp8" in str(ei.value) and "--quant fp8 measures it" in str(ei.value)

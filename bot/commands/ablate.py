@@ -14,7 +14,7 @@ from bot.target import resolve_target
 @click.option("--base", default=None, metavar="REF", help="Bottom of the stack (default: --ref / the workload's).")
 @click.option("--rounds", default=2, show_default=True, help="Timed processes per variant (interleaved rounds).")
 @click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
-def command(workload, engine, ref, preset, device, json_path, candidate, base, rounds, iters):
+def command(workload, engine, ref, preset, device, json_path, quant, candidate, base, rounds, iters):
     """Time the stack with each of its commits reverted, and print each commit's contribution.
 
     \b
@@ -27,7 +27,7 @@ def command(workload, engine, ref, preset, device, json_path, candidate, base, r
       optbot ablate flux2 --candidate optbot/flux2/d93305b4891d
       optbot ablate flux2 --preset full --device cuda --candidate my-stack --json ablation.json
     """
-    t = resolve_target(workload, engine, ref, preset, device)
+    t = resolve_target(workload, engine, ref, preset, device, quant)
     ab = ablate(t, candidate, base, iters=iters, rounds=rounds, log=lambda m: click.echo(f"· {m}", err=True))
     click.echo(ab.render())
     data = ab.to_json()

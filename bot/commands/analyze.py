@@ -28,7 +28,7 @@ from bot.target import base_worktree, resolve_target
 @click.option("--fingerprints/--no-fingerprints", default=None,
               help="Record every op's output fingerprint in the graph, so each CFG-invariant finding is checked "
                    "against both passes' values (default: on CPU; on CUDA it costs a host sync per op).")
-def command(workload, engine, ref, preset, device, json_path, profile_path, kinds, top, iters, timeout, fingerprints):
+def command(workload, engine, ref, preset, device, json_path, quant, profile_path, kinds, top, iters, timeout, fingerprints):
     """Find and rank model-level optimization opportunities in one step of WORKLOAD.
 
     \b
@@ -54,7 +54,7 @@ def command(workload, engine, ref, preset, device, json_path, profile_path, kind
       optbot analyze flux2 --profile flux2-profile.json --kind merge-siblings
     """
     profile = _read_profile(profile_path) if profile_path is not None else None
-    t = resolve_target(workload, engine, ref, preset, device)
+    t = resolve_target(workload, engine, ref, preset, device, quant)
     wt = base_worktree(t)
     run_dir = new_run_dir("analyze")
     shape = t.workload.preset(t.preset).shapes

@@ -98,12 +98,6 @@ def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]
 @click.option("--other-modes", default=None, metavar="LIST",
               help="Modes for the --candidate and --with-engine rows (default on cuda: "
                    f"{','.join(CUDA_OTHERS)}, the four production modes; on cpu: eager).")
-@click.option("--quant", type=click.Choice(QUANT_RECIPES), default=None,
-              help="Also bench upstream with this recipe applied to its linear layers after the weights "
-                   "load (fp8: e4m3 weights with per-channel scales, per-token dynamic activation scales, "
-                   "torch._scaled_mm; torchao's recipe where torchao runs, optbot's emulation of it "
-                   "elsewhere: runner/quant.py), rows upstream+RECIPE in the --other-modes. Their "
-                   "outputs' error against upstream eager is the recipe's own: reported, not judged.")
 @click.option("--iters", default=None, type=int, help="Timed steps per mode (default 10 on cuda, 3 on cpu).")
 @click.option("--compile-backend", default="inductor", show_default=True, metavar="NAME",
               help="torch.compile backend of the compile modes (aot_eager traces without generating code: "
@@ -130,7 +124,10 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
       optbot bench flux2 --preset full --device cuda --candidate optbot/flux2/d93305b4891d
       optbot bench qwen-image --with-engine sglang --json qwen-bench.json
     """
-    t = resolve_target(workload, engine, ref, preset, device)
+    t = resolve_target(workload, engine, ref, preset, device)  # upstream unquantized: the reference of every row
+    # --quant: upstream again at the quantized precision, and the candidates there too (an FP8 branch
+    # is judged against the FP8 baseline, under that precision's tolerance where the workload has one)
+    qt = dataclasses.replace(t, dtype=precision(t.dtype, quant)) if quant else t
     is_cuda = t.device.startswith("cuda")
     mode_list = _modes(modes, CUDA_UPSTREAM if is_cuda else ("eager",), "--modes")
     others = _modes(other_modes, CUDA_OTHERS if is_cuda else ("eager",), "--other-modes")
@@ -139,9 +136,9 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     console = Console(width=None if Console().is_terminal else 150)
     # (label, the target its engine is, worktree, sha); another engine of the workload is its own target
     variants: list[tuple[str, Target, Path, str]] = [("upstream", t, base_worktree(t), t.checkout.base_sha)]
+    qref = f"upstream+{quant}" if quant else "upstream"
     if quant:  # the same upstream at the quantized precision (runner/job.split_precision)
-        variants.append((f"upstream+{quant}", dataclasses.replace(t, dtype=precision(t.dtype, quant)), variants[0][2],
-                         t.checkout.base_sha))
+        variants.append((qref, qt, variants[0][2], t.checkout.base_sha))
     for candidate in candidates:
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
@@ -149,7 +146,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
 
         rev = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
         label = "candidate" if len(candidates) == 1 else f"candidate:{Path(candidate).stem if Path(candidate).is_file() else candidate}"
-        variants.append((label, t, rev.worktree, rev.sha))
+        variants.append((label, qt, rev.worktree, rev.sha))
     for name in extra_engines:
         spec = t.workload.engine(name)
         co = checkout_engine(spec.source, spec.ref, spec.import_root, name)
@@ -172,8 +169,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
             res.rows.append(BenchRow(label, "-", res.device, error=out.reason(), engine_sha=sha))
             continue
         r = out.result
-        if "quant" in r.get("env", {}):
-            res.quant[label] = r["env"]["quant"]
+        if label == qref and quant:
+            res.quant[label] = r["env"].get("quant", {})
         if label == "upstream":
             res.env = r["env"]
             if "flops" in r:
@@ -195,30 +192,44 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 outputs[f"{label}:{mode}"] = m["outputs"]["file"]
             res.rows.append(row)
 
-    ref_key = "upstream:eager"
-    tol = None if t.workload.bit_exact else asdict(t.workload.tolerance[t.dtype])
-    others = {k: v for k, v in outputs.items() if k != ref_key}
+    # each row against its reference's eager outputs: candidates against upstream at their precision,
+    # everything else (other engines, the quantized upstream itself) against unquantized upstream
+    cand_labels = {v[0] for v in variants if v[1] is qt and v[0] != qref} if quant else set()
     comps: dict[str, dict[str, dict]] = {}
-    if ref_key in outputs and others:
+    for ref_label, tgt, labels in (("upstream", t, lambda k: k.split(":")[0] not in cand_labels),
+                                   (qref, qt, lambda k: k.split(":")[0] in cand_labels)):
+        ref_key = f"{ref_label}:eager"
+        pairs = {k: v for k, v in outputs.items() if k != ref_key and labels(k)}
+        if ref_key not in outputs or not pairs:
+            continue
+        tol = tgt.workload.tolerance.get(tgt.dtype)
         cj = t.job("compare", None, run_dir, device="cpu", shapes=[],
-                   params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in others.items()],
-                           "tolerance": tol, "bit_exact": t.workload.bit_exact})
-        cout = run_job(cj, run_dir, timeout_s=600, name="bench-compare")
+                   params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in pairs.items()],
+                           "tolerance": None if t.workload.bit_exact or tol is None else asdict(tol),
+                           "bit_exact": t.workload.bit_exact})
+        cout = run_job(cj, run_dir, timeout_s=600, name=f"bench-compare-{ref_label}")
         if not cout.ok:
             raise cout.error("output comparison")
         for c in cout.result["checks"]:
             comps.setdefault(c["label"], {})[c["output"]] = c
+        if tol is None and not t.workload.bit_exact:  # a quantized precision without its own tolerance
+            for k in pairs:
+                comps.setdefault(k, {})["_unjudged"] = {"why": f"the workload declares no tolerance for {tgt.dtype}"}
     base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)
     for row in res.rows:
         key = f"{row.variant}:{row.mode}"
-        if key == ref_key:
+        own_error = bool(quant) and row.variant == qref  # the quantized upstream against unquantized upstream
+        if key == "upstream:eager":
             row.correct, row.correctness = True, "reference"
         elif key in comps:
+            unjudged = comps[key].pop("_unjudged", None)
             row.comparison = comps[key]
-            if row.variant in res.quant:  # the recipe's own error against the unquantized model
-                errs = "; ".join(f"{n}: rel L2 {c['rel_l2']:.3g}, max abs {c['max_abs']:.3g}" for n, c in comps[key].items())
-                row.correctness = (f"{errs} (the {res.quant[row.variant]['recipe']} recipe's own error against upstream "
-                                   "eager: reported, not judged)")
+            errs = "; ".join(f"{n}: rel L2 {c['rel_l2']:.3g}, max abs {c['max_abs']:.3g}" if "rel_l2" in c else c["reason"]
+                             for n, c in comps[key].items())
+            if own_error:
+                row.correctness = f"{errs} (the {quant} recipe's own error against upstream eager: reported, not judged)"
+            elif unjudged:
+                row.correctness = f"{errs} against {qref} eager (not judged: {unjudged['why']})"
             else:
                 bad = {n: c for n, c in comps[key].items() if not c["ok"]}
                 worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from bot.errors import OptbotError
+from runner.job import QUANT_RECIPES
 
 
 def workload_options(f):
@@ -27,6 +28,11 @@ def workload_options(f):
                   help="Where to run. Default: cuda if torch sees a GPU, else cpu.")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Also write the typed result as JSON to this path.")
+    @click.option("--quant", type=click.Choice(QUANT_RECIPES), default=None,
+                  help="Run the model with its linear layers quantized after the weights load (fp8: e4m3 "
+                       "weights with per-channel scales, per-token dynamic activation scales; torchao's recipe "
+                       "where it runs, optbot's emulation elsewhere: docs/fp8.md). The precision becomes "
+                       "DTYPE+RECIPE, with its own tolerance in the workload file.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         dev = kwargs.get("device")

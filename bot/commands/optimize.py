@@ -82,7 +82,7 @@ def parse_budget(values: tuple[str, ...]) -> tuple[float | None, float | None]:
               help="A request `optbot comment` wrote for an accepted /optimize comment: it decides the ref (the pull "
                    "request's head SHA at comment time), preset, GPUs, budget, --repo and the trigger; --engine "
                    "then names the PATH where that engine's repository is checked out.")
-def command(workload, engine, ref, preset, device, json_path, resume, gpus, budget, pause_after, stop_after, dry_run,
+def command(workload, engine, ref, preset, device, json_path, quant, resume, gpus, budget, pause_after, stop_after, dry_run,
             iters,
             generators,
             ablation_rounds, revalidate, repo,
@@ -155,7 +155,7 @@ def command(workload, engine, ref, preset, device, json_path, resume, gpus, budg
         # decided once, and recorded as the run's knowledge path: a resumed run reads and writes the
         # same knowledge wherever it is resumed from
         knowledge_path = str(locate(knowledge_path).say().root)
-        opts = RunOptions(workload=workload, engine=engine, ref=ref, preset=preset, device=device, gpus=gpus,
+        opts = RunOptions(workload=workload, engine=engine, ref=ref, preset=preset, device=device, quant=quant, gpus=gpus,
                        budget_wall_s=wall, budget_cost_usd=cost, dry_run=dry_run, repo=repo,
                        trigger_pr=trigger_pr, trigger_comment=trigger_comment, knowledge_repo=knowledge_repo,
                        knowledge_path=knowledge_path, engine_remote=engine_remote, knowledge_remote=knowledge_remote,
@@ -178,7 +178,7 @@ REQUEST_DECIDES = ("ref", "preset", "gpus", "budget", "repo", "trigger_pr", "tri
 
 # what a resumed run keeps from its start (RunOptions in state.json); --pause-after, --stop-after and
 # --json are per attempt
-RESUME_KEEPS = ("engine", "ref", "preset", "device", "gpus", "budget", "dry_run", "iters", "generators", "revalidate",
+RESUME_KEEPS = ("engine", "ref", "preset", "device", "quant", "gpus", "budget", "dry_run", "iters", "generators", "revalidate",
                 "ablation_rounds", "repo", "knowledge_repo", "knowledge_path", "engine_remote", "knowledge_remote",
                 "github_api_url", "trigger_pr", "trigger_comment")
 

@@ -16,7 +16,7 @@ from bot.target import base_worktree, resolve_target
 @workload_options
 @click.option("--iters", default=None, type=int, help="Timed steps (default: 10 on GPU, 3 on CPU).")
 @click.option("--timeout", default=1800, show_default=True, help="Seconds before the runner job is killed.")
-def command(workload, engine, ref, preset, device, json_path, iters, timeout):
+def command(workload, engine, ref, preset, device, json_path, quant, iters, timeout):
     """Profile one denoising step of WORKLOAD under torch.profiler.
 
     \b
@@ -31,7 +31,7 @@ def command(workload, engine, ref, preset, device, json_path, iters, timeout):
       optbot profile flux2                      # tiny preset on CPU, full on a GPU
       optbot profile qwen-image --preset full --device cuda --json qwen.json
     """
-    t = resolve_target(workload, engine, ref, preset, device)
+    t = resolve_target(workload, engine, ref, preset, device, quant)
     wt = base_worktree(t)
     run_dir = new_run_dir("profile")
     shape = t.workload.preset(t.preset).shapes

@@ -36,7 +36,7 @@ def parse_seeds(text: str | None) -> list[int] | None:
               help="Production modes to check and time: eager, graph, compile, compile+graph (compile[:RECIPE] "
                    "with RECIPE regional, whole or max-autotune). Default: all four on CUDA, eager on CPU.")
 @click.option("--ablate", is_flag=True, help="Also ablate the stack: leave-one-out per commit (see `optbot ablate`).")
-def command(workload, engine, ref, preset, device, json_path, candidate, base, seeds, no_speed, iters, timeout, modes,
+def command(workload, engine, ref, preset, device, json_path, quant, candidate, base, seeds, no_speed, iters, timeout, modes,
             ablate):
     """Validate a candidate against the base engine and print a verdict with its numbers.
 
@@ -65,7 +65,7 @@ def command(workload, engine, ref, preset, device, json_path, candidate, base, s
       optbot validate flux2 --preset full --device cuda --candidate optbot/flux2/abc --ablate
     """
     modes_ = parse_modes(modes)  # bad input fails before the engine is resolved
-    t = resolve_target(workload, engine, ref, preset, device)
+    t = resolve_target(workload, engine, ref, preset, device, quant)
     opts = Options(seeds=parse_seeds(seeds), speed=not no_speed, iters=iters, timeout_s=timeout, modes=modes_,
                    log=lambda m: click.echo(f"· {m}", err=True))
     v = validate(t, candidate, base, opts)

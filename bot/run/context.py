@@ -44,6 +44,7 @@ class RunOptions:
     ref: str | None = None
     preset: str | None = None
     device: str | None = None
+    quant: str | None = None  # a quantization recipe: the run's precision is DTYPE+RECIPE (runner/job.py)
     gpus: int = 1
     budget_wall_s: float | None = None
     budget_cost_usd: float | None = None
@@ -111,7 +112,7 @@ class RunContext:
 
             o, co = self.options, self.results.checkout
             self._target = resolve_target(o.workload, o.engine, co.base_sha if co else o.ref,
-                                          co.preset if co else o.preset, co.device if co else o.device)
+                                          co.preset if co else o.preset, co.device if co else o.device, o.quant)
             fetch_candidates(self._target.checkout, self.run_dir, self.run_id, self.results)
         return self._target
 
