@@ -22,7 +22,7 @@ from bot.errors import OptbotError
 from bot.model_signature import check_inputs, read_signature
 from bot.paths import REPO_ROOT
 from bot.workload import Shape, Workload, load_workload
-from runner.job import Job
+from runner.job import Job, split_precision
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,13 @@ def cuda_available() -> bool:
         return json.loads(out.stdout.strip().splitlines()[-1]) is True
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError, OSError):
         return False
+
+
+def run_label(workload: str, dtype: str) -> str:
+    """The workload's name in branch names: with +RECIPE at a quantized precision, so that an FP8 run
+    and an unquantized run of one base never share a branch or a pull request."""
+    quant = split_precision(dtype)[1]
+    return f"{workload}+{quant}" if quant else workload
 
 
 def resolve_target(workload: str, engine: str | None, ref: str | None, preset: str | None, device: str | None,

@@ -100,3 +100,17 @@ def test_validate_at_the_fp8_precision_judges_against_the_fp8_baseline(diffusers
     v = json.loads(out.read_text())
     assert v["status"] == "accepted" and v["dtype"] == "float32+fp8"
     assert "(float32+fp8)" in v["correctness"]["rule"] and "rel_l2 <= 0.037" in v["correctness"]["rule"]
+
+
+def test_a_quantized_run_gets_branches_of_its_own():
+    """An FP8 run and an unquantized run of one base deliver to different branches (and so pull
+    requests): the workload's name in them carries the recipe."""
+    from bot.steps.combine import branch_name
+    from bot.steps.deliver import knowledge_branch_name
+    from bot.target import run_label
+
+    base = "d93305b4891d04798bee514d0a7e1e162a8e067e"
+    assert run_label("flux2", "bfloat16") == "flux2" and run_label("flux2", "bfloat16+fp8") == "flux2+fp8"
+    assert branch_name(run_label("flux2", "float32+fp8"), base) == "optbot/flux2+fp8/d93305b4891d"
+    assert knowledge_branch_name(run_label("flux2", "float32+fp8"), base) == "optbot/knowledge/flux2+fp8/d93305b4891d"
+    assert branch_name(run_label("flux2", "float32"), base) == "optbot/flux2/d93305b4891d"

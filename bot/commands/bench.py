@@ -19,7 +19,7 @@ from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
-from runner.job import QUANT_RECIPES, Job, precision
+from runner.job import Job, precision
 
 
 @dataclass
@@ -196,6 +196,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     # everything else (other engines, the quantized upstream itself) against unquantized upstream
     cand_labels = {v[0] for v in variants if v[1] is qt and v[0] != qref} if quant else set()
     comps: dict[str, dict[str, dict]] = {}
+    unjudged: dict[str, str] = {}  # row key -> why its differences are measured but not judged
     for ref_label, tgt, labels in (("upstream", t, lambda k: k.split(":")[0] not in cand_labels),
                                    (qref, qt, lambda k: k.split(":")[0] in cand_labels)):
         ref_key = f"{ref_label}:eager"
@@ -213,8 +214,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         for c in cout.result["checks"]:
             comps.setdefault(c["label"], {})[c["output"]] = c
         if tol is None and not t.workload.bit_exact:  # a quantized precision without its own tolerance
-            for k in pairs:
-                comps.setdefault(k, {})["_unjudged"] = {"why": f"the workload declares no tolerance for {tgt.dtype}"}
+            unjudged.update({k: f"the workload declares no tolerance for {tgt.dtype}" for k in pairs})
     base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)
     for row in res.rows:
         key = f"{row.variant}:{row.mode}"
@@ -222,14 +222,13 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         if key == "upstream:eager":
             row.correct, row.correctness = True, "reference"
         elif key in comps:
-            unjudged = comps[key].pop("_unjudged", None)
             row.comparison = comps[key]
             errs = "; ".join(f"{n}: rel L2 {c['rel_l2']:.3g}, max abs {c['max_abs']:.3g}" if "rel_l2" in c else c["reason"]
                              for n, c in comps[key].items())
             if own_error:
                 row.correctness = f"{errs} (the {quant} recipe's own error against upstream eager: reported, not judged)"
-            elif unjudged:
-                row.correctness = f"{errs} against {qref} eager (not judged: {unjudged['why']})"
+            elif key in unjudged:
+                row.correctness = f"{errs} against {qref} eager (not judged: {unjudged[key]})"
             else:
                 bad = {n: c for n, c in comps[key].items() if not c["ok"]}
                 worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))

@@ -26,6 +26,7 @@ from bot.run.context import RunContext
 from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
 from bot.steps.baseline import Measurement, measurements
 from bot.steps.validate import verdict_of
+from bot.target import run_label
 from bot.validate.ablate import Ablation, AblationRow
 from bot.validate.verdict import Speed, Verdict
 
@@ -81,7 +82,7 @@ def run(ctx: RunContext) -> Result:
     verdicts = ctx.results.validate.verdicts if ctx.results.validate else {}
     accepted = [cands[cid] for cid, v in verdicts.items() if v.accepted and cid in cands]
     accepted, superseded = _prefer_tuned(accepted)
-    branch = branch_name(t.workload.name, t.checkout.base_sha)
+    branch = branch_name(run_label(t.workload.name, t.dtype), t.checkout.base_sha)
     commits, dropped, head = build_stack(ctx, branch, accepted, verdicts)
     res = Result("done", branch, t.checkout.base_sha, head, commits, superseded + dropped)
     if not commits:

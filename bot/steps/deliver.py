@@ -19,6 +19,7 @@ from bot.deliver.knowledge import commit_files_to_branch
 from bot.errors import OptbotError
 from bot.run.context import RunContext
 from bot.run.faults import maybe_abort
+from bot.target import run_label
 
 
 @dataclass
@@ -50,7 +51,7 @@ def run(ctx: RunContext) -> Result:
     forge = ctx.forge
     res = ctx.results
     co, comb, learn = res.checkout, res.combine, res.learn
-    workload, base = co.workload, co.base_sha
+    workload, base = run_label(co.workload, co.dtype), co.base_sha
     notes: list[str] = []
     steps = ctx.steps_done
 
