@@ -99,6 +99,9 @@ def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
         raise QuantError(f"unknown quantization recipe {recipe!r}; one of {list(RECIPES)}")
     names = [n for n, m in model.named_modules() if eligible(m)]
     skipped = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not eligible(m)]
+    if not names and not skipped:
+        raise QuantError(f"{type(model).__name__} has no torch.nn.Linear layer: an engine with linear layers of its "
+                         "own (SGLang's) needs its own FP8 path, not wired yet (docs/fp8.md)")
     if not names:
         raise QuantError("no linear layer has both feature counts a multiple of 16: nothing to quantize")
     why_not = _torchao_why_not(device)

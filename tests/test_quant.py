@@ -74,6 +74,8 @@ def test_refusals_name_what_is_wrong():
         quant.apply(_model(torch.float32, 0), "int4", "cpu")
     with pytest.raises(quant.QuantError, match="no linear layer has both feature counts a multiple of 16"):
         quant.apply(torch.nn.Sequential(torch.nn.Linear(10, 20)), "fp8", "cpu")
+    with pytest.raises(quant.QuantError, match=r"Sequential has no torch.nn.Linear layer: .*\(SGLang.s\)"):
+        quant.apply(torch.nn.Sequential(torch.nn.Conv1d(16, 16, 1)), "fp8", "cpu")
 
 
 def test_a_precision_names_the_dtype_and_the_recipe():
