@@ -156,7 +156,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     shape = t.workload.preset(t.preset).shapes
     res = BenchResult(t.workload.name, t.preset, "cuda" if is_cuda else "cpu", t.dtype, shape.to_json(),
                       t.workload.step.passes, command=command_line())
-    outputs: dict[str, str] = {}
+    outputs: dict[str, str] = {}  # "label:mode" -> its saved outputs
+    owner: dict[str, str] = {}  # "label:mode" -> label
     for label, vt, wt, sha in variants:
         ml = mode_list if label == "upstream" else others
         eng = vt.engine_name or vt.workload.default_engine
@@ -190,6 +191,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 row.per_pass_ms = m["per_pass_ms"]
             if "outputs" in m:
                 outputs[f"{label}:{mode}"] = m["outputs"]["file"]
+                owner[f"{label}:{mode}"] = label  # labels and modes both may hold ':'
             res.rows.append(row)
 
     # each row against its reference's eager outputs: candidates against upstream at their precision,
@@ -197,8 +199,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     cand_labels = {v[0] for v in variants if v[1] is qt and v[0] != qref} if quant else set()
     comps: dict[str, dict[str, dict]] = {}
     unjudged: dict[str, str] = {}  # row key -> why its differences are measured but not judged
-    for ref_label, tgt, labels in (("upstream", t, lambda k: k.split(":")[0] not in cand_labels),
-                                   (qref, qt, lambda k: k.split(":")[0] in cand_labels)):
+    for ref_label, tgt, labels in (("upstream", t, lambda k: owner[k] not in cand_labels),
+                                   (qref, qt, lambda k: owner[k] in cand_labels)):
         ref_key = f"{ref_label}:eager"
         pairs = {k: v for k, v in outputs.items() if k != ref_key and labels(k)}
         if ref_key not in outputs or not pairs:
