@@ -17,10 +17,10 @@ from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
 from runner import input_spec
 from runner.input_spec import InputSpec
-from runner.job import QUANT_RECIPES, precision
+from runner.job import FLOAT_DTYPES, PRECISIONS, QUANT_RECIPES, precision
 
 PRESETS = ("full", "tiny")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = FLOAT_DTYPES
 CFG_MODES = ("none", "true-cfg")
 COMBINES = ("passes", "guided")
 # How the runner builds and calls an engine's model: runner/engines/<adapter>.py. "plain" is a
@@ -362,10 +362,10 @@ def parse_workload(data: Any, file: Path) -> Workload:
     tolerance = {}
     for dt, t in tol_raw.items():
         p = f"correctness.tolerance.{dt}"
-        base, _, recipe = str(dt).partition("+")
-        if base not in DTYPES or (recipe and recipe not in QUANT_RECIPES):
+        if dt not in PRECISIONS:
             raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}, optionally with +RECIPE for a "
                                            f"quantized precision ({', '.join(QUANT_RECIPES)}), e.g. bfloat16+fp8")
+        base, _, recipe = dt.partition("+")
         evidence = r.get(t, "evidence", p, str, default="") if recipe else ""
         if recipe and not evidence.strip():
             raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "

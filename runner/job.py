@@ -35,6 +35,8 @@ from typing import Any
 # ("bfloat16+fp8"). One string, so that every record keyed by dtype (verdicts, store matches,
 # tolerances, cached profiles) keeps quantized and unquantized results apart by construction.
 QUANT_RECIPES = ("fp8",)
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # a model's dtype
+PRECISIONS = FLOAT_DTYPES + tuple(f"{d}+{q}" for d in FLOAT_DTYPES for q in QUANT_RECIPES)
 
 
 def split_precision(dtype: str) -> tuple[str, str | None]:

@@ -116,3 +116,26 @@ def test_a_quantized_run_gets_branches_of_its_own():
     assert branch_name(run_label("flux2", "float32+fp8"), base) == "optbot/flux2+fp8/d93305b4891d"
     assert knowledge_branch_name(run_label("flux2", "float32+fp8"), base) == "optbot/knowledge/flux2+fp8/d93305b4891d"
     assert branch_name(run_label("flux2", "float32"), base) == "optbot/flux2/d93305b4891d"
+
+
+def test_what_an_fp8_run_learns_loads_back_as_a_store_entry(tmp_path):
+    """The learn step records the run's precision in an entry's dtype list ("float32+fp8"): the
+    store reads it back (it refused it before), and still refuses a bare recipe name."""
+    import shutil
+
+    import yaml
+
+    from bot.errors import ConfigError
+    from bot.knowledge.store import load_entry
+    from tests.test_cli_profile import ROOT
+
+    d = tmp_path / "flux2-swiglu"
+    shutil.copytree(ROOT / "kernel_store" / "flux2-swiglu", d)
+    data = yaml.safe_load((d / "entry.yaml").read_text())
+    data["dtype"] = ["float32+fp8", "bfloat16+fp8"]
+    (d / "entry.yaml").write_text(yaml.safe_dump(data))
+    assert load_entry(d).dtypes == ("float32+fp8", "bfloat16+fp8")
+    data["dtype"] = ["fp8"]
+    (d / "entry.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="key 'dtype'"):
+        load_entry(d)

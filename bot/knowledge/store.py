@@ -26,6 +26,7 @@ from bot.errors import ConfigError, OptbotError
 from bot.knowledge import OPPORTUNITY_KINDS
 from bot.knowledge.location import locate
 from bot.knowledge.records import Bench, bench_file, load_bench
+from runner.job import PRECISIONS
 
 # retired: the nightly `store check --propose` found that the entry no longer applies to the engine's
 # tip, or no longer wins there and has no config space to re-tune (docs/store.md); replay skips it
@@ -33,7 +34,7 @@ from bot.knowledge.records import Bench, bench_file, load_bench
 STATUSES = ("candidate", "validated-cpu", "validated-gpu", "rejected", "retired")
 UNUSABLE = ("rejected", "retired")  # statuses replay, the agent's knowledge and find_entries leave out
 PROVENANCE_KINDS = ("authored", "generated")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = PRECISIONS  # an entry may be for a quantized precision (bfloat16+fp8): what an FP8 run learns
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
