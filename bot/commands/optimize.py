@@ -133,7 +133,7 @@ def command(workload, engine, ref, preset, device, json_path, quant, resume, gpu
         cmd = req.command
         name = cmd.engine or load_workload(workload).default_engine
         engine = f"{name}={engine}" if engine else name
-        ref, preset, gpus, wall, repo = req.head_sha, cmd.preset, cmd.gpus, cmd.budget_s, req.repo
+        ref, preset, gpus, wall, repo, quant = req.head_sha, cmd.preset, cmd.gpus, cmd.budget_s, req.repo, cmd.quant
         trigger_pr, trigger_comment = req.pull_request, req.comment_id
     pause_s = None if pause_after is None else parse_duration(pause_after)
     if pause_after is not None and pause_s is None:
@@ -173,7 +173,7 @@ def command(workload, engine, ref, preset, device, json_path, quant, resume, gpu
 
 
 # what a request decides; given beside it, one of these would measure something other than the comment asked
-REQUEST_DECIDES = ("ref", "preset", "gpus", "budget", "repo", "trigger_pr", "trigger_comment")
+REQUEST_DECIDES = ("ref", "preset", "gpus", "budget", "repo", "trigger_pr", "trigger_comment", "quant")
 
 
 # what a resumed run keeps from its start (RunOptions in state.json); --pause-after, --stop-after and

@@ -1,6 +1,7 @@
 """The one grammar of `/optimize` comments, read from the comment's first line only:
 
     /optimize <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] [--engine NAME]
+              [--quant fp8]
 
 `--gpus N` is one host's local pool; `--shards N` (2 and more) fans the validation out over N GPU
 runners of the workflow's matrix (docs/optimize.md, Fan-out).
@@ -18,13 +19,14 @@ import re
 from dataclasses import dataclass
 
 from bot.workload import PRESETS, available_workloads, load_workload
+from runner.job import QUANT_RECIPES
 
 COMMAND = "/optimize"
 MAX_LINE = 200  # characters of the first line; the grammar's longest line is far shorter
 MAX_GPUS = 8  # one host's GPUs
 MAX_SHARDS = 8  # runners of one fan-out (.github/workflows/optimize.yml's matrix); 1 = one host
 MAX_BUDGET_S = 5 * 3600  # under the workflow's job time limit (bot/trigger/dispatch.RUN_WINDOW_S)
-OPTIONS = ("--preset", "--gpus", "--shards", "--budget", "--engine")
+OPTIONS = ("--preset", "--gpus", "--shards", "--budget", "--engine", "--quant")
 # [0-9], not \d: \d and int() also take other scripts' digits ("٣")
 WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GPUS = re.compile(r"[1-9][0-9]?")
@@ -41,6 +43,7 @@ class OptimizeCommand:
     budget_s: float | None = None
     engine: str | None = None  # a name the workload defines, never a path or URL
     shards: int = 1  # GPU runners the validation fans out over; 1: the whole run on one host
+    quant: str | None = None  # a quantization recipe (optbot's own list): FP8 linear layers, docs/fp8.md
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def parse(body: str) -> Parsed:
         budget_s = parse_budget(given["--budget"])
         if budget_s is None:
             return Parsed(None, "--budget takes a wall time like 30m, 2h or 1h30m")
-    cmd = OptimizeCommand(words[1], given.get("--preset"), int(gpus), budget_s, given.get("--engine"), int(shards))
+    cmd = OptimizeCommand(words[1], given.get("--preset"), int(gpus), budget_s, given.get("--engine"), int(shards),
+                          given.get("--quant"))
     problem = check(cmd)
     return Parsed(None if problem else cmd, problem)
 
@@ -127,6 +131,8 @@ def check(cmd: OptimizeCommand) -> str:
         return f"--budget is more than 0 and at most {MAX_BUDGET_S // 3600}h"
     if cmd.engine is not None and not (isinstance(cmd.engine, str) and cmd.engine in wl.engines):
         return f"--engine for {cmd.workload} takes one of {', '.join(sorted(wl.engines))}"
+    if cmd.quant is not None and not (isinstance(cmd.quant, str) and cmd.quant in QUANT_RECIPES):
+        return f"--quant takes one of {', '.join(QUANT_RECIPES)}"
     return ""
 
 
@@ -135,7 +141,7 @@ def help_text(problem: str) -> str:
     lines = [f"**optbot** did not start a run: {problem}.", "",
              "On the first line of a comment on a pull request:", "",
              "```", f"{COMMAND} <workload> [--preset tiny|full] [--gpus N] [--shards N] [--budget 30m|2h|1h30m] "
-                    "[--engine NAME]",
+                    "[--engine NAME] [--quant fp8]",
              "```", ""]
     for name in available_workloads():
         wl = load_workload(name)
@@ -143,7 +149,8 @@ def help_text(problem: str) -> str:
                      f"(default `{wl.default_engine}`)")
     lines += [f"- `--preset`: `tiny` or `full` (default: `full` on a GPU runner); `--gpus`: 1 to {MAX_GPUS} "
               f"GPUs of one runner (default 1); `--shards`: 1 to {MAX_SHARDS} GPU runners the validation is "
-              f"spread over (default 1); `--budget`: wall time, at most {MAX_BUDGET_S // 3600}h", "",
+              f"spread over (default 1); `--budget`: wall time, at most {MAX_BUDGET_S // 3600}h; `--quant fp8`: "
+              "the linear layers in FP8, judged against the FP8 baseline", "",
               "The run measures the pull request's head commit as it was when the comment was made. "
               "People with write, maintain or admin permission on the repository can start runs."]
     return "\n".join(lines)

@@ -102,6 +102,21 @@ def test_the_grammar_takes_a_shard_count(line, shards):
     assert parse(line).command.shards == shards
 
 
+def test_quant_reaches_the_request_and_only_optbots_recipes_pass(pr, standin, tmp_path):
+    """`--quant fp8` goes into the request file as a checked name (optimize --request runs at
+    DTYPE+fp8); any other value gets the grammar, in optbot's words."""
+    from bot.trigger.grammar import parse
+
+    ev, _ = comment(standin, tmp_path, "/optimize flux2 --quant fp8")
+    d = answer(ev, tmp_path)
+    assert d["status"] == "dispatched" and load_request(d["request_file"]).command.quant == "fp8"
+    assert parse("/optimize flux2").command.quant is None
+    for bad in ("int4", "FP8", "fp8;rm"):
+        p = parse(f"/optimize flux2 --quant {bad}")
+        assert p.command is None and p.problem in ("--quant takes one of fp8", "the line holds characters other "
+                                                   "than ASCII letters, digits, '.', '_', '-' and spaces")
+
+
 @pytest.mark.parametrize("role", ["admin", "maintain", "write"])
 def test_write_maintain_and_admin_may_trigger(pr, standin, tmp_path, role):
     standin.set_permission(REPO, "maintainer", role)
@@ -345,7 +360,8 @@ def test_optimize_with_a_request_takes_no_option_the_request_decides(pr, standin
     for args, says in [(["qwen-image", "--request", req], "workload 'flux2', not 'qwen-image'"),
                        (["flux2", "--request", req, "--ref", "main"], "--ref"),
                        (["flux2", "--request", req, "--gpus", "4"], "--gpus"),
-                       (["flux2", "--request", req, "--engine", "sglang=/tmp"], "--engine")]:
+                       (["flux2", "--request", req, "--engine", "sglang=/tmp"], "--engine"),
+                       (["flux2", "--request", req, "--quant", "fp8"], "--quant")]:
         p = subprocess.run([sys.executable, "-m", "bot", "optimize", *args], capture_output=True, text=True,
                            env=env, cwd=ROOT, timeout=120)
         assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
