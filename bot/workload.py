@@ -17,7 +17,7 @@ from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
 from runner import input_spec
 from runner.input_spec import InputSpec
-from runner.job import FLOAT_DTYPES, PRECISIONS, QUANT_RECIPES, precision
+from runner.job import FLOAT_DTYPES, PRECISIONS, QUANT_RECIPES, precision, split_precision
 
 PRESETS = ("full", "tiny")
 DTYPES = FLOAT_DTYPES
@@ -137,11 +137,12 @@ class Workload:
     def precision_for(self, device: str, quant: str | None = None) -> str:
         """The device's dtype, with +RECIPE when the linear layers run quantized (runner/job.py); a
         quantized precision needs its own tolerance in the file (correctness.tolerance."bfloat16+fp8")."""
-        dt = precision(self.dtype_for(device), quant)
+        base = self.dtype_for(device)
+        dt = precision(base, quant)
         if quant and not self.bit_exact and dt not in self.tolerance:
             raise ConfigError(self.file, f"correctness.tolerance.{dt}", None,
                               f"a tolerance for {dt}, derived from the {quant} recipe's own error against "
-                              f"{self.dtype_for(device)} (optbot bench {self.name} --quant {quant} measures it), "
+                              f"{base} (optbot bench {self.name} --quant {quant} measures it), "
                               "with its evidence (docs/fp8.md)")
         return dt
 
@@ -365,7 +366,7 @@ def parse_workload(data: Any, file: Path) -> Workload:
         if dt not in PRECISIONS:
             raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}, optionally with +RECIPE for a "
                                            f"quantized precision ({', '.join(QUANT_RECIPES)}), e.g. bfloat16+fp8")
-        base, _, recipe = dt.partition("+")
+        base, recipe = split_precision(dt)
         evidence = r.get(t, "evidence", p, str, default="") if recipe else ""
         if recipe and not evidence.strip():
             raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "

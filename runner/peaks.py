@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from runner import quant
 from runner.errors import error_line
 from runner.timing import time_fn
 
@@ -50,17 +51,6 @@ def _best_rate(device: str, make, op) -> tuple[float, tuple[int, int, int]]:
             best = (rate, (m, k, n))
         del operands
     return best
-
-
-def fp8_unsupported(device: str) -> str:
-    """Why the FP8 ceiling cannot be measured on `device`, or "" when it can."""
-    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
-        return f"torch {torch.__version__} has no float8_e4m3fn / _scaled_mm"
-    if device.startswith("cuda"):
-        cap = torch.cuda.get_device_capability(torch.device(device))
-        if cap < (8, 9):
-            return f"compute capability {cap[0]}.{cap[1]}: FP8 matrix units need 8.9 (Ada) or newer"
-    return ""
 
 
 def _fp8_operands(device: str):
@@ -105,7 +95,7 @@ def measure(device: str, dtype: torch.dtype, fp8: bool = False) -> dict:
         "copy_bytes": nbytes,
     }
     if fp8:
-        why = fp8_unsupported(device)
+        why = quant.fp8_unsupported(device)
         if not why:
             try:
                 f_rate, f_shape = _best_rate(device, _fp8_operands(device), _fp8_mm)

@@ -80,13 +80,25 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return out.reshape(*x.shape[:-1], -1)
 
 
+def fp8_unsupported(device: str) -> str:
+    """Why `torch._scaled_mm` on float8 cannot run on `device`, or "" when it can (torch emulates it
+    on the CPU; on CUDA it needs FP8 matrix units)."""
+    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no float8_e4m3fn / _scaled_mm"
+    if device.startswith("cuda"):
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        if cap < (8, 9):
+            return f"compute capability {cap[0]}.{cap[1]}: FP8 matrix units need 8.9 (Ada) or newer"
+    return ""
+
+
 def _torchao_why_not(device: str) -> str:
     """"" when torchao's float8 recipe runs here, else why not."""
     if not device.startswith("cuda"):
         return "torchao's float8 needs CUDA compute capability 8.9+ (it refuses the CPU)"
-    cap = torch.cuda.get_device_capability(torch.device(device))
-    if cap < (8, 9):
-        return f"compute capability {cap[0]}.{cap[1]} < 8.9"
+    why = fp8_unsupported(device)
+    if why:
+        return why
     try:
         import torchao  # noqa: F401
     except ImportError:

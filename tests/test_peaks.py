@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from bot.commands.bench import _fp8_floor
-from runner import peaks
+from runner import peaks, quant
 
 
 def test_fp8_ceiling_is_measured_on_cpu_beside_the_matmul_one():
     pk = peaks.measure("cpu", torch.float32, fp8=True)
-    assert peaks.fp8_unsupported("cpu") == ""
+    assert quant.fp8_unsupported("cpu") == ""
     assert pk["matmul_tflops"] > 0 and pk["fp8_matmul_tflops"] > 0
     assert pk["fp8_matmul_shape"] == [1024, 1024, 1024] and "row-wise" in pk["fp8_matmul_form"]
     assert "fp8_matmul_tflops" not in peaks.measure("cpu", torch.float32)  # only where a floor row asks
