@@ -1,9 +1,11 @@
 """Test helper, run as a child process: the tiny preset of a workload from an engine import root, one
 step eager on the preset's smallest shape (or --shape H,W,TEXT_TOKENS), then the same step with the model's repeated blocks
-compiled (diffusers' compile_repeated_blocks, backend aot_eager; fullgraph unless --no-fullgraph).
-Writes OUT.pt (eager and compiled outputs) and OUT.json: the graph breaks, the optbot ops the
+compiled (diffusers' compile_repeated_blocks, backend aot_eager; fullgraph unless --no-fullgraph),
+then once more under an emulated CUDA-graph capture (_capture_emulated).
+Writes OUT.pt (eager, compiled and captured outputs) and OUT.json: the graph breaks, the optbot ops the
 compiled graphs hold and the kernel module that registered each, user-Triton wrappers traced inline,
-which path each optbot kernel module took, or the error that stopped the compiled step.
+which path each optbot kernel module took, the graphs compiled anew under the emulated capture (a
+recompile there) and its error, or the error that stopped the compiled step.
 
     PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/compile_blocks.py WORKLOAD ENGINE_ROOT OUT [--no-fullgraph] [--shape H,W,T]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,6 +30,36 @@ def _op_module(target: str) -> str:
     """'optbot.swiglu.default' -> the module whose function torch.library.custom_op registered."""
     opdef = OPDEFS.get("::".join(target.split(".")[:2]))
     return opdef._init_fn.__module__ if opdef is not None else "?"
+
+
+class DeviceRead(RuntimeError):
+    pass
+
+
+def _no_read(*_a, **_k):
+    raise DeviceRead("a device read during CUDA-graph capture (capture forbids it)")
+
+
+@contextmanager
+def _capture_emulated():
+    """What a CUDA-graph capture changes for the model's Python code, on CPU: tensors say is_cuda,
+    torch.cuda.is_current_stream_capturing() says True, and reading a tensor's value on the host
+    raises (on the GPU such a read makes the capture fail). Code that branches on capture (the
+    store's CFG cache and mask drop) must then call the compiled blocks as the warm-up did: a
+    recompile inside a real capture fails (inductor, on the H200: BackendCompilerFailed)."""
+    saved = {n: getattr(torch.Tensor, n) for n in ("__bool__", "item", "tolist")}
+    saved_equal, saved_capturing = torch.equal, torch.cuda.is_current_stream_capturing
+    torch.Tensor.is_cuda = property(lambda self: True)  # shadows the C property on torch.Tensor only
+    try:
+        for n in saved:
+            setattr(torch.Tensor, n, _no_read)
+        torch.equal, torch.cuda.is_current_stream_capturing = _no_read, lambda: True
+        yield
+    finally:
+        del torch.Tensor.is_cuda
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+        torch.equal, torch.cuda.is_current_stream_capturing = saved_equal, saved_capturing
 
 
 def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list[int] | None) -> None:
@@ -60,7 +93,15 @@ def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list
     res: dict = {"blocks": sorted(built.model._repeated_blocks), "shape": job.shapes[0], "error": None}
     try:
         compiled = step()
-        torch.save({"eager": eager, "compiled": compiled}, out + ".pt")
+        saved = {"eager": eager, "compiled": compiled}
+        graphs = counters["stats"]["unique_graphs"]
+        try:  # the compiled step again, as a CUDA-graph capture after that warm-up would run it
+            with _capture_emulated():
+                saved["captured"] = step()
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            res["capture_error"] = f"{type(e).__name__}: {str(e)[:3000]}"
+        res["capture_new_graphs"] = counters["stats"]["unique_graphs"] - graphs
+        torch.save(saved, out + ".pt")
     except Exception as e:  # noqa: BLE001 - the error is the result (a graph break under fullgraph)
         res["error"] = f"{type(e).__name__}: {str(e)[:3000]}"
     res["seconds"] = {"build+eager": round(t1 - t0, 1), "compiled": round(time.monotonic() - t1, 1)}

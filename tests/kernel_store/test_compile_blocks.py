@@ -3,8 +3,10 @@ in one: test_the_stacks_cover_every_entry, and each stack loads every kernel fil
 one run per entry alone would test nothing more), on its patched tiny model with the Triton kernels running under
 TRITON_INTERPRET=1, has its repeated blocks compiled with fullgraph=True (backend aot_eager) with
 zero graph breaks, gives the eager step's outputs, holds every loaded kernel module as a registered
-optbot op in the compiled graphs (none traced inline as a user-Triton wrapper), and every kernel
-module took the Triton path (docs/store.md, "Kernels inside the engine").
+optbot op in the compiled graphs (none traced inline as a user-Triton wrapper), every kernel
+module took the Triton path (docs/store.md, "Kernels inside the engine"), and the compiled step run
+again under an emulated CUDA-graph capture reads nothing from the device, compiles nothing anew
+and gives the same outputs (compile + CUDA graph, on CPU).
 
 The children run concurrently (one per core), each in its own process: two engines cannot share one."""
 from __future__ import annotations
@@ -89,11 +91,16 @@ def _check(compiled, key) -> dict:
         assert set(res["kernel_paths"].values()) == {"triton"}, res["kernel_paths"]
         # every kernel module the model ran is in the compiled graphs as its registered op
         assert set(res["optbot_ops"].values()) == set(res["kernel_paths"]), res["optbot_ops"]
+    # a CUDA-graph capture after the compiled warm-up runs the blocks compiled there: no recompile
+    # (inside a real capture it fails), no device read (capture forbids it), the same outputs
+    assert res.get("capture_error") is None, res["capture_error"]
+    assert res["capture_new_graphs"] == 0, "the blocks were compiled anew under capture"
     tol = load_workload(key[0]).tolerance["float32"]
     outs = torch.load(str(out) + ".pt")
-    assert outs["eager"].keys() == outs["compiled"].keys()
+    assert outs["eager"].keys() == outs["compiled"].keys() == outs["captured"].keys()
     for k, ref in outs["eager"].items():
         torch.testing.assert_close(outs["compiled"][k], ref, atol=tol.atol, rtol=tol.rtol)
+        torch.testing.assert_close(outs["captured"][k], ref, atol=tol.atol, rtol=tol.rtol)
     return res
 
 
