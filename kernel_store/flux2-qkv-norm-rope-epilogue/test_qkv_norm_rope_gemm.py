@@ -8,6 +8,7 @@ Run on CPU with TRITON_INTERPRET=1 to execute the Triton kernel in the interpret
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qkv_norm_rope_gemm as op  # noqa: E402
+
+TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 SHAPES = [(1, 1, 1, 32, 1, 32), (1, 5, 19, 48, 2, 32), (2, 3, 11, 64, 2, 64), (1, 7, 9, 40, 1, 128)]
 # bf16: a different fp32 accumulation order can flip the rounding of a linear output; RoPE then mixes
@@ -59,12 +62,20 @@ def kernel_path() -> str:
 
 @pytest.mark.parametrize("dtype, atol, rtol", CASES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernel_matches_reference(shape, dtype, atol, rtol):
+@pytest.mark.parametrize("gemm", op.GEMMS)
+def test_kernel_matches_reference(shape, dtype, atol, rtol, gemm):
+    """Both ways to the tile's values: cuBLAS's output read back (the default) and the Triton GEMM."""
     for seed in (0, 1):
         inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", seed)
         x_before = inputs[1].clone()
-        torch.testing.assert_close(kernel(*inputs), reference(*inputs), atol=atol, rtol=rtol)
+        torch.testing.assert_close(kernel(*inputs, gemm=gemm), reference(*inputs), atol=atol, rtol=rtol)
         assert torch.equal(inputs[1], x_before), "the kernel modified its input"
+        assert op.last_path() == ("triton" if op.triton is not None and (inputs[1].is_cuda or TRITON_INTERPRET) else "torch")
+
+
+def test_unknown_gemm_is_refused():
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        kernel(*make_inputs(SHAPES[0], "float32", "cpu", 0), gemm="cutlass")
 
 
 def test_small_config_runs():

@@ -16,6 +16,15 @@ row reduction inside the tile and the rotation pairs are neighbours in it. The s
 concatenation passes (and their reads and writes of q, k, v) disappear. Intermediates are rounded to
 the activation dtype where the unfused code stores them (linear output, normalized tensor).
 
+Two ways to get the tile's [q | k | v] values (config "gemm"):
+  "cublas"  F.linear (cuBLAS, bias in its epilogue) writes x @ W^T + b once, and the same kernel
+            without its K loop reads it back and runs the epilogue (FROM_Y). Measured on the H200
+            (benchmarks/results/h200-qwen-modes-20261204/qkv-gemm-configs.txt): the fused Triton GEMM
+            ran at 330-516 TFLOP/s at the workloads' shapes where cuBLAS ran the same FLOPs at 699-758,
+            so the extra write and read of [M, 3*H*D] (0.17 GB per Qwen-Image block, ~0.04 ms at
+            4.2 TB/s) cost less than the slower GEMM (0.25 ms there). The default on every device.
+  "triton"  the GEMM in the kernel itself (tl.dot over K), no [M, 3*H*D] intermediate.
+
 Engine conventions (the reference replays each exactly; the kernel's math is the same up to rounding):
   norm_style "torch"     torch.nn.RMSNorm (FLUX.2)
              "diffusers" diffusers' RMSNorm: x * rsqrt(mean(x^2) + eps), rounded to the weight's half
@@ -52,8 +61,11 @@ except ImportError:  # a CPU machine without triton: the torch path only
 _last_path = ""  # "triton" | "torch": which path the last call took (tests prove the kernel ran)
 _OP_NAME = "qwen_qkv_norm_rope_gemm"  # optbot::<name>, one per store entry
 
-# Tuned for Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head).
-DEFAULT_CONFIG = {"block_m": 128, "block_k": 64, "group_m": 8, "num_stages": 3, "num_warps": 8}
+# Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head). block_k,
+# group_m and num_stages only matter for gemm "triton" (its best on the H200: block_m 128, block_k 128,
+# num_stages 3, num_warps 8: benchmarks/results/h200-qwen-modes-20261204/qkv-gemm-configs.txt).
+DEFAULT_CONFIG = {"gemm": "cublas", "block_m": 64, "block_k": 128, "group_m": 8, "num_stages": 3, "num_warps": 4}
+GEMMS = ("cublas", "triton")
 
 
 def last_path() -> str:
@@ -106,9 +118,10 @@ def reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, 
 if triton is not None:
 
     @triton.jit
-    def _qkv_norm_rope_gemm_kernel(X, W, BIAS, NQ, NK, COS, SIN, OUT,
+    def _qkv_norm_rope_gemm_kernel(X, W, Y, BIAS, NQ, NK, COS, SIN, OUT,
                                    M, K, S, H, seq_off, eps_q, eps_k,
-                                   sxm, swn, so3, sob, sos, soh, scs,
+                                   sxm, swn, sym, so3, sob, sos, soh, scs,
+                                   FROM_Y: tl.constexpr,
                                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                                    HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr, ROUND: tl.constexpr,
@@ -131,24 +144,27 @@ if triton is not None:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rm_ld = rm % M  # rows past M load a valid row; they are never stored
         rn = tl.arange(0, D)
-        rk = tl.arange(0, BLOCK_K)
-        xp = X + rm_ld[:, None] * sxm + rk[None, :]
-        wp = W + (pid_n * D + rn)[None, :] * swn + rk[:, None]  # [BLOCK_K, D]: W^T tile
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-            if EVEN_K:
-                a = tl.load(xp)
-                b = tl.load(wp)
-            else:
-                kin = rk < K - k0 * BLOCK_K
-                a = tl.load(xp, mask=kin[None, :], other=0.0)
-                b = tl.load(wp, mask=kin[:, None], other=0.0)
-            if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw uint16 (triton 3.9); fp32 is exact
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-            xp += BLOCK_K
-            wp += BLOCK_K
+        if FROM_Y:  # gemm "cublas": the linear's output, bias included, already in the activation dtype
+            acc = tl.load(Y + rm_ld[:, None] * sym + (pid_n * D + rn)[None, :]).to(tl.float32)
+        else:
+            rk = tl.arange(0, BLOCK_K)
+            xp = X + rm_ld[:, None] * sxm + rk[None, :]
+            wp = W + (pid_n * D + rn)[None, :] * swn + rk[:, None]  # [BLOCK_K, D]: W^T tile
+            acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+            for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+                if EVEN_K:
+                    a = tl.load(xp)
+                    b = tl.load(wp)
+                else:
+                    kin = rk < K - k0 * BLOCK_K
+                    a = tl.load(xp, mask=kin[None, :], other=0.0)
+                    b = tl.load(wp, mask=kin[:, None], other=0.0)
+                if UPCAST_DOT:  # the CPU interpreter multiplies bf16 tiles as raw uint16 (triton 3.9); fp32 is exact
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                xp += BLOCK_K
+                wp += BLOCK_K
 
         if HAS_BIAS:  # nn.Linear adds the bias before rounding its output
             acc += tl.load(BIAS + pid_n * D + rn).to(tl.float32)[None, :]
@@ -227,15 +243,19 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         sin = sin.to(device=x.device, dtype=torch.float32).contiguous()
         assert cos.shape == (S, D) and sin.shape == (S, D), "cos/sin: [S, D] for this stream"
     M = B * S
+    from_y = cfg["gemm"] == "cublas"
+    # gemm "cublas": the engine's own linear (bias in cuBLAS's epilogue, output in x's dtype, as the
+    # unfused nn.Linear stores it), then the kernel without its K loop
+    y = F.linear(x2, w, bias) if from_y else x2
     grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
     _qkv_norm_rope_gemm_kernel[grid](
-        x2, w, bias if bias is not None else w, norm_q if norm_q is not None else w,
+        x2, w, y, bias if bias is not None else w, norm_q if norm_q is not None else w,
         norm_k if norm_k is not None else w, cos if has_rope else w, sin if has_rope else w, out,
         M, K, S, heads, seq_offset, float(eps_q), float(eps_k),
-        x2.stride(0), w.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-        cos.stride(0) if has_rope else 0,
+        x2.stride(0), w.stride(0), y.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        cos.stride(0) if has_rope else 0, FROM_Y=from_y,
         D=D, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
-        EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None, HAS_NW=norm_q is not None,
+        EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None and not from_y, HAS_NW=norm_q is not None,
         HAS_ROPE=has_rope, ROUND=x.dtype != torch.float32,
         ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None and norm_q.dtype in (torch.float16, torch.bfloat16),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
@@ -253,11 +273,12 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
            nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
            cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
            ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, block_k: int, group_m: int,
-           num_stages: int, num_warps: int) -> torch.Tensor:
+           num_stages: int, num_warps: int, gemm: str) -> torch.Tensor:
     """The op: both streams into one new [3, B, S_txt + S_img, H, D] (text first)."""
     s_txt = 0 if x_txt is None else x_txt.shape[1]
     out = torch.empty(_joint_shape(x_txt, x_img, w_img, heads), dtype=x_img.dtype, device=x_img.device)
-    cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps}
+    cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps,
+           "gemm": gemm}
     if x_txt is not None:
         _stream_into(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg)
@@ -288,11 +309,11 @@ _OP = _register()
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
                   norm_style="torch", rope_style="real", block_m=None, block_k=None, group_m=None, num_stages=None,
-                  num_warps=None):
+                  num_warps=None, gemm=None):
     """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
     (text first), a new tensor. cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt,
-    k_txt, q_img, k_img). block_m, block_k, group_m, num_stages, num_warps: the Triton config (None:
-    DEFAULT_CONFIG's)."""
+    k_txt, q_img, k_img). gemm ("cublas" or "triton"), block_m, block_k, group_m, num_stages, num_warps:
+    the config (None: DEFAULT_CONFIG's)."""
     global _last_path
     if _aside():
         _last_path = "torch"
@@ -304,6 +325,10 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
                      ("num_stages", num_stages), ("num_warps", num_warps)):
         if val is not None:
             cfg[key] = int(val)
+    if gemm is not None:
+        if gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {GEMMS}, not {gemm!r}")
+        cfg["gemm"] = gemm
     D = w_img.shape[0] // (3 * heads)
     paths = [_stream_takes_triton(x_img, D, nq_img, nk_img)]
     if x_txt is not None:
@@ -314,7 +339,7 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
     return (_OP if torch.compiler.is_compiling() else _joint)(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
                float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
-               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"])
+               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"])
 
 
 def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,

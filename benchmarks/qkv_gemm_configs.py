@@ -1,0 +1,91 @@
+"""Configs of the QKV GEMM + norm + RoPE epilogue kernel at the workloads' shapes (gemm "cublas":
+F.linear then the epilogue kernel; gemm "triton": the GEMM inside the kernel), against
+cuBLAS running the same GEMM FLOPs (F.linear per stream, no epilogue) in the same process: how far
+the fused kernel is from the GEMM it replaces, per config. CUDA only.
+
+    python benchmarks/qkv_gemm_configs.py [ENTRY ...]     # default: both qkv-norm-rope-epilogue entries
+
+Prints one line per (entry, config) and a JSON summary as the last line.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRIES = ["qwen-image-qkv-norm-rope-epilogue", "flux2-qkv-norm-rope-epilogue"]
+# gemm "cublas": F.linear, then the epilogue kernel (block_m x one head per program; no K loop)
+CONFIGS = [dict(gemm="cublas", block_m=bm, num_warps=nw) for bm, nw in itertools.product((32, 64, 128), (4, 8))]
+# gemm "triton": the GEMM in the kernel (those that fit the H200's shared memory, 2026-12-04)
+CONFIGS += [dict(gemm="triton", block_m=bm, block_k=bk, group_m=8, num_stages=st, num_warps=nw)
+            for bm, bk, st, nw in itertools.product((64, 128, 256), (64, 128), (3, 4), (4, 8))
+            if not (bm == 256 and nw == 4) and not (bm == 64 and nw == 8) and not (bk == 128 and (st == 4 or bm == 256))]
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(mod)
+    sys.path.pop(0)
+    return mod
+
+
+def _ms(fn, iters: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
+
+
+def main(entries: list[str]) -> None:
+    summary = {}
+    for eid in entries:
+        d = ROOT / "kernel_store" / eid
+        test = _load(d / "test_qkv_norm_rope_gemm.py", f"t_{eid.replace('-', '_')}")
+        op = sys.modules["qkv_norm_rope_gemm"]
+        shape = test.BENCH_SHAPES[0]
+        inputs = test.make_inputs(shape, "bfloat16", "cuda", 0)
+        x_txt, x_img, w_txt, w_img, b_txt, b_img = inputs[:6]
+        flop = 2 * (x_txt.shape[1] + x_img.shape[1]) * x_img.shape[0] * w_img.shape[0] * w_img.shape[1]
+        cublas = _ms(lambda: (F.linear(x_txt, w_txt, b_txt), F.linear(x_img, w_img, b_img)))
+        ref_ms = _ms(lambda: op.reference(*inputs))
+        base = op.qkv_norm_rope(*inputs)
+        rows = []
+        print(f"{eid} {shape}: cuBLAS GEMMs {cublas:.3f} ms ({flop / cublas / 1e9:.0f} TFLOP/s), "
+              f"unfused reference {ref_ms:.3f} ms, DEFAULT_CONFIG {op.DEFAULT_CONFIG}", flush=True)
+        for cfg in CONFIGS:
+            try:
+                out = op.qkv_norm_rope(*inputs, **cfg)
+                diff = (out.float() - base.float()).abs().max().item()
+                ms = _ms(lambda: op.qkv_norm_rope(*inputs, **cfg))
+            except Exception as e:  # noqa: BLE001 - out of shared memory and the like: the row says so
+                print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            rows.append({**cfg, "ms": round(ms, 4), "tflops": round(flop / ms / 1e9, 1), "max_diff_vs_default": diff})
+            print(f"  {cfg}: {ms:.3f} ms, {flop / ms / 1e9:.0f} TFLOP/s, max |diff| vs default {diff:.3g}", flush=True)
+        best = min(rows, key=lambda r: r["ms"])
+        summary[eid] = {"shape": shape, "cublas_ms": round(cublas, 4), "reference_ms": round(ref_ms, 4),
+                        "default": op.DEFAULT_CONFIG, "best": best, "rows": rows}
+        del sys.modules["qkv_norm_rope_gemm"]
+    summary["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "triton": __import__("triton").__version__}
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ENTRIES)
