@@ -171,11 +171,19 @@ def test_a_shape_is_the_json_a_job_carries_and_a_result_echoes():
         assert back == s and back.label() == s.label()  # the resolution comes back a tuple
 
 
-def test_a_quantized_precision_has_its_own_tolerance_or_says_where_to_measure_it():
-    wl = load_workload("flux2")
+@pytest.mark.parametrize("name", ["flux2", "qwen-image"])
+def test_a_quantized_precision_has_its_own_tolerance_or_says_where_to_measure_it(tmp_path, name):
+    wl = load_workload(name)
     assert wl.precision_for("cpu") == "float32" and wl.precision_for("cpu", "fp8") == "float32+fp8"
-    tol = wl.tolerance["float32+fp8"]
-    assert 0 < tol.rel_l2 < wl.tolerance["bfloat16"].rel_l2 and "optbot bench flux2 --quant fp8" in tol.evidence
-    with pytest.raises(ConfigError) as ei:  # not measured on a GPU yet: the file's error, naming the key
-        wl.precision_for("cuda", "fp8")
+    assert wl.precision_for("cuda", "fp8") == "bfloat16+fp8"  # measured on the H200 (its evidence)
+    for prec, unquantized, where in (("float32+fp8", "float32", "on CPU"), ("bfloat16+fp8", "bfloat16", "on the H200")):
+        tol = wl.tolerance[prec]
+        assert f"optbot bench {name}" in tol.evidence and "--quant fp8" in tol.evidence and where in tol.evidence
+        assert 0 < tol.rel_l2 and tol.rel_l2 > wl.tolerance[unquantized].rel_l2 / 10
+    d = yaml.safe_load((ROOT / "workloads" / f"{name}.yaml").read_text())
+    del d["correctness"]["tolerance"]["bfloat16+fp8"]
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as ei:  # a workload not measured on a GPU: the file's error, naming the key
+        parse_workload_file(p).precision_for("cuda", "fp8")
     assert "correctness.tolerance.bfloat16+fp8" in str(ei.value) and "--quant fp8 measures it" in str(ei.value)
