@@ -37,7 +37,12 @@ Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (t
 else the torch reference, the exact ops of the unfused engine code (bit-identical on CPU).
 Imports only torch (and triton if present).
 
-The engine calls `qkv_norm_rope`: a registered op (torch.library.custom_op with a fake) that
+A projection the engine has replaced (an FP8 linear: torchao's float8 weight, optbot's emulation)
+no longer holds a plain weight to multiply: then the engine runs the projection module itself and
+calls `norm_rope` on its outputs [B, S, 3*H*D], the epilogue alone (the kernel with FROM_Y, as for
+gemm "cublas"): the FP8 GEMM stays the quantized module's, the norm, RoPE and joint layout are fused.
+
+The engine calls `qkv_norm_rope` (and `norm_rope`): a registered op (torch.library.custom_op with a fake) that
 allocates the joint [3, B, S_txt + S_img, H, D] output itself and writes both streams into it.
 Inductor does not look into it, so torch.compile keeps it whole with no graph break, and no Triton
 kernel writes into a slice of a buffer made in the compiled graph (inductor functionalizes those
@@ -103,7 +108,12 @@ def reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, 
     same data as to_q/to_k/to_v), unflatten heads, RMSNorm q and k, RoPE. Returns q, k, v [B, S, H, D]."""
     n = w.shape[0] // 3
     outs = [F.linear(x, w[i * n:(i + 1) * n], None if bias is None else bias[i * n:(i + 1) * n]) for i in range(3)]
-    q, k, v = (t.unflatten(-1, (heads, -1)) for t in outs)
+    return reference_epilogue(*outs, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style, rope_style)
+
+
+def reference_epilogue(q, k, v, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style="torch", rope_style="real"):
+    """The engine ops after the projections: q, k, v [B, S, H*D] -> heads, RMSNorm q and k, RoPE."""
+    q, k, v = (t.unflatten(-1, (heads, -1)) for t in (q, k, v))
     if norm_style == "diffusers":
         q, k = _rms_norm_diffusers(q, norm_q, eps_q), _rms_norm_diffusers(k, norm_k, eps_k)
     else:
@@ -220,22 +230,29 @@ def _stream_takes_triton(x: torch.Tensor, D: int, norm_q: Optional[torch.Tensor]
     return _use_triton(x) and pow2 and (norm_q is None) == (norm_k is None)
 
 
-def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset, norm_style, rope_style, cfg):
+def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out, seq_offset, norm_style, rope_style, cfg,
+                 y=None):
     """One stream into rows seq_offset .. seq_offset + S of `out` [3, B, S_joint, H, D], the op's own
     buffer (only _joint calls this). x: [B, S, K]; w: [3*H*D, K] (q, k, v rows stacked); bias:
-    [3*H*D] or None; norm_q, norm_k: [D] or None; cos, sin: [S, D] for this stream's tokens, or None."""
-    B, S, K = x.shape
-    D = w.shape[0] // (3 * heads)
+    [3*H*D] or None; norm_q, norm_k: [D] or None; cos, sin: [S, D] for this stream's tokens, or None.
+    y: the projection's output [B, S, 3*H*D] when the engine ran it (norm_rope; x, w and bias unused)."""
+    if y is not None:
+        x, w, bias = y, None, None
+    B, S = x.shape[:2]
+    D = out.shape[-1]
     if not _stream_takes_triton(x, D, norm_q, norm_k):
-        for i, t in enumerate(reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads,
-                                               norm_style, rope_style)):
+        stream = (reference_epilogue(*y.chunk(3, dim=-1), norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style, rope_style)
+                  if y is not None else
+                  reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style, rope_style))
+        for i, t in enumerate(stream):
             out[i, :, seq_offset:seq_offset + S] = t
         return
-    x2 = x.reshape(B * S, K)
+    x2 = x.reshape(B * S, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if w.stride(-1) != 1:
+    if w is not None and w.stride(-1) != 1:
         w = w.contiguous()
+    K = x2.shape[1]
     assert out.stride(-1) == 1 and out.shape[-1] == D and out.shape[-2] == heads, "out: [3, B, S_joint, H, D]"
     has_rope = cos is not None
     if has_rope:
@@ -243,10 +260,15 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         sin = sin.to(device=x.device, dtype=torch.float32).contiguous()
         assert cos.shape == (S, D) and sin.shape == (S, D), "cos/sin: [S, D] for this stream"
     M = B * S
-    from_y = cfg["gemm"] == "cublas"
+    from_y = y is not None or cfg["gemm"] == "cublas"
     # gemm "cublas": the engine's own linear (bias in cuBLAS's epilogue, output in x's dtype, as the
-    # unfused nn.Linear stores it), then the kernel without its K loop
-    y = F.linear(x2, w, bias) if from_y else x2
+    # unfused nn.Linear stores it), then the kernel without its K loop; with y given, the same on it
+    if y is not None:
+        y, x2, w = x2, x2, x2  # the kernel reads only Y (its X, W and bias arguments are placeholders)
+    elif from_y:
+        y = F.linear(x2, w, bias)
+    else:
+        y = x2
     grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
     _qkv_norm_rope_gemm_kernel[grid](
         x2, w, y, bias if bias is not None else w, norm_q if norm_q is not None else w,
@@ -287,6 +309,23 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
     return out
 
 
+def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optional[torch.Tensor],
+             nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
+             cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
+             ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, num_warps: int) -> torch.Tensor:
+    """The op of norm_rope: both streams' projection outputs into one new [3, B, S_txt + S_img, H, D]."""
+    s_txt = 0 if y_txt is None else y_txt.shape[1]
+    D = y_img.shape[-1] // (3 * heads)
+    out = torch.empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, D), dtype=y_img.dtype, device=y_img.device)
+    cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps}
+    if y_txt is not None:
+        _stream_into(None, None, None, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
+                     None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg, y=y_txt)
+    _stream_into(None, None, None, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
+                 None if sin is None else sin[s_txt:], heads, out, s_txt, norm_style, rope_style, cfg, y=y_img)
+    return out
+
+
 def _register():
     """One registration per process: a second copy of this file (the store's and an engine
     worktree's are byte-identical, store check) reuses the op the first registered."""
@@ -304,7 +343,23 @@ def _register():
     return op
 
 
+def _register_y():
+    try:
+        return getattr(torch.ops.optbot, _OP_NAME + "_y")
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"optbot::{_OP_NAME}_y", mutates_args=())(_joint_y)
+
+    @op.register_fake
+    def _fake(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eq_t, ek_t, eq_i, ek_i, heads, *style_and_config):
+        s_txt = 0 if y_txt is None else y_txt.shape[1]
+        return y_img.new_empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, y_img.shape[-1] // (3 * heads)))
+
+    return op
+
+
 _OP = _register()
+_OP_Y = _register_y()
 
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
@@ -340,6 +395,42 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     return (_OP if torch.compiler.is_compiling() else _joint)(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
                float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
                cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"])
+
+
+def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
+              rope_style="real", block_m=None, num_warps=None):
+    """The epilogue alone, for projections the engine ran itself (a quantized linear): y_txt, y_img are
+    the outputs [B, S, 3*H*D] of the merged q|k|v projections (bias included); returns q, k, v stacked,
+    [3, B, S_txt + S_img, H, D] (text first), as qkv_norm_rope does."""
+    global _last_path
+    eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
+    D = y_img.shape[-1] // (3 * heads)
+    paths = [_stream_takes_triton(y, D, nq, nk) for y, nq, nk in ((y_img, nq_img, nk_img), (y_txt, nq_txt, nk_txt))
+             if y is not None]
+    _last_path = "triton" if all(paths) else "torch"
+    bm = DEFAULT_CONFIG["block_m"] if block_m is None else int(block_m)
+    nw = DEFAULT_CONFIG["num_warps"] if num_warps is None else int(num_warps)
+    return (_OP_Y if torch.compiler.is_compiling() else _joint_y)(
+        y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t), float(ek_t), float(eq_i), float(ek_i),
+        int(heads), norm_style, rope_style, bm, nw)
+
+
+def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
+                        rope_style="real"):
+    """norm_rope's unfused engine code: reference() with the projections already run."""
+    eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
+    s_txt = 0 if y_txt is None else y_txt.shape[1]
+    per_stream = rope_style == "complex" and cos is not None
+    cs = (lambda a, b: (None, None)) if not per_stream else (lambda a, b: (cos[a:b], sin[a:b]))
+    qi, ki, vi = reference_epilogue(*y_img.chunk(3, dim=-1), nq_img, nk_img, eq_i, ek_i, *cs(s_txt, None), heads,
+                                    norm_style, rope_style)
+    if y_txt is not None:
+        qt, kt, vt = reference_epilogue(*y_txt.chunk(3, dim=-1), nq_txt, nk_txt, eq_t, ek_t, *cs(0, s_txt), heads,
+                                        norm_style, rope_style)
+        qi, ki, vi = torch.cat([qt, qi], dim=1), torch.cat([kt, ki], dim=1), torch.cat([vt, vi], dim=1)
+    if cos is not None and not per_stream:
+        qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
+    return torch.stack([qi, ki, vi])
 
 
 def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,

@@ -83,3 +83,35 @@ def test_small_config_runs():
     inputs = make_inputs((1, 3, 21, 40, 1, 32), "float32", "cuda" if torch.cuda.is_available() else "cpu", 0)
     out = kernel(*inputs, block_m=16, block_k=16, group_m=2, num_stages=2, num_warps=4)
     torch.testing.assert_close(out, reference(*inputs), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_norm_rope_on_the_engines_projections(shape, dtype, atol, rtol):
+    """norm_rope: the epilogue alone, on projection outputs the engine computed itself (a quantized
+    linear's): matches the unfused ops on those outputs, and on plain linears' outputs it is what
+    qkv_norm_rope computes."""
+    inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", 0)
+    x_txt, x_img, w_txt, w_img, b_txt, b_img, *epilogue = inputs
+    y_txt, y_img = torch.nn.functional.linear(x_txt, w_txt, b_txt), torch.nn.functional.linear(x_img, w_img, b_img)
+    y_txt = y_txt + 0.25 * torch.randn_like(y_txt)  # any values: not the weights' product
+    out = op.norm_rope(y_txt, y_img, *epilogue)
+    assert op.last_path() == ("triton" if op.triton is not None and (y_img.is_cuda or TRITON_INTERPRET) else "torch")
+    torch.testing.assert_close(out, op.reference_norm_rope(y_txt, y_img, *epilogue), atol=atol, rtol=rtol)
+    y_txt = torch.nn.functional.linear(x_txt, w_txt, b_txt)
+    torch.testing.assert_close(op.norm_rope(y_txt, y_img, *epilogue), kernel(*inputs, gemm="cublas"), atol=0, rtol=0)
+
+
+def test_norm_rope_compiles_as_one_op():
+    inputs = make_inputs(SHAPES[1], "float32", "cpu", 0)
+    x_txt, x_img, w_txt, w_img, b_txt, b_img, *epilogue = inputs
+    ys = torch.nn.functional.linear(x_txt, w_txt, b_txt), torch.nn.functional.linear(x_img, w_img, b_img)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    f = torch.compile(lambda a, b: op.norm_rope(a, b, *epilogue), backend=backend, fullgraph=True)
+    torch.testing.assert_close(f(*ys), op.norm_rope(*ys, *epilogue), atol=0, rtol=0)
+    assert any(f"optbot.{op._OP_NAME}_y.default" in g for g in graphs), graphs
