@@ -32,7 +32,7 @@ from github import GithubException
 
 from bot.errors import OptbotError
 from bot.trigger.event import CommentEvent
-from bot.trigger.grammar import help_text, parse
+from bot.trigger.grammar import OptimizeCommand, help_text, parse
 from bot.trigger.request import OptimizeRequest
 
 if TYPE_CHECKING:
@@ -106,14 +106,15 @@ class Conversation:
         pr = self.forge.call(f"get PR #{self.event.issue_number}", self.repo.get_pull, self.event.issue_number)
         return pr.head.sha
 
-    def run_going(self, workload: str, me: int, now: float) -> str:
-        """The address of an earlier comment whose run for `workload` is still going, or ""."""
+    def run_going(self, cmd: OptimizeCommand, me: int, now: float) -> str:
+        """The address of an earlier comment whose run with cmd's run_key (workload, engine, recipe) is
+        still going, or ""."""
         comments = self.forge.call("list comments", lambda: list(self.issue().get_comments()))
         for c in reversed(comments):  # newest first
             if c.id >= self.event.comment_id or c.user is None or c.user.type == "Bot":
                 continue
             p = parse(c.body or "")
-            if p.command is None or p.command.workload != workload:
+            if p.command is None or p.command.run_key() != cmd.run_key():
                 continue
             made = c.created_at if c.created_at.tzinfo else c.created_at.replace(tzinfo=timezone.utc)
             if now - made.timestamp() > RUN_WINDOW_S:
@@ -144,7 +145,7 @@ def handle(event: CommentEvent, connect: Callable[[], GitHubForge], now: float |
     sha = conv.head_sha()
     me = conv.react("eyes")
     try:
-        going = conv.run_going(cmd.workload, me, time.time() if now is None else now)
+        going = conv.run_going(cmd, me, time.time() if now is None else now)
     except OptbotError:
         _react_quietly(conv, "confused")  # a 👀 with no end would read as a run going
         raise

@@ -45,6 +45,13 @@ class OptimizeCommand:
     shards: int = 1  # GPU runners the validation fans out over; 1: the whole run on one host
     quant: str | None = None  # a quantization recipe (optbot's own list): FP8 linear layers, docs/fp8.md
 
+    def run_key(self) -> tuple[str, str, str]:
+        """What one run owns: its branches are named by workload (+ recipe) and the engine's base, so
+        two commands with the same key would write the same branch; other keys run side by side.
+        The engine is resolved to the workload's default, so naming it changes nothing. Only for a
+        command that passed check()."""
+        return (self.workload, self.engine or load_workload(self.workload).default_engine, self.quant or "")
+
 
 @dataclass(frozen=True)
 class Parsed:

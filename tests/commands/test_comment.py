@@ -262,9 +262,14 @@ def test_a_second_optimize_while_one_runs_is_told_so(pr, standin, tmp_path):
     (reply,) = replies(standin)
     assert "already optimizing `flux2`" in reply and f"#issuecomment-{c1}" in reply
     assert reactions(standin, c2) == ["confused", "eyes"]  # taken on, then refused: no run going for c2
-    # another workload on the same pull request runs beside it
+    # another workload on the same pull request runs beside it, and so does the same workload in FP8
+    # or on another engine (other branches); naming the default engine is the same run
     other, _ = comment(standin, tmp_path, "/optimize qwen-image")
     assert answer(other, tmp_path)["status"] == "dispatched"
+    assert answer(comment(standin, tmp_path, "/optimize flux2 --quant fp8")[0], tmp_path)["status"] == "dispatched"
+    assert answer(comment(standin, tmp_path, "/optimize flux2 --engine sglang")[0], tmp_path)["status"] == "dispatched"
+    assert answer(comment(standin, tmp_path, "/optimize flux2 --engine diffusers")[0], tmp_path)["status"] == "already-running"
+    assert answer(comment(standin, tmp_path, "/optimize flux2 --quant fp8 --gpus 2")[0], tmp_path)["status"] == "already-running"
     # someone else's 👀 is no run; the bot's own 🚀 ends the first one
     standin.add_reaction(c1, "rocket", user="passer-by")
     assert answer(comment(standin, tmp_path, "/optimize flux2")[0], tmp_path)["status"] == "already-running"
