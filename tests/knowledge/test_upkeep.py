@@ -3,6 +3,7 @@ with checks and verdicts made by the real types (bot/knowledge/check.Check, bot.
 and the staged actions: a re-record and a retirement written into a copy, never the entry itself."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -106,7 +107,7 @@ def test_a_re_record_and_a_retirement_go_into_the_staged_copy(store, tmp_path):
 
 def test_retired_needs_its_reason(store):
     f = store / PLAIN / "entry.yaml"
-    f.write_text(f.read_text().replace("status: validated-gpu", "status: retired"))
+    f.write_text(re.sub(r"^status: .*$", "status: retired", f.read_text(), count=1, flags=re.M))
     with pytest.raises(ConfigError, match="retired"):
         load_entry(store / PLAIN)
     f.write_text(f.read_text().replace("status: retired", "status: validated-gpu") + "retired: {reason: x}\n")
