@@ -20,8 +20,10 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = ["qwen-image-qkv-norm-rope-epilogue", "flux2-qkv-norm-rope-epilogue"]
-# gemm "cublas": F.linear, then the epilogue kernel (block_m x one head per program; no K loop)
-CONFIGS = [dict(gemm="cublas", block_m=bm, num_warps=nw) for bm, nw in itertools.product((32, 64, 128), (4, 8))]
+# gemm "cublas": F.linear, then the epilogue kernel (no K loop): per program block_m rows x one head
+# ("per-head") or x all heads of q, k or v ("row-block")
+CONFIGS = [dict(gemm="cublas", epilogue=ep, block_m=bm, num_warps=nw)
+           for ep, bm, nw in itertools.product(("per-head", "row-block"), (32, 64, 128), (4, 8))]
 # gemm "triton": the GEMM in the kernel (those that fit the H200's shared memory, 2026-12-04)
 CONFIGS += [dict(gemm="triton", block_m=bm, block_k=bk, group_m=8, num_stages=st, num_warps=nw)
             for bm, bk, st, nw in itertools.product((64, 128, 256), (64, 128), (3, 4), (4, 8))

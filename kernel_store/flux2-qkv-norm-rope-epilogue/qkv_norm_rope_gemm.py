@@ -69,8 +69,13 @@ _OP_NAME = "flux2_qkv_norm_rope_gemm"  # optbot::<name>, one per store entry
 # Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head). block_k,
 # group_m and num_stages only matter for gemm "triton" (its best on the H200: block_m 128, block_k 128,
 # num_stages 3, num_warps 8: benchmarks/results/h200-qwen-modes-20261204/qkv-gemm-configs.txt).
-DEFAULT_CONFIG = {"gemm": "cublas", "block_m": 64, "block_k": 128, "group_m": 8, "num_stages": 3, "num_warps": 4}
+DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "per-head", "block_m": 64, "block_k": 128, "group_m": 8, "num_stages": 3,
+                  "num_warps": 4}
 GEMMS = ("cublas", "triton")
+# gemm "cublas" and norm_rope only: one program per row block x head ("per-head", measured), or per
+# row block x q/k/v looping over the heads ("row-block": cos/sin read once per row block; not yet
+# measured on a GPU)
+EPILOGUES = ("per-head", "row-block")
 
 
 def last_path() -> str:
@@ -128,6 +133,65 @@ def reference_epilogue(q, k, v, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, n
 if triton is not None:
 
     @triton.jit
+    def _rms_rows(acc, which, eps_q, eps_k, NQ, NK, rn, D: tl.constexpr, HAS_NW: tl.constexpr, ROUND: tl.constexpr,
+                  ROUND_BEFORE_W: tl.constexpr, DT: tl.constexpr):
+        """q (which 0) or k (1) rows of one head [BLOCK_M, D] fp32: RMSNorm, the norm's weight, rounded to
+        DT where the unfused code stores."""
+        ms = tl.sum(acc * acc, axis=1) / D
+        if which == 0:
+            r = 1.0 / tl.sqrt(ms + eps_q)
+        else:
+            r = 1.0 / tl.sqrt(ms + eps_k)
+        acc = acc * r[:, None]
+        if ROUND_BEFORE_W:  # diffusers' RMSNorm casts to the weight's half dtype before the multiply
+            acc = acc.to(DT).to(tl.float32)
+        if HAS_NW:
+            if which == 0:
+                nw = tl.load(NQ + rn).to(tl.float32)
+            else:
+                nw = tl.load(NK + rn).to(tl.float32)
+            acc = acc * nw[None, :]
+        if ROUND:  # the unfused RMSNorm stores the normalized tensor in the activation dtype
+            acc = acc.to(DT).to(tl.float32)
+        return acc
+
+    @triton.jit
+    def _rotate_pairs(acc, c, sn, BLOCK_M: tl.constexpr, D: tl.constexpr):
+        """RoPE on interleaved pairs: the partner of every channel, (2j, 2j+1) -> (-x[2j+1], x[2j])."""
+        ev, od = tl.split(tl.reshape(acc, (BLOCK_M, D // 2, 2)))
+        rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, D))
+        return acc * c + rot * sn
+
+    @triton.jit
+    def _norm_rope_rows_kernel(Y, NQ, NK, COS, SIN, OUT, M, S, H, seq_off, eps_q, eps_k,
+                               sym, so3, sob, sos, soh, scs,
+                               D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr,
+                               ROUND: tl.constexpr, ROUND_BEFORE_W: tl.constexpr):
+        """The epilogue "row-block": one program per BLOCK_M rows of q, k or v (program_id 1) and every
+        head, so the rows' cos/sin (fp32, 4x the bytes of a bf16 head) are read once, not once per head."""
+        pid_m = tl.program_id(0)
+        which = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = (rm < M)[:, None]
+        rm_ld = rm % M
+        rn = tl.arange(0, D)
+        b_idx = rm // S
+        s_idx = rm % S
+        if HAS_ROPE:  # v programs load nothing (the mask)
+            qk = (rm < tl.where(which < 2, M, 0))[:, None]
+            c = tl.load(COS + (s_idx * scs)[:, None] + rn[None, :], mask=qk, other=0.0)
+            sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=qk, other=0.0)
+        for h in range(0, H):
+            acc = tl.load(Y + rm_ld[:, None] * sym + ((which * H + h) * D + rn)[None, :]).to(tl.float32)
+            if which < 2:
+                acc = _rms_rows(acc, which, eps_q, eps_k, NQ, NK, rn, D, HAS_NW, ROUND, ROUND_BEFORE_W,
+                                OUT.dtype.element_ty)
+                if HAS_ROPE:
+                    acc = _rotate_pairs(acc, c, sn, BLOCK_M, D)
+            op = OUT + which * so3 + (b_idx * sob + (seq_off + s_idx) * sos + h * soh)[:, None] + rn[None, :]
+            tl.store(op, acc.to(OUT.dtype.element_ty), mask=rmask)
+
+    @triton.jit
     def _qkv_norm_rope_gemm_kernel(X, W, Y, BIAS, NQ, NK, COS, SIN, OUT,
                                    M, K, S, H, seq_off, eps_q, eps_k,
                                    sxm, swn, sym, so3, sob, sos, soh, scs,
@@ -137,7 +201,6 @@ if triton is not None:
                                    HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr, ROUND: tl.constexpr,
                                    ROUND_BEFORE_W: tl.constexpr,
                                    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-        HALF: tl.constexpr = D // 2
         pid = tl.program_id(0)
         # Grouped tile order: GROUP_M row tiles sweep all 3*H head tiles together, so the x rows stay
         # in L2 while W streams (W is the large operand at these shapes: 3*H*D x K).
@@ -183,30 +246,12 @@ if triton is not None:
         b_idx = rm // S
         s_idx = rm % S
         if which < 2:
-            ms = tl.sum(acc * acc, axis=1) / D
-            if which == 0:
-                r = 1.0 / tl.sqrt(ms + eps_q)
-            else:
-                r = 1.0 / tl.sqrt(ms + eps_k)
-            acc = acc * r[:, None]
-            if ROUND_BEFORE_W:  # diffusers' RMSNorm casts to the weight's half dtype before the multiply
-                acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
-            if HAS_NW:
-                if which == 0:
-                    nw = tl.load(NQ + rn).to(tl.float32)
-                else:
-                    nw = tl.load(NK + rn).to(tl.float32)
-                acc = acc * nw[None, :]
-            if ROUND:  # the unfused RMSNorm stores the normalized tensor in the activation dtype
-                acc = acc.to(OUT.dtype.element_ty).to(tl.float32)
+            acc = _rms_rows(acc, which, eps_q, eps_k, NQ, NK, rn, D, HAS_NW, ROUND, ROUND_BEFORE_W, OUT.dtype.element_ty)
             if HAS_ROPE:
                 cp = COS + (s_idx * scs)[:, None] + rn[None, :]
                 c = tl.load(cp, mask=(rm < M)[:, None], other=0.0)
                 sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
-                # the pair partner of every channel: (2j, 2j+1) -> (-x[2j+1], x[2j])
-                ev, od = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
-                rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, D))
-                acc = acc * c + rot * sn
+                acc = _rotate_pairs(acc, c, sn, BLOCK_M, D)
         op = OUT + which * so3 + (b_idx * sob + (seq_off + s_idx) * sos + h * soh)[:, None] + rn[None, :]
         tl.store(op, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None])
 
@@ -269,6 +314,16 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         y = F.linear(x2, w, bias)
     else:
         y = x2
+    rounds = dict(ROUND=x.dtype != torch.float32, ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None
+                  and norm_q.dtype in (torch.float16, torch.bfloat16))
+    if from_y and cfg["epilogue"] == "row-block":
+        _norm_rope_rows_kernel[(triton.cdiv(M, cfg["block_m"]), 3)](
+            y, norm_q if norm_q is not None else y, norm_k if norm_k is not None else y, cos if has_rope else y,
+            sin if has_rope else y, out, M, S, heads, seq_offset, float(eps_q), float(eps_k),
+            y.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3), cos.stride(0) if has_rope else 0,
+            D=D, BLOCK_M=cfg["block_m"], HAS_NW=norm_q is not None, HAS_ROPE=has_rope, **rounds,
+            num_warps=cfg["num_warps"])
+        return
     grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
     _qkv_norm_rope_gemm_kernel[grid](
         x2, w, y, bias if bias is not None else w, norm_q if norm_q is not None else w,
@@ -278,8 +333,7 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         cos.stride(0) if has_rope else 0, FROM_Y=from_y,
         D=D, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
         EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None and not from_y, HAS_NW=norm_q is not None,
-        HAS_ROPE=has_rope, ROUND=x.dtype != torch.float32,
-        ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None and norm_q.dtype in (torch.float16, torch.bfloat16),
+        HAS_ROPE=has_rope, **rounds,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda and x.dtype != torch.float32,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
@@ -295,12 +349,12 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
            nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
            cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
            ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, block_k: int, group_m: int,
-           num_stages: int, num_warps: int, gemm: str) -> torch.Tensor:
+           num_stages: int, num_warps: int, gemm: str, epilogue: str) -> torch.Tensor:
     """The op: both streams into one new [3, B, S_txt + S_img, H, D] (text first)."""
     s_txt = 0 if x_txt is None else x_txt.shape[1]
     out = torch.empty(_joint_shape(x_txt, x_img, w_img, heads), dtype=x_img.dtype, device=x_img.device)
     cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps,
-           "gemm": gemm}
+           "gemm": gemm, "epilogue": epilogue}
     if x_txt is not None:
         _stream_into(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg)
@@ -312,12 +366,13 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
 def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optional[torch.Tensor],
              nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
              cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
-             ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, num_warps: int) -> torch.Tensor:
+             ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, num_warps: int,
+             epilogue: str) -> torch.Tensor:
     """The op of norm_rope: both streams' projection outputs into one new [3, B, S_txt + S_img, H, D]."""
     s_txt = 0 if y_txt is None else y_txt.shape[1]
     D = y_img.shape[-1] // (3 * heads)
     out = torch.empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, D), dtype=y_img.dtype, device=y_img.device)
-    cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps}
+    cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps, "epilogue": epilogue}
     if y_txt is not None:
         _stream_into(None, None, None, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg, y=y_txt)
@@ -364,11 +419,11 @@ _OP_Y = _register_y()
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
                   norm_style="torch", rope_style="real", block_m=None, block_k=None, group_m=None, num_stages=None,
-                  num_warps=None, gemm=None):
+                  num_warps=None, gemm=None, epilogue=None):
     """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
     (text first), a new tensor. cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt,
-    k_txt, q_img, k_img). gemm ("cublas" or "triton"), block_m, block_k, group_m, num_stages, num_warps:
-    the config (None: DEFAULT_CONFIG's)."""
+    k_txt, q_img, k_img). gemm ("cublas" or "triton"), epilogue (EPILOGUES), block_m, block_k, group_m,
+    num_stages, num_warps: the config (None: DEFAULT_CONFIG's)."""
     global _last_path
     if _aside():
         _last_path = "torch"
@@ -380,10 +435,7 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
                      ("num_stages", num_stages), ("num_warps", num_warps)):
         if val is not None:
             cfg[key] = int(val)
-    if gemm is not None:
-        if gemm not in GEMMS:
-            raise ValueError(f"gemm must be one of {GEMMS}, not {gemm!r}")
-        cfg["gemm"] = gemm
+    cfg.update(_choice("gemm", gemm, GEMMS), **_choice("epilogue", epilogue, EPILOGUES))
     D = w_img.shape[0] // (3 * heads)
     paths = [_stream_takes_triton(x_img, D, nq_img, nk_img)]
     if x_txt is not None:
@@ -394,11 +446,11 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
     return (_OP if torch.compiler.is_compiling() else _joint)(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
                float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
-               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"])
+               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"], cfg["epilogue"])
 
 
 def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
-              rope_style="real", block_m=None, num_warps=None):
+              rope_style="real", block_m=None, num_warps=None, epilogue=None):
     """The epilogue alone, for projections the engine ran itself (a quantized linear): y_txt, y_img are
     the outputs [B, S, 3*H*D] of the merged q|k|v projections (bias included); returns q, k, v stacked,
     [3, B, S_txt + S_img, H, D] (text first), as qkv_norm_rope does."""
@@ -410,9 +462,10 @@ def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads
     _last_path = "triton" if all(paths) else "torch"
     bm = DEFAULT_CONFIG["block_m"] if block_m is None else int(block_m)
     nw = DEFAULT_CONFIG["num_warps"] if num_warps is None else int(num_warps)
+    ep = _choice("epilogue", epilogue, EPILOGUES).get("epilogue", DEFAULT_CONFIG["epilogue"])
     return (_OP_Y if torch.compiler.is_compiling() else _joint_y)(
         y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t), float(ek_t), float(eq_i), float(ek_i),
-        int(heads), norm_style, rope_style, bm, nw)
+        int(heads), norm_style, rope_style, bm, nw, ep)
 
 
 def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
@@ -431,6 +484,15 @@ def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, 
     if cos is not None and not per_stream:
         qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
     return torch.stack([qi, ki, vi])
+
+
+def _choice(key: str, value, allowed: tuple) -> dict:
+    """{key: value} for a given string config (checked against `allowed`), {} for None."""
+    if value is None:
+        return {}
+    if value not in allowed:
+        raise ValueError(f"{key} must be one of {allowed}, not {value!r}")
+    return {key: value}
 
 
 def reference(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,

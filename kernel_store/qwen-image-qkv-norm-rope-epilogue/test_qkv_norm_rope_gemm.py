@@ -62,37 +62,43 @@ def kernel_path() -> str:
 
 @pytest.mark.parametrize("dtype, atol, rtol", CASES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("gemm", op.GEMMS)
-def test_kernel_matches_reference(shape, dtype, atol, rtol, gemm):
-    """Both ways to the tile's values: cuBLAS's output read back (the default) and the Triton GEMM."""
+@pytest.mark.parametrize("gemm, epilogue", [("cublas", "per-head"), ("cublas", "row-block"), ("triton", "per-head")])
+def test_kernel_matches_reference(shape, dtype, atol, rtol, gemm, epilogue):
+    """Both ways to the tile's values, cuBLAS's output read back (the default) and the Triton GEMM, and
+    both epilogue grids of the former."""
     for seed in (0, 1):
         inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", seed)
         x_before = inputs[1].clone()
-        torch.testing.assert_close(kernel(*inputs, gemm=gemm), reference(*inputs), atol=atol, rtol=rtol)
+        torch.testing.assert_close(kernel(*inputs, gemm=gemm, epilogue=epilogue), reference(*inputs), atol=atol, rtol=rtol)
         assert torch.equal(inputs[1], x_before), "the kernel modified its input"
         assert op.last_path() == ("triton" if op.triton is not None and (inputs[1].is_cuda or TRITON_INTERPRET) else "torch")
 
 
-def test_unknown_gemm_is_refused():
+def test_unknown_configs_are_refused():
     with pytest.raises(ValueError, match="gemm must be one of"):
         kernel(*make_inputs(SHAPES[0], "float32", "cpu", 0), gemm="cutlass")
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        op.norm_rope(*make_inputs(SHAPES[0], "float32", "cpu", 0)[:2], *make_inputs(SHAPES[0], "float32", "cpu", 0)[6:],
+                     epilogue="per-row")
 
 
+@pytest.mark.parametrize("epilogue", op.EPILOGUES)
 @pytest.mark.parametrize("dtype, atol, rtol", CASES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_norm_rope_on_the_engines_projections(shape, dtype, atol, rtol):
+def test_norm_rope_on_the_engines_projections(shape, dtype, atol, rtol, epilogue):
     """norm_rope: the epilogue alone, on projection outputs the engine computed itself (a quantized
     linear's): matches the unfused ops on those outputs, and on plain linears' outputs it is what
     qkv_norm_rope computes."""
     inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", 0)
-    x_txt, x_img, w_txt, w_img, b_txt, b_img, *epilogue = inputs
+    x_txt, x_img, w_txt, w_img, b_txt, b_img, *epi = inputs
     y_txt, y_img = torch.nn.functional.linear(x_txt, w_txt, b_txt), torch.nn.functional.linear(x_img, w_img, b_img)
     y_txt = y_txt + 0.25 * torch.randn_like(y_txt)  # any values: not the weights' product
-    out = op.norm_rope(y_txt, y_img, *epilogue)
+    out = op.norm_rope(y_txt, y_img, *epi, epilogue=epilogue)
     assert op.last_path() == ("triton" if op.triton is not None and (y_img.is_cuda or TRITON_INTERPRET) else "torch")
-    torch.testing.assert_close(out, op.reference_norm_rope(y_txt, y_img, *epilogue), atol=atol, rtol=rtol)
+    torch.testing.assert_close(out, op.reference_norm_rope(y_txt, y_img, *epi), atol=atol, rtol=rtol)
     y_txt = torch.nn.functional.linear(x_txt, w_txt, b_txt)
-    torch.testing.assert_close(op.norm_rope(y_txt, y_img, *epilogue), kernel(*inputs, gemm="cublas"), atol=0, rtol=0)
+    torch.testing.assert_close(op.norm_rope(y_txt, y_img, *epi, epilogue=epilogue),
+                               kernel(*inputs, gemm="cublas", epilogue=epilogue), atol=0, rtol=0)
 
 
 def test_norm_rope_compiles_as_one_op():

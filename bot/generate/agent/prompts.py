@@ -5,7 +5,8 @@ the first user message, so every agent of a generation shares one cache prefix.
 
 The knowledge block is ranked, then filled: lessons first (caveats first, as lessons.search ranks
 them), then the worked examples (store entries in full: entry.yaml, kernel sources, test_<op>.py,
-patch.diff) ranked by pattern, then engine, then workload. Each item goes in whole or not at all;
+patch.diff, where a kernel source the patch adds unchanged is named rather than repeated) ranked by
+pattern, then engine, then workload. Each item goes in whole or not at all;
 one that does not fit the budget is named at the end with its size (read_lessons / read_store show
 it), and smaller items after it still go in.
 
@@ -91,12 +92,31 @@ def _example_text(e) -> str:
     """One store entry in full, as a worked example."""
     parts = [f"### Worked example: store entry {e.id} ({e.pattern}; engine {e.engine.name}; "
              f"workloads {', '.join(e.workloads)}; {e.status})\n{e.title}"]
-    files = [e.path / "entry.yaml"] + e.kernel_files() + e.test_files() + [e.patch_path]
+    files = [e.path / "entry.yaml"] + e.kernel_files() + e.test_files()
     for f in files:
         if f.is_file():
-            lang = "diff" if f.suffix == ".diff" else "yaml" if f.suffix == ".yaml" else "python"
+            lang = "yaml" if f.suffix == ".yaml" else "python"
             parts.append(f"{f.name}:\n```{lang}\n{f.read_text().rstrip()}\n```")
+    if e.patch_path.is_file():
+        parts.append(f"{e.patch_path.name}:\n```diff\n{example_patch(e)}\n```")
     return "\n\n".join(parts)
+
+
+def example_patch(e) -> str:
+    """The entry's patch as a worked example shows it: a file the patch adds whose text is one of the
+    entry's kernel files (shown above it) is named, not repeated (it is most of a kernel entry's patch)."""
+    kernels = {f.name: f.read_text() for f in e.kernel_files() if f.is_file()}
+    out = []
+    for section in re.split(r"(?m)^(?=diff --git )", e.patch_path.read_text()):
+        head, _, body = section.partition("\n@@ ")
+        name = head.split("\n", 1)[0].rsplit("/", 1)[-1]
+        if "--- /dev/null" in head and name in kernels:
+            added = "".join(line[1:] + "\n" for line in ("@@ " + body).splitlines()[1:] if line.startswith("+"))
+            if added == kernels[name]:
+                out.append(f"{head.split(chr(10), 1)[0]}\n(a new file: the text of {name} above)\n")
+                continue
+        out.append(section)
+    return "".join(out).rstrip()
 
 
 def worked_examples(pattern: str | None, engine: str | None, workload: str | None, store_dir: Path | None = None) -> list:

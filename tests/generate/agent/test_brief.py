@@ -136,9 +136,12 @@ def test_tolerance_is_stated_for_the_dtype():
 def test_worked_examples_are_whole_store_entries_ranked_by_pattern():
     text = prompts.knowledge_block("fuse-norm-consumer", "diffusers", "h200", "flux2", lessons_dir=LESSONS,
                                    store_dir=STORE)
+    from bot.knowledge.store import get_entry
+
     entry = STORE / "flux2-norm-modulate"
-    for f in ("norm_modulate.py", "test_norm_modulate.py", "patch.diff"):
+    for f in ("norm_modulate.py", "test_norm_modulate.py"):
         assert (entry / f).read_text().rstrip() in text, f
+    assert prompts.example_patch(get_entry("flux2-norm-modulate", STORE)) in text
     first = text.index("### Worked example:")
     assert text[first:].startswith("### Worked example: store entry flux2-norm-modulate")
 
@@ -157,13 +160,31 @@ def test_knowledge_budget_keeps_whole_items_and_names_the_rest():
     assert ranked[:2] == ["flux2-qk-rmsnorm-rope", "flux2-qkv-norm-rope-epilogue"]  # pattern, engine, workload
     for name in ranked:
         # an entry is in whole, or named as left out: never cut
-        kernel = get_entry(name, STORE).patch_path.read_text().rstrip()
+        kernel = prompts.example_patch(get_entry(name, STORE))
         for text in (small, big):
             left = text[text.index("Left out for space"):] if "Left out for space" in text else ""
             assert (kernel in text) != (f"store entry {name} (" in left), name
     assert all(get_entry(n, STORE).kernel_files()[0].read_text().rstrip() in big for n in ranked[:2])
     lesson = load_lesson(LESSONS / "fallback-must-replay-the-unfused-ops.md")
     assert lesson.body in small  # lessons rank first
+
+
+def test_a_worked_example_names_the_kernel_file_its_patch_adds_instead_of_repeating_it(tmp_path):
+    import shutil
+
+    from bot.knowledge.store import get_entry, load_entry
+
+    e = get_entry("flux2-swiglu", STORE)
+    shown = prompts.example_patch(e)
+    assert "diff --git a/src/diffusers/models/optbot_kernels/swiglu.py" in shown
+    assert "(a new file: the text of swiglu.py above)" in shown
+    assert "transformer_flux2.py" in shown and "def swiglu" not in shown  # the engine edits stay whole
+    assert len(shown) < len(e.patch_path.read_text()) / 2
+    # a patch that adds a different text under the kernel's name is shown whole
+    d = tmp_path / e.id
+    shutil.copytree(e.path, d)
+    (d / "swiglu.py").write_text((d / "swiglu.py").read_text() + "# edited after the patch was made\n")
+    assert prompts.example_patch(load_entry(d)) == load_entry(d).patch_path.read_text().rstrip()
 
 
 def test_cpu_correctness_lesson_reaches_a_cuda_prompt_speed_lessons_stay_on_their_hardware():
