@@ -1,7 +1,9 @@
 """Configs of the QKV GEMM + norm + RoPE epilogue kernel at the workloads' shapes (gemm "cublas":
 F.linear then the epilogue kernel; gemm "triton": the GEMM inside the kernel), against
 cuBLAS running the same GEMM FLOPs (F.linear per stream, no epilogue) in the same process: how far
-the fused kernel is from the GEMM it replaces, per config. CUDA only.
+the fused kernel is from the GEMM it replaces, per config. CUDA only. (The 2026-12-04 results in
+benchmarks/results/h200-*-20261204/qkv-gemm-configs.txt were timed with a plain median of CUDA
+events, no L2 flush; the script now times with runner/timing.time_fn.)
 
     python benchmarks/qkv_gemm_configs.py [ENTRY ...]     # default: both qkv-norm-rope-epilogue entries
 
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from runner.timing import time_fn  # noqa: E402
 ENTRIES = ["qwen-image-qkv-norm-rope-epilogue", "flux2-qkv-norm-rope-epilogue"]
 # gemm "cublas": F.linear, then the epilogue kernel (no K loop): per program block_m rows x one head
 # ("per-head") or x all heads of q, k or v ("row-block")
@@ -39,19 +43,10 @@ def _load(path: Path, name: str):
     return mod
 
 
-def _ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
+def _ms(fn) -> float:
+    """Median of 20 timed calls after 3 warm-ups, L2 flushed before each (runner/timing.time_fn, as
+    the store's microbenchmarks time kernels)."""
+    return time_fn(fn, "cuda", warmup=3, iters=20).median_ms
 
 
 def main(entries: list[str]) -> None:

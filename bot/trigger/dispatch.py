@@ -110,11 +110,12 @@ class Conversation:
         """The address of an earlier comment whose run with cmd's run_key (workload, engine, recipe) is
         still going, or ""."""
         comments = self.forge.call("list comments", lambda: list(self.issue().get_comments()))
+        key = cmd.run_key()
         for c in reversed(comments):  # newest first
             if c.id >= self.event.comment_id or c.user is None or c.user.type == "Bot":
                 continue
             p = parse(c.body or "")
-            if p.command is None or p.command.run_key() != cmd.run_key():
+            if p.command is None or p.command.run_key() != key:
                 continue
             made = c.created_at if c.created_at.tzinfo else c.created_at.replace(tzinfo=timezone.utc)
             if now - made.timestamp() > RUN_WINDOW_S:

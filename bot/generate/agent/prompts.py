@@ -109,11 +109,12 @@ def example_patch(e) -> str:
     out = []
     for section in re.split(r"(?m)^(?=diff --git )", e.patch_path.read_text()):
         head, _, body = section.partition("\n@@ ")
-        name = head.split("\n", 1)[0].rsplit("/", 1)[-1]
+        first = head.split("\n", 1)[0]  # diff --git a/PATH b/PATH
+        name = first.rsplit("/", 1)[-1]
         if "--- /dev/null" in head and name in kernels:
             added = "".join(line[1:] + "\n" for line in ("@@ " + body).splitlines()[1:] if line.startswith("+"))
             if added == kernels[name]:
-                out.append(f"{head.split(chr(10), 1)[0]}\n(a new file: the text of {name} above)\n")
+                out.append(f"{first}\n(a new file: the text of {name} above)\n")
                 continue
         out.append(section)
     return "".join(out).rstrip()
