@@ -25,13 +25,15 @@ sys.path.insert(0, str(ROOT))
 from runner.timing import time_fn  # noqa: E402
 ENTRIES = ["qwen-image-qkv-norm-rope-epilogue", "flux2-qkv-norm-rope-epilogue"]
 # gemm "cublas": F.linear, then the epilogue kernel (no K loop): per program block_m rows x one head
-# ("per-head") or x all heads of q, k or v ("row-block")
-CONFIGS = [dict(gemm="cublas", epilogue=ep, block_m=bm, num_warps=nw)
-           for ep, bm, nw in itertools.product(("per-head", "row-block"), (32, 64, 128), (4, 8))]
-# gemm "triton": the GEMM in the kernel (those that fit the H200's shared memory, 2026-12-04)
-CONFIGS += [dict(gemm="triton", block_m=bm, block_k=bk, group_m=8, num_stages=st, num_warps=nw)
-            for bm, bk, st, nw in itertools.product((64, 128, 256), (64, 128), (3, 4), (4, 8))
-            if not (bm == 256 and nw == 4) and not (bm == 64 and nw == 8) and not (bk == 128 and (st == 4 or bm == 256))]
+# ("per-head") or x block_h heads of q, k or v ("row-block", a 3-D tile)
+CONFIGS = [dict(gemm="cublas", epilogue="per-head", block_m=bm, num_warps=nw)
+           for bm, nw in itertools.product((32, 64, 128), (4, 8))]
+CONFIGS += [dict(gemm="cublas", epilogue="row-block", block_m=bm, block_h=bh, num_warps=nw)
+            for bm, bh, nw in itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (4, 8)) if bm * bh <= 256]
+# gemm "triton": the GEMM in the kernel; its best configs of 2026-12-04 (qkv-gemm-configs.txt there:
+# all 16 lost to gemm "cublas" by 0.14-0.34 ms)
+CONFIGS += [dict(gemm="triton", block_m=128, block_k=64, group_m=8, num_stages=4, num_warps=8),
+            dict(gemm="triton", block_m=128, block_k=64, group_m=8, num_stages=3, num_warps=4)]
 
 
 def _load(path: Path, name: str):
@@ -65,18 +67,32 @@ def main(entries: list[str]) -> None:
         rows = []
         print(f"{eid} {shape}: cuBLAS GEMMs {cublas:.3f} ms ({flop / cublas / 1e9:.0f} TFLOP/s), "
               f"unfused reference {ref_ms:.3f} ms, DEFAULT_CONFIG {op.DEFAULT_CONFIG}", flush=True)
+        # the epilogue alone (norm_rope on the linears' outputs): bytes = [M, 3*H*D] read + written once,
+        # cos/sin [S, D] fp32 read once: its bound at the copy ceiling
+        ys = (F.linear(x_txt, w_txt, b_txt), F.linear(x_img, w_img, b_img))
+        epi_args = inputs[6:]
+        epi_bytes = 2 * sum(y.numel() * y.element_size() for y in ys) + 2 * inputs[10].numel() * 4
         for cfg in CONFIGS:
             try:
                 out = op.qkv_norm_rope(*inputs, **cfg)
                 diff = (out.float() - base.float()).abs().max().item()
                 ms = _ms(lambda: op.qkv_norm_rope(*inputs, **cfg))
+                row = {**cfg, "ms": round(ms, 4), "tflops": round(flop / ms / 1e9, 1), "max_diff_vs_default": diff}
+                if cfg["gemm"] == "cublas":
+                    kw = {k: cfg[k] for k in ("block_m", "num_warps", "epilogue", "block_h") if k in cfg}
+                    epi = _ms(lambda: op.norm_rope(*ys, *epi_args, **kw))
+                    row.update(epilogue_ms=round(epi, 4), epilogue_gbps=round(epi_bytes / epi / 1e6, 1))
             except Exception as e:  # noqa: BLE001 - out of shared memory and the like: the row says so
                 print(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 continue
-            rows.append({**cfg, "ms": round(ms, 4), "tflops": round(flop / ms / 1e9, 1), "max_diff_vs_default": diff})
-            print(f"  {cfg}: {ms:.3f} ms, {flop / ms / 1e9:.0f} TFLOP/s, max |diff| vs default {diff:.3g}", flush=True)
+            rows.append(row)
+            epi_txt = (f", epilogue alone {row['epilogue_ms']:.3f} ms ({row['epilogue_gbps']:.0f} GB/s)"
+                       if "epilogue_ms" in row else "")
+            print(f"  {cfg}: {ms:.3f} ms, {flop / ms / 1e9:.0f} TFLOP/s{epi_txt}, max |diff| vs default {diff:.3g}",
+                  flush=True)
         best = min(rows, key=lambda r: r["ms"])
         summary[eid] = {"shape": shape, "cublas_ms": round(cublas, 4), "reference_ms": round(ref_ms, 4),
+                        "epilogue_bytes": epi_bytes,
                         "default": op.DEFAULT_CONFIG, "best": best, "rows": rows}
         del sys.modules["qkv_norm_rope_gemm"]
     summary["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -74,9 +74,21 @@ def test_kernel_matches_reference(shape, dtype, atol, rtol, gemm, epilogue):
         assert op.last_path() == ("triton" if op.triton is not None and (inputs[1].is_cuda or TRITON_INTERPRET) else "torch")
 
 
+@pytest.mark.parametrize("block_h", [1, 2, 4])
+def test_row_block_heads_per_program(block_h):
+    """The row-block epilogue's 3-D tile: block_h heads per program, three heads so that a program's
+    last heads fall past H (masked) for block_h 2 and 4; the same values as the per-head grid."""
+    inputs = make_inputs((2, 3, 13, 40, 3, 32), "float32", "cuda" if torch.cuda.is_available() else "cpu", 0)
+    out = kernel(*inputs, gemm="cublas", epilogue="row-block", block_h=block_h, block_m=16)
+    torch.testing.assert_close(out, reference(*inputs), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, kernel(*inputs, gemm="cublas", epilogue="per-head", block_m=16), atol=0, rtol=0)
+
+
 def test_unknown_configs_are_refused():
     with pytest.raises(ValueError, match="gemm must be one of"):
         kernel(*make_inputs(SHAPES[0], "float32", "cpu", 0), gemm="cutlass")
+    with pytest.raises(ValueError, match="block_h must be a power of 2"):
+        kernel(*make_inputs(SHAPES[0], "float32", "cpu", 0), epilogue="row-block", block_h=3)
     with pytest.raises(ValueError, match="epilogue must be one of"):
         op.norm_rope(*make_inputs(SHAPES[0], "float32", "cpu", 0)[:2], *make_inputs(SHAPES[0], "float32", "cpu", 0)[6:],
                      epilogue="per-row")

@@ -69,12 +69,12 @@ _OP_NAME = "qwen_qkv_norm_rope_gemm"  # optbot::<name>, one per store entry
 # Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head). block_k,
 # group_m and num_stages only matter for gemm "triton" (its best on the H200: block_m 128, block_k 128,
 # num_stages 3, num_warps 8: benchmarks/results/h200-qwen-modes-20261204/qkv-gemm-configs.txt).
-DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "per-head", "block_m": 64, "block_k": 128, "group_m": 8, "num_stages": 3,
-                  "num_warps": 4}
+DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "per-head", "block_m": 64, "block_h": 4, "block_k": 128, "group_m": 8,
+                  "num_stages": 3, "num_warps": 4}
 GEMMS = ("cublas", "triton")
-# gemm "cublas" and norm_rope only: one program per row block x head ("per-head", measured), or per
-# row block x q/k/v looping over the heads ("row-block": cos/sin read once per row block; not yet
-# measured on a GPU)
+# gemm "cublas" and norm_rope only: one program per row block x head of q, k or v ("per-head"), or
+# per row block x block_h heads ("row-block", a 3-D tile: cos/sin read once per block_h heads, rows
+# of block_h * D contiguous values); block_h: a power of 2, row-block only
 EPILOGUES = ("per-head", "row-block")
 
 
@@ -165,31 +165,52 @@ if triton is not None:
     @triton.jit
     def _norm_rope_rows_kernel(Y, NQ, NK, COS, SIN, OUT, M, S, H, seq_off, eps_q, eps_k,
                                sym, so3, sob, sos, soh, scs,
-                               D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr,
-                               ROUND: tl.constexpr, ROUND_BEFORE_W: tl.constexpr):
-        """The epilogue "row-block": one program per BLOCK_M rows of q, k or v (program_id 1) and every
-        head, so the rows' cos/sin (fp32, 4x the bytes of a bf16 head) are read once, not once per head."""
+                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NW: tl.constexpr,
+                               HAS_ROPE: tl.constexpr, ROUND: tl.constexpr, ROUND_BEFORE_W: tl.constexpr):
+        """The epilogue "row-block": one program per BLOCK_M rows x BLOCK_H heads of q, k or v (a 3-D tile),
+        so the rows' cos and sin (fp32: together four times the bytes of a bf16 head) are read once per BLOCK_H heads,
+        not once per head, and a row's loads and stores are BLOCK_H * D contiguous values."""
         pid_m = tl.program_id(0)
-        which = tl.program_id(1)
+        pid_n = tl.program_id(1)  # = which * cdiv(H, BLOCK_H) + head block
+        n_hb = tl.cdiv(H, BLOCK_H)
+        which = pid_n // n_hb  # 0 q, 1 k, 2 v
+        hs = (pid_n % n_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = (rm < M)[:, None]
-        rm_ld = rm % M
+        rm_ld = rm % M  # rows past M load a valid row; they are never stored
         rn = tl.arange(0, D)
+        hmask = hs < H
+        hs_ld = tl.where(hmask, hs, 0)
         b_idx = rm // S
         s_idx = rm % S
-        if HAS_ROPE:  # v programs load nothing (the mask)
-            qk = (rm < tl.where(which < 2, M, 0))[:, None]
-            c = tl.load(COS + (s_idx * scs)[:, None] + rn[None, :], mask=qk, other=0.0)
-            sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=qk, other=0.0)
-        for h in range(0, H):
-            acc = tl.load(Y + rm_ld[:, None] * sym + ((which * H + h) * D + rn)[None, :]).to(tl.float32)
-            if which < 2:
-                acc = _rms_rows(acc, which, eps_q, eps_k, NQ, NK, rn, D, HAS_NW, ROUND, ROUND_BEFORE_W,
-                                OUT.dtype.element_ty)
-                if HAS_ROPE:
-                    acc = _rotate_pairs(acc, c, sn, BLOCK_M, D)
-            op = OUT + which * so3 + (b_idx * sob + (seq_off + s_idx) * sos + h * soh)[:, None] + rn[None, :]
-            tl.store(op, acc.to(OUT.dtype.element_ty), mask=rmask)
+        acc = tl.load(Y + rm_ld[:, None, None] * sym + ((which * H + hs_ld) * D)[None, :, None]
+                      + rn[None, None, :]).to(tl.float32)
+        if which < 2:
+            DT = OUT.dtype.element_ty
+            ms = tl.sum(acc * acc, axis=2) / D
+            if which == 0:
+                r = 1.0 / tl.sqrt(ms + eps_q)
+            else:
+                r = 1.0 / tl.sqrt(ms + eps_k)
+            acc = acc * r[:, :, None]
+            if ROUND_BEFORE_W:  # diffusers' RMSNorm casts to the weight's half dtype before the multiply
+                acc = acc.to(DT).to(tl.float32)
+            if HAS_NW:
+                if which == 0:
+                    nw = tl.load(NQ + rn).to(tl.float32)
+                else:
+                    nw = tl.load(NK + rn).to(tl.float32)
+                acc = acc * nw[None, None, :]
+            if ROUND:  # the unfused RMSNorm stores the normalized tensor in the activation dtype
+                acc = acc.to(DT).to(tl.float32)
+            if HAS_ROPE:
+                c = tl.load(COS + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
+                sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
+                ev, od = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_H, D // 2, 2)))
+                rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, BLOCK_H, D))
+                acc = acc * c[:, None, :] + rot * sn[:, None, :]
+        op = (OUT + which * so3 + (b_idx * sob + (seq_off + s_idx) * sos)[:, None, None] + (hs * soh)[None, :, None]
+              + rn[None, None, :])
+        tl.store(op, acc.to(OUT.dtype.element_ty), mask=(rm < M)[:, None, None] & hmask[None, :, None])
 
     @triton.jit
     def _qkv_norm_rope_gemm_kernel(X, W, Y, BIAS, NQ, NK, COS, SIN, OUT,
@@ -317,11 +338,11 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
     rounds = dict(ROUND=x.dtype != torch.float32, ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None
                   and norm_q.dtype in (torch.float16, torch.bfloat16))
     if from_y and cfg["epilogue"] == "row-block":
-        _norm_rope_rows_kernel[(triton.cdiv(M, cfg["block_m"]), 3)](
+        _norm_rope_rows_kernel[(triton.cdiv(M, cfg["block_m"]), 3 * triton.cdiv(heads, cfg["block_h"]))](
             y, norm_q if norm_q is not None else y, norm_k if norm_k is not None else y, cos if has_rope else y,
             sin if has_rope else y, out, M, S, heads, seq_offset, float(eps_q), float(eps_k),
             y.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3), cos.stride(0) if has_rope else 0,
-            D=D, BLOCK_M=cfg["block_m"], HAS_NW=norm_q is not None, HAS_ROPE=has_rope, **rounds,
+            D=D, BLOCK_M=cfg["block_m"], BLOCK_H=cfg["block_h"], HAS_NW=norm_q is not None, HAS_ROPE=has_rope, **rounds,
             num_warps=cfg["num_warps"])
         return
     grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
@@ -349,12 +370,12 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
            nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
            cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
            ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, block_k: int, group_m: int,
-           num_stages: int, num_warps: int, gemm: str, epilogue: str) -> torch.Tensor:
+           num_stages: int, num_warps: int, gemm: str, epilogue: str, block_h: int) -> torch.Tensor:
     """The op: both streams into one new [3, B, S_txt + S_img, H, D] (text first)."""
     s_txt = 0 if x_txt is None else x_txt.shape[1]
     out = torch.empty(_joint_shape(x_txt, x_img, w_img, heads), dtype=x_img.dtype, device=x_img.device)
     cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps,
-           "gemm": gemm, "epilogue": epilogue}
+           "gemm": gemm, "epilogue": epilogue, "block_h": block_h}
     if x_txt is not None:
         _stream_into(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg)
@@ -367,12 +388,12 @@ def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optiona
              nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
              cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
              ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, num_warps: int,
-             epilogue: str) -> torch.Tensor:
+             epilogue: str, block_h: int) -> torch.Tensor:
     """The op of norm_rope: both streams' projection outputs into one new [3, B, S_txt + S_img, H, D]."""
     s_txt = 0 if y_txt is None else y_txt.shape[1]
     D = y_img.shape[-1] // (3 * heads)
     out = torch.empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, D), dtype=y_img.dtype, device=y_img.device)
-    cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps, "epilogue": epilogue}
+    cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps, "epilogue": epilogue, "block_h": block_h}
     if y_txt is not None:
         _stream_into(None, None, None, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg, y=y_txt)
@@ -419,11 +440,11 @@ _OP_Y = _register_y()
 
 def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads,
                   norm_style="torch", rope_style="real", block_m=None, block_k=None, group_m=None, num_stages=None,
-                  num_warps=None, gemm=None, epilogue=None):
+                  num_warps=None, gemm=None, epilogue=None, block_h=None):
     """Both streams of a joint-attention block: returns q, k, v stacked, [3, B, S_txt + S_img, H, D]
     (text first), a new tensor. cos, sin: [S_txt + S_img, D] or None; eps: one float, or (q_txt,
-    k_txt, q_img, k_img). gemm ("cublas" or "triton"), epilogue (EPILOGUES), block_m, block_k, group_m,
-    num_stages, num_warps: the config (None: DEFAULT_CONFIG's)."""
+    k_txt, q_img, k_img). gemm ("cublas" or "triton"), epilogue (EPILOGUES), block_m, block_h, block_k,
+    group_m, num_stages, num_warps: the config (None: DEFAULT_CONFIG's)."""
     global _last_path
     if _aside():
         _last_path = "torch"
@@ -431,10 +452,11 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
                          norm_style, rope_style)
     eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
     cfg = dict(DEFAULT_CONFIG)
-    for key, val in (("block_m", block_m), ("block_k", block_k), ("group_m", group_m),
+    for key, val in (("block_m", block_m), ("block_h", block_h), ("block_k", block_k), ("group_m", group_m),
                      ("num_stages", num_stages), ("num_warps", num_warps)):
         if val is not None:
             cfg[key] = int(val)
+    _check_block_h(cfg["block_h"])
     cfg.update(_choice("gemm", gemm, GEMMS), **_choice("epilogue", epilogue, EPILOGUES))
     D = w_img.shape[0] // (3 * heads)
     paths = [_stream_takes_triton(x_img, D, nq_img, nk_img)]
@@ -446,11 +468,12 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
     # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
     return (_OP if torch.compiler.is_compiling() else _joint)(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t),
                float(ek_t), float(eq_i), float(ek_i), int(heads), norm_style, rope_style, cfg["block_m"],
-               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"], cfg["epilogue"])
+               cfg["block_k"], cfg["group_m"], cfg["num_stages"], cfg["num_warps"], cfg["gemm"], cfg["epilogue"],
+               cfg["block_h"])
 
 
 def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
-              rope_style="real", block_m=None, num_warps=None, epilogue=None):
+              rope_style="real", block_m=None, num_warps=None, epilogue=None, block_h=None):
     """The epilogue alone, for projections the engine ran itself (a quantized linear): y_txt, y_img are
     the outputs [B, S, 3*H*D] of the merged q|k|v projections (bias included); returns q, k, v stacked,
     [3, B, S_txt + S_img, H, D] (text first), as qkv_norm_rope does."""
@@ -463,9 +486,10 @@ def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads
     bm = DEFAULT_CONFIG["block_m"] if block_m is None else int(block_m)
     nw = DEFAULT_CONFIG["num_warps"] if num_warps is None else int(num_warps)
     ep = _choice("epilogue", epilogue, EPILOGUES).get("epilogue", DEFAULT_CONFIG["epilogue"])
+    bh = _check_block_h(DEFAULT_CONFIG["block_h"] if block_h is None else int(block_h))
     return (_OP_Y if torch.compiler.is_compiling() else _joint_y)(
         y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t), float(ek_t), float(eq_i), float(ek_i),
-        int(heads), norm_style, rope_style, bm, nw, ep)
+        int(heads), norm_style, rope_style, bm, nw, ep, bh)
 
 
 def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
@@ -484,6 +508,12 @@ def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, 
     if cos is not None and not per_stream:
         qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
     return torch.stack([qi, ki, vi])
+
+
+def _check_block_h(block_h: int) -> int:
+    if block_h < 1 or block_h & (block_h - 1):
+        raise ValueError(f"block_h must be a power of 2 (heads per program of the row-block epilogue), not {block_h}")
+    return block_h
 
 
 def _choice(key: str, value, allowed: tuple) -> dict:
