@@ -66,11 +66,14 @@ except ImportError:  # a CPU machine without triton: the torch path only
 _last_path = ""  # "triton" | "torch": which path the last call took (tests prove the kernel ran)
 _OP_NAME = "flux2_qkv_norm_rope_gemm"  # optbot::<name>, one per store entry
 
-# Hopper (H200, bf16 in, fp32 accumulate); BLOCK_N is the head dim (a tile holds one head). block_k,
+# Hopper (H200, bf16 in, fp32 accumulate). The default epilogue config is the one of 24 with the least
+# device time at Qwen-Image's shape (CUDA-graph replays, benchmarks/results/h200-qwen-epilogue-20261204/
+# qkv-gemm-configs.txt): row-block, block_m 16, block_h 2, 8 warps, 0.076 ms for both streams (2.3 TB/s)
+# against 0.089 for the per-head 64 x 4 warps default before; FLUX.2's shape 0.146 against 0.166. block_k,
 # group_m and num_stages only matter for gemm "triton" (its best on the H200: block_m 128, block_k 128,
 # num_stages 3, num_warps 8: benchmarks/results/h200-qwen-modes-20261204/qkv-gemm-configs.txt).
-DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "per-head", "block_m": 64, "block_h": 4, "block_k": 128, "group_m": 8,
-                  "num_stages": 3, "num_warps": 4}
+DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "row-block", "block_m": 16, "block_h": 2, "block_k": 128, "group_m": 8,
+                  "num_stages": 3, "num_warps": 8}
 GEMMS = ("cublas", "triton")
 # gemm "cublas" and norm_rope only: one program per row block x head of q, k or v ("per-head"), or
 # per row block x block_h heads ("row-block", a 3-D tile: cos/sin read once per block_h heads, rows
