@@ -50,7 +50,7 @@ case "$what" in
     ;;
   e2e-qwen)
     python3 -m bot store bench qwen-image-drop-all-ones-mask qwen-image-cfg-modulation-cache qwen-image-absorb-bias \
-      qwen-image-qkv-norm-rope-epilogue qwen-image-hoist-host-copies --device cuda --preset full \
+      qwen-image-qkv-norm-rope-epilogue qwen-image-hoist-host-copies qwen-image-linear-gelu-epilogue --device cuda --preset full \
       --rounds "$ROUNDS" --iters "$ITERS" --json "$OUT/store-bench-qwen-image.json" 2>&1 | tee "$OUT/store-bench-qwen-image.txt"
     ;;
   tune)

@@ -11,8 +11,6 @@ The loaders parse into dataclasses and raise ConfigError (file, key, value, expe
 anything malformed. docs/store.md has the formats.
 """
 
-# DESIGN decision 8: one vocabulary of opportunity kinds, shared by analyze, the store and lessons.
-OPPORTUNITY_KINDS = (
-    "merge-siblings", "fuse-norm-consumer", "absorb-bias", "cfg-invariant-cache", "hoist-constant",
-    "fuse-elementwise-chain", "attention-waste", "launch-bound",
-)
+# DESIGN decision 8: one vocabulary of opportunity kinds, shared by analyze, the store and lessons
+# (defined once, with the Opportunity type; that module imports nothing heavy).
+from bot.analyze.opportunity import KINDS as OPPORTUNITY_KINDS  # noqa: E402,F401

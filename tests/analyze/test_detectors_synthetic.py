@@ -139,6 +139,36 @@ def test_gemm_into_activation_and_gemm_is_not_absorb_bias(toy):
     assert kinds(a, "absorb-bias") == []
 
 
+# ---- fuse-gemm-epilogue ---------------------------------------------------------------------
+def test_linear_into_activation_is_a_gemm_epilogue(toy):
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i, self.o = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            return self.o(F.gelu(self.i(pixels), approximate="tanh"))
+
+    a, _ = toy(Mlp(), [{"pixels": torch.randn(1, 8, 16)}], only=["fuse-gemm-epilogue"])
+    (f,) = kinds(a, "fuse-gemm-epilogue")
+    assert f["detail"] == "gemm+gelu" and f["facts"] == {"activation": "gelu", "approximate": "tanh", "gemm_has_bias": True}
+
+
+def test_activation_of_a_shared_or_weightless_gemm_is_not_an_epilogue(toy):
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i = nn.Linear(16, 16)
+
+        def forward(self, pixels, words=None, tau=None):
+            h = self.i(pixels)
+            s = torch.matmul(pixels, pixels.transpose(-1, -2))  # two activations: no weight to fuse with
+            return F.silu(h) + h + torch.relu(s).sum()  # h is read twice: its store stays
+
+    a, _ = toy(Shared(), [{"pixels": torch.randn(1, 8, 16)}], only=["fuse-gemm-epilogue"])
+    assert kinds(a, "fuse-gemm-epilogue") == []
+
+
 # ---- cfg-invariant-cache -------------------------------------------------------------------
 def test_timestep_only_modulation_recomputed_in_second_pass(toy):
     a, g = toy(Contraption(), [inputs(0), inputs(0, prompt_seed=7)], only=["cfg-invariant-cache"])
