@@ -52,6 +52,7 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
             f"· {meta['dtype']} · shape {meta['shape']} · engine {meta['engine']} @ {p['env']['engine_sha'][:12]}")
     c.print(f"measured on: {device_label(p)} · torch {p['env']['torch']} · triton {p['env']['triton']}")
     c.print(f"latency: {_lat(p)}")
+    c.print(f"mode: {_mode(p)}")
     idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.2f} ms (profiled: {p['profiled_idle_ms']:.2f} ms)"
     if p["device"] == "cpu":
         c.print("note: on cpu the profiled step includes Python and profiler overhead between ops; "
@@ -83,6 +84,12 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
             f"achieved {_fmt(r['memory_bound_pct_of_peak'])}% of copy bandwidth")
 
 
+def _mode(p: dict) -> str:
+    """The production mode the step ran in (a profile from before modes says nothing: eager)."""
+    mode = p.get("mode", "eager")
+    return mode + (f" ({p['compiled']})" if p.get("compiled") else "")
+
+
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x}"
 
@@ -96,6 +103,7 @@ def markdown(p: dict, meta: dict) -> str:
         "",
         f"- measured on: **{device_label(p)}**, dtype {meta['dtype']}, shape {meta['shape']}",
         f"- latency: {_lat(p)}",
+        f"- mode: {_mode(p)}",
         f"- step: {p['total_ms']:.3f} ms unprofiled, {p['profiled_span_ms']:.3f} ms under the profiler, {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'}, "
         f"idle between kernels: {idle}",
         f"- engine: {meta['engine']} @ `{env['engine_sha']}` (model loaded from `{env['engine_file']}`)",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,25 @@ def test_bad_device_and_no_cuda():
 def test_help_teaches():
     r = optbot("profile", "--help")
     assert r.returncode == 0 and "Examples" in r.stdout and "--preset" in r.stdout and "--engine" in r.stdout
+
+
+def test_profile_in_a_compile_mode(diffusers_engine, tmp_path):
+    """--mode compile: the step is timed and profiled compiled (inductor's kernels, on CPU its C++
+    ones), and the report says which mode and recipe; the eager FLOPs are the same work."""
+    out = tmp_path / "c.json"
+    r = optbot("profile", "flux2", "--mode", "compile", "--iters", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mode: compile (regional (compile_repeated_blocks))" in r.stdout
+    p = json.loads(out.read_text())
+    assert p["mode"] == "compile" and p["compiled"].startswith("regional")
+    assert "- mode: compile (regional" in out.with_suffix(".md").read_text()
+    assert p["roofline"]["linear_tflop"] > 0
+    # inductor's generated code ran (on CPU its regions show as such), and every block's work is
+    # attributed to the compiled block as a whole: no module inside a block ran eagerly
+    assert any(k["name"].startswith("Torch-Compiled Region") for k in p["kernels"]), [k["name"] for k in p["kernels"][:10]]
+    in_blocks = [k["module"] for k in p["kernels"] if "transformer_blocks" in k["module"]]
+    assert in_blocks and all(re.fullmatch(r"(single_)?transformer_blocks\.\d+", m) for m in in_blocks), in_blocks
+
+
+def test_unknown_mode():
+    _assert_clean_error(optbot("profile", "flux2", "--mode", "compile:fast"), "unknown mode 'compile:fast'", "--mode")

@@ -35,9 +35,11 @@ class Result:
         return json.loads(Path(self.profile_file).read_text())
 
 
-def profile_base(t: Target, worktree: Path | str, out_dir: Path, iters: int, timeout_s: float = 3600) -> dict:
-    """The runner's profile of one step of `worktree` (warm-up 2, `iters` timed steps)."""
-    return run_ok(t, "profile", Path(worktree), out_dir, timeout_s, iters=iters, warmup=2)
+def profile_base(t: Target, worktree: Path | str, out_dir: Path, iters: int, timeout_s: float = 3600,
+                 mode: str = "eager") -> dict:
+    """The runner's profile of one step of `worktree` (warm-up 2, `iters` timed steps) in `mode`
+    (runner/modes.py; the optimize run's profile is eager: the analyzer maps kernels to module ops)."""
+    return run_ok(t, "profile", Path(worktree), out_dir, timeout_s, iters=iters, warmup=2, params={"mode": mode})
 
 
 def run(ctx: RunContext) -> Result:

@@ -1,21 +1,30 @@
 """The profile job: time the step, count its FLOPs, profile it, measure the ceilings, and put the
-roofline figures together."""
+roofline figures together.
+
+params:
+  mode   the production mode the step is timed and profiled in (runner/modes.py; default eager). Under
+         a compile mode the kernels are inductor's (its fused Triton kernels, the extern GEMMs), each
+         attributed to the compiled block as a whole (runner/profiler.attach_module_ranges); a graph
+         mode's replay runs no module code, so its kernels are attributed to no module.
+"""
 from __future__ import annotations
-
-
 
 from runner import env as envmod
 from runner import peaks
 from runner.harness import prepare_first_step, step_passes
+from runner.modes import ModeWalk
 from runner.profiler import count_flops, profile_step
 from runner.timing import time_fn
 
 
 def run(job) -> dict:
     built, step, shape, out_dir = prepare_first_step(job)
-    latency = time_fn(step, job.device, warmup=job.warmup, iters=job.iters)
-    flops = count_flops(step)
-    prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
+    mode = job.params.get("mode", "eager")
+    flops = count_flops(step)  # of the eager step: the same work in every mode
+    walk = ModeWalk(built.model, step, job.device, job.warmup)
+    timed = walk.callable(mode)
+    latency = time_fn(timed, job.device, warmup=job.warmup, iters=job.iters)
+    prof = profile_step(built.model, timed, job.device, out_dir / "trace.json.gz")
     ceil = peaks.measure(job.device, built.dtype)
     passes = step_passes(job.workload)
     cats = prof["categories"]
@@ -58,6 +67,8 @@ def run(job) -> dict:
         "peaks": ceil,
         "roofline": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in roofline.items()},
         "params": sum(p.numel() for p in built.model.parameters()),
+        "mode": mode,
+        "compiled": walk.how,
         "trace": str(out_dir / "trace.json.gz"),
         "env": envmod.capture(job.device, job.engine_sha, built.engine_file),
     }
