@@ -6,7 +6,9 @@
 # Carry .whl/ (the diffusers sdist, gitpython). The pinned engine is materialized, cloned to /tmp,
 # the patch committed there, and analyzed as the fork `diffusers=/tmp/...`.
 # Writes analyze-<workload>-patched.{json,md,txt} and profile-<workload>-patched.json under $RES (default benchmarks/results/h200-<date>/),
-# and copies them to $OUT when set.
+# and copies them to $OUT when set. MODE=compile (any production mode): `optbot profile --mode MODE` of
+# the patched engine instead (no analysis: the analyzer reads eager profiles), written as
+# profile-<workload>-patched-<mode>.{json,md,txt}.
 set -euo pipefail
 wl=$1 patch=$2; shift 2
 RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
@@ -22,6 +24,15 @@ rm -rf "$fork" && git clone -q "$src" "$fork"
 git -C "$fork" apply --index "$PWD/$patch"
 git -C "$fork" -c user.name=optbot -c user.email=optbot@localhost commit -qm "candidate: $patch"
 start=$(date +%s)
+if [ -n "${MODE:-}" ]; then
+  base="$RES/profile-$wl-patched-${MODE//[:+]/-}"
+  python3 -m bot profile "$wl" --engine "$engine=$fork" --preset "${PRESET:-full}" --device "${DEVICE:-cuda}" \
+    --mode "$MODE" --json "$base.json" "$@" > "$base.txt" 2>&1 && rc=0 || rc=$?
+  echo "profile $wl + $patch in $MODE: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$base.txt"
+  [ -n "${OUT:-}" ] && cp "$base".* "$OUT/" 2>/dev/null
+  tail -40 "$base.txt"
+  exit $rc
+fi
 python3 -m bot analyze "$wl" --engine "$engine=$fork" --preset "${PRESET:-full}" --device "${DEVICE:-cuda}" \
   --top 40 --json "$RES/analyze-$wl-patched.json" "$@" > "$RES/analyze-$wl-patched.txt" 2>&1 && rc=0 || rc=$?
 if [ $rc = 0 ]; then  # the profile behind the analysis (its kernel table and categories), beside it
