@@ -1,7 +1,8 @@
 """qwen-image-linear-gelu-epilogue (a patch-only entry: cuBLASLt's GELU epilogue is the kernel): on the
 patched engine's GELU module, the fused path gives the unfused values on the CPU and runs as the
 registered op (one node in the dispatch); a quantized-looking projection (a Linear subclass, a weight
-that is not a plain Parameter), a linear without bias and an exact-GELU module keep the unfused forward;
+that is not a plain Parameter), a linear without bias, an exact-GELU module and training (the op has no
+backward) keep the unfused forward;
 under torch.compile(fullgraph=True) the module is one optbot::linear_gelu_tanh node, no graph break.
 The store check validates the entry on the tiny Qwen-Image model; the CUDA path (torch._addmm_activation)
 is timed and checked on the H200 (benchmarks/gemm_gelu.py)."""
@@ -28,6 +29,7 @@ CHILD = textwrap.dedent('''
     from diffusers.models import activations as act
 
     torch.manual_seed(0)
+    torch.set_grad_enabled(False)  # inference, as a serving engine (and optbot's runner) runs the model
     calls = []
     real_op = act._OPTBOT_LINEAR_GELU
     act._OPTBOT_LINEAR_GELU = lambda *a: (calls.append(1), real_op(*a))[1]
@@ -57,6 +59,12 @@ CHILD = textwrap.dedent('''
         calls.clear()
         res[name] = {"equal": torch.equal(mod(x), unfused(mod, x)), "calls": len(calls)}
 
+    calls.clear()
+    with torch.enable_grad():  # training: the op has no backward, so the unfused path runs
+        t = act.GELU(8, 12, approximate="tanh")
+        t(x).sum().backward()
+        res["training"] = {"calls": len(calls), "grad": t.proj.weight.grad is not None}
+
     act._OPTBOT_LINEAR_GELU = real_op
     graphs = []
 
@@ -82,6 +90,7 @@ def test_fused_gelu_module_on_the_patched_engine(diffusers_engine, tmp_path):
     assert res["fused_equal"] and res["fused_calls"] == 1, res
     for name in ("subclass", "no_bias", "exact", "plain_tensor_weight"):
         assert res[name] == {"equal": True, "calls": 0}, (name, res[name])
+    assert res["training"] == {"calls": 0, "grad": True}, res["training"]
     assert res["compiled_equal"], res
     assert len(res["graphs"]) == 1 and "optbot.linear_gelu_tanh.default" in res["graphs"][0], res["graphs"]
     assert not any("gelu" in t and "optbot" not in t for t in res["graphs"][0]), res["graphs"]
