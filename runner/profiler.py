@@ -257,8 +257,8 @@ class _FlopCounter(torch.utils._python_dispatch.TorchDispatchMode):
         if base == "linear":  # seen whole (not decomposed) under inference_mode
             x, w = args[0], args[1]  # [..., K], [N, K]
             self.linear += 2 * (x.numel() // x.shape[-1]) * w.shape[1] * w.shape[0]
-        elif base in ("mm", "addmm", "_scaled_mm"):
-            a, b = (args[0], args[1]) if base != "addmm" else (args[1], args[2])
+        elif base in ("mm", "addmm", "_addmm_activation", "_scaled_mm"):  # _addmm_activation: GEMM + GELU/ReLU epilogue
+            a, b = (args[0], args[1]) if base not in ("addmm", "_addmm_activation") else (args[1], args[2])
             self.linear += 2 * a.shape[0] * a.shape[1] * b.shape[1]
         elif base in ("bmm", "baddbmm"):
             a, b = (args[0], args[1]) if base == "bmm" else (args[1], args[2])

@@ -133,3 +133,13 @@ def test_gpu_trace_attribution_via_correlation():
     assert p["launches"] == 2
     assert p["profiled_span_ms"] == pytest.approx(0.16) and p["busy_ms"] == pytest.approx(0.1)
     assert p["profiled_idle_ms"] == pytest.approx(0.06)
+
+
+def test_flops_of_a_gemm_with_an_activation_epilogue_are_counted():
+    """torch._addmm_activation (cuBLASLt's bias + GELU epilogue: qwen-image-linear-gelu-epilogue) is a
+    GEMM: the roofline must count it as addmm is counted."""
+    import torch
+
+    x, w, b = torch.randn(6, 8), torch.randn(16, 8), torch.randn(16)
+    f = count_flops(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True))
+    assert f == {"linear": 2 * 6 * 8 * 16, "attention": 0}
