@@ -1,14 +1,15 @@
 """One patch file for a stack of kernel-store entries, for `optbot bench --candidate` and
 `optbot validate --candidate` on a machine that has only the working tree:
 
-    python benchmarks/stack_patch.py WORKLOAD OUT.patch [--aside] ENTRY [ENTRY ...]
+    python benchmarks/stack_patch.py WORKLOAD OUT.patch [--aside] ENTRY[:aside] [ENTRY[:aside] ...]
 
 The entries are applied in the order given, each onto the last (bot/generate/replay.apply_entry,
 the replay step's own code: `git apply --3way`), in the workload's engine at its base. OUT.patch is
 the diff from the base to the stack's tip, after a message whose trailers name every entry and
 every declared kernel (the validator reads them: kernel checks, engagement), as one commit would.
 --aside writes UNDER_COMPILE = "reference" into every kernel file (replay.under_compile's choice,
-forced): the same stack with its kernels stepping aside under torch.compile, to bench beside it.
+forced): the same stack with its kernels stepping aside under torch.compile, to bench beside it;
+ENTRY:aside does it for that entry's kernels only.
 """
 from __future__ import annotations
 
@@ -27,10 +28,14 @@ def main(workload: str, out: str, entries: list[str], aside: bool = False) -> No
     t = resolve_target(workload, None, None, "full", "cpu")
     store = locate().kernel_store
     onto, adds, removes = t.checkout.base_sha, [], []
-    for i, eid in enumerate(entries):
+    for i, spec in enumerate(entries):
+        eid, _, flag = spec.partition(":")
+        if flag not in ("", "aside"):
+            sys.exit(f"{spec}: expected ENTRY or ENTRY:aside")
         e = get_entry(eid, store)
-        r = apply_entry(t.checkout, e, name=f"stack-{workload}-{i}-{eid}{'-aside' if aside else ''}", onto=onto,
-                        aside=("reference", "forced by stack_patch.py --aside") if aside and e.kernel_files() else ("op", ""))
+        this_aside = (aside or flag == "aside") and bool(e.kernel_files())
+        r = apply_entry(t.checkout, e, name=f"stack-{workload}-{i}-{eid}{'-aside' if this_aside else ''}", onto=onto,
+                        aside=("reference", "forced by stack_patch.py") if this_aside else ("op", ""))
         if r.status != "applied":
             sys.exit(f"{eid}: {r.status}: {r.reason}")
         onto = r.candidate.commit_sha
@@ -38,7 +43,7 @@ def main(workload: str, out: str, entries: list[str], aside: bool = False) -> No
         removes += e.removes_kernels
     wt = Path(r.worktree)
     diff = run_git(wt, "diff", "--no-color", t.checkout.base_sha, onto).stdout
-    trailers = make_trailers("none", "stack", adds, removes, ", ".join(entries))
+    trailers = make_trailers("none", "stack", adds, removes, ", ".join(e.partition(":")[0] for e in entries))
     msg = commit_message(f"optbot stack{' (kernels aside under compile)' if aside else ''}: {', '.join(entries)}",
                          f"{len(entries)} kernel-store entries applied in this order onto {t.checkout.base_sha[:12]}.",
                          trailers)
