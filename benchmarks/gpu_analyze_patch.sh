@@ -8,7 +8,8 @@
 # Writes analyze-<workload>-patched.{json,md,txt} and profile-<workload>-patched.json under $RES (default benchmarks/results/h200-<date>/),
 # and copies them to $OUT when set. MODE=compile (any production mode): `optbot profile --mode MODE` of
 # the patched engine instead (no analysis: the analyzer reads eager profiles), written as
-# profile-<workload>-patched-<mode>.{json,md,txt}.
+# profile-<workload>-patched-<mode>.{json,md,txt} (TRACE=1: and .trace.json.gz, the chrome trace: where the
+# host spends a compiled step's time).
 set -euo pipefail
 wl=$1 patch=$2; shift 2
 RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
@@ -29,6 +30,10 @@ if [ -n "${MODE:-}" ]; then
   python3 -m bot profile "$wl" --engine "$engine=$fork" --preset "${PRESET:-full}" --device "${DEVICE:-cuda}" \
     --mode "$MODE" --json "$base.json" "$@" > "$base.txt" 2>&1 && rc=0 || rc=$?
   echo "profile $wl + $patch in $MODE: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$base.txt"
+  if [ -n "${TRACE:-}" ] && [ $rc = 0 ]; then  # the chrome trace too (host ops and kernels on one timeline)
+    t=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['trace'])" "$base.json")
+    cp "$t" "$base.trace.json.gz"
+  fi
   [ -n "${OUT:-}" ] && cp "$base".* "$OUT/" 2>/dev/null
   tail -40 "$base.txt"
   exit $rc
