@@ -38,6 +38,7 @@ def command(workload, engine, ref, preset, device, json_path, quant, profile_pat
       merge-siblings          GEMMs reading the same input (Q/K/V) -> one GEMM
       fuse-norm-consumer      a norm feeding scale/shift/gate/residual -> one kernel
       absorb-bias             bias adds and gate/residual updates -> GEMM epilogue or add+norm
+      fuse-gemm-epilogue      a GEMM whose only consumer is an activation (GELU, ...) -> its epilogue
       cfg-invariant-cache     prompt-independent work redone in the second CFG pass -> cache
       hoist-constant          work on weights/constants (or per-request inputs) every step -> hoist
       fuse-elementwise-chain  >= 3 memory-bound ops in a row, gated activations -> one kernel
