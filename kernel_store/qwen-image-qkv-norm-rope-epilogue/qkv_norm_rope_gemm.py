@@ -77,7 +77,9 @@ DEFAULT_CONFIG = {"gemm": "cublas", "epilogue": "row-block", "block_m": 16, "blo
 GEMMS = ("cublas", "triton")
 # gemm "cublas" and norm_rope only: one program per row block x head of q, k or v ("per-head"), or
 # per row block x block_h heads ("row-block", a 3-D tile: cos/sin read once per block_h heads, rows
-# of block_h * D contiguous values); block_h: a power of 2, row-block only
+# of block_h * D contiguous values; one launch for both streams, where per-head launches once per stream:
+# the compiled Qwen-Image step is host-bound, benchmarks/results/h200-qwen-gelu-20261204/); block_h: a
+# power of 2, row-block only
 EPILOGUES = ("per-head", "row-block")
 
 
@@ -166,15 +168,25 @@ if triton is not None:
         return acc * c + rot * sn
 
     @triton.jit
-    def _norm_rope_rows_kernel(Y, NQ, NK, COS, SIN, OUT, M, S, H, seq_off, eps_q, eps_k,
-                               sym, so3, sob, sos, soh, scs,
+    def _norm_rope_rows_kernel(Y0, Y1, NQ0, NK0, NQ1, NK1, COS, SIN, OUT, M0, M1, S0, S1, OFF0, OFF1, COFF0, COFF1, H,
+                               eps_q0, eps_k0, eps_q1, eps_k1, sy0, sy1, so3, sob, sos, soh, scs,
                                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NW: tl.constexpr,
                                HAS_ROPE: tl.constexpr, ROUND: tl.constexpr, ROUND_BEFORE_W: tl.constexpr):
-        """The epilogue "row-block": one program per BLOCK_M rows x BLOCK_H heads of q, k or v (a 3-D tile),
-        so the rows' cos and sin (fp32: together four times the bytes of a bf16 head) are read once per BLOCK_H heads,
-        not once per head, and a row's loads and stores are BLOCK_H * D contiguous values."""
-        pid_m = tl.program_id(0)
+        """The epilogue "row-block", two streams in one launch: program_id 0 runs over segment 0's row
+        blocks (Y0: M0 = B*S0 rows, stored at joint positions OFF0 + s, cos/sin rows COFF0 + s) and then
+        segment 1's (Y1, M1 = B*S1, OFF1, COFF1); M0 = 0 for one stream. A program takes BLOCK_M rows x
+        BLOCK_H heads of q, k or v (a 3-D tile, program_id 1), so the rows' cos and sin (fp32: together
+        four times the bytes of a bf16 head) are read once per BLOCK_H heads, and a row's loads and stores
+        are BLOCK_H * D contiguous values."""
+        pid = tl.program_id(0)
         pid_n = tl.program_id(1)  # = which * cdiv(H, BLOCK_H) + head block
+        n0 = tl.cdiv(M0, BLOCK_M)
+        if pid < n0:  # a text row block
+            Y, NQ, NK, M, S, seq_off, cos_off, sy = Y0, NQ0, NK0, M0, S0, OFF0, COFF0, sy0
+            eps_q, eps_k, pid_m = eps_q0, eps_k0, pid
+        else:
+            Y, NQ, NK, M, S, seq_off, cos_off, sy = Y1, NQ1, NK1, M1, S1, OFF1, COFF1, sy1
+            eps_q, eps_k, pid_m = eps_q1, eps_k1, pid - n0
         n_hb = tl.cdiv(H, BLOCK_H)
         which = pid_n // n_hb  # 0 q, 1 k, 2 v
         hs = (pid_n % n_hb) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -185,7 +197,7 @@ if triton is not None:
         hs_ld = tl.where(hmask, hs, 0)
         b_idx = rm // S
         s_idx = rm % S
-        acc = tl.load(Y + rm_ld[:, None, None] * sym + ((which * H + hs_ld) * D)[None, :, None]
+        acc = tl.load(Y + rm_ld[:, None, None] * sy + ((which * H + hs_ld) * D)[None, :, None]
                       + rn[None, None, :]).to(tl.float32)
         if which < 2:
             DT = OUT.dtype.element_ty
@@ -206,8 +218,9 @@ if triton is not None:
             if ROUND:  # the unfused RMSNorm stores the normalized tensor in the activation dtype
                 acc = acc.to(DT).to(tl.float32)
             if HAS_ROPE:
-                c = tl.load(COS + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
-                sn = tl.load(SIN + (s_idx * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
+                pos = cos_off + s_idx
+                c = tl.load(COS + (pos * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
+                sn = tl.load(SIN + (pos * scs)[:, None] + rn[None, :], mask=(rm < M)[:, None], other=0.0)
                 ev, od = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_H, D // 2, 2)))
                 rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, BLOCK_H, D))
                 acc = acc * c[:, None, :] + rot * sn[:, None, :]
@@ -341,12 +354,7 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
     rounds = dict(ROUND=x.dtype != torch.float32, ROUND_BEFORE_W=norm_style == "diffusers" and norm_q is not None
                   and norm_q.dtype in (torch.float16, torch.bfloat16))
     if from_y and cfg["epilogue"] == "row-block":
-        _norm_rope_rows_kernel[(triton.cdiv(M, cfg["block_m"]), 3 * triton.cdiv(heads, cfg["block_h"]))](
-            y, norm_q if norm_q is not None else y, norm_k if norm_k is not None else y, cos if has_rope else y,
-            sin if has_rope else y, out, M, S, heads, seq_offset, float(eps_q), float(eps_k),
-            y.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3), cos.stride(0) if has_rope else 0,
-            D=D, BLOCK_M=cfg["block_m"], BLOCK_H=cfg["block_h"], HAS_NW=norm_q is not None, HAS_ROPE=has_rope, **rounds,
-            num_warps=cfg["num_warps"])
+        _rows([(y.view(B, S, -1), norm_q, norm_k, eps_q, eps_k, seq_offset, 0)], cos, sin, heads, out, norm_style, cfg)
         return
     grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
     _qkv_norm_rope_gemm_kernel[grid](
@@ -361,6 +369,61 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=not x.is_cuda and x.dtype != torch.float32,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+
+
+def _rows(segments, cos, sin, heads, out, norm_style, cfg) -> None:
+    """The row-block epilogue kernel, one launch for one or two streams. segments: [(y, nq, nk, eps_q, eps_k,
+    out_offset, table_offset)]: y the projection's output [B, S, 3*H*D], out_offset its first joint position
+    in `out` [3, B, S_joint, H, D], table_offset its first row in cos, sin ([rows, D], or None: no RoPE)."""
+    segs = [None] + list(segments) if len(segments) == 1 else list(segments)  # segment 0 may be empty (M0 = 0)
+    B = segs[1][0].shape[0]
+    flat = []
+    for sg in segs:
+        if sg is not None:
+            y, *rest = sg
+            y2 = y.reshape(B * y.shape[1], y.shape[-1])
+            flat.append((y2 if y2.stride(-1) == 1 else y2.contiguous(), y.shape[1], *rest))
+        else:
+            flat.append(None)
+    f0, f1 = flat
+    y1, S1, nq1, nk1, eq1, ek1, off1, toff1 = f1
+    y0, S0, nq0, nk0, eq0, ek0, off0, toff0 = f0 if f0 is not None else (y1, 0, nq1, nk1, 0.0, 0.0, 0, 0)
+    has_rope = cos is not None
+    if has_rope:  # no copy when the engine hands fp32 contiguous tables (it converts them once per forward)
+        cos = cos.to(device=y1.device, dtype=torch.float32).contiguous()
+        sin = sin.to(device=y1.device, dtype=torch.float32).contiguous()
+    ref = nq1 if nq1 is not None else y1  # a pointer for the arguments a config does not read
+    grid = (triton.cdiv(B * S0, cfg["block_m"]) + triton.cdiv(B * S1, cfg["block_m"]),
+            3 * triton.cdiv(heads, cfg["block_h"]))
+    _norm_rope_rows_kernel[grid](
+        y0, y1, ref if nq0 is None else nq0, ref if nk0 is None else nk0, ref if nq1 is None else nq1,
+        ref if nk1 is None else nk1, cos if has_rope else ref, sin if has_rope else ref, out,
+        B * S0, B * S1, max(S0, 1), S1, off0, off1, toff0, toff1, heads, float(eq0), float(ek0), float(eq1), float(ek1),
+        y0.stride(0), y1.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+        cos.stride(0) if has_rope else 0,
+        D=out.shape[-1], BLOCK_M=cfg["block_m"], BLOCK_H=cfg["block_h"], HAS_NW=nq1 is not None, HAS_ROPE=has_rope,
+        ROUND=y1.dtype != torch.float32,
+        ROUND_BEFORE_W=norm_style == "diffusers" and nq1 is not None and nq1.dtype in (torch.float16, torch.bfloat16),
+        num_warps=cfg["num_warps"])
+
+
+def _one_launch(t_txt, t_img, nq_txt, nk_txt, nq_img, nk_img, out, cfg) -> bool:
+    """Both streams in one launch of the row-block kernel: both take the Triton path, with the same
+    norm-weight presence (the kernel's HAS_NW) and dtype."""
+    if t_txt is None or cfg["epilogue"] != "row-block" or t_txt.dtype != t_img.dtype:
+        return False
+    D = out.shape[-1]
+    return (_stream_takes_triton(t_txt, D, nq_txt, nk_txt) and _stream_takes_triton(t_img, D, nq_img, nk_img)
+            and (nq_txt is None) == (nq_img is None))
+
+
+def _linear_rows(x, w, bias):
+    """gemm "cublas": the engine's own linear on [B*S, K] rows (bias in cuBLAS's epilogue, output in x's
+    dtype, as the unfused nn.Linear stores it), shaped back to [B, S, 3*H*D]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return F.linear(x2, w if w.stride(-1) == 1 else w.contiguous(), bias).view(*x.shape[:2], -1)
 
 
 def _joint_shape(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_img: torch.Tensor, heads: int) -> tuple:
@@ -379,6 +442,11 @@ def _joint(x_txt: Optional[torch.Tensor], x_img: torch.Tensor, w_txt: Optional[t
     out = torch.empty(_joint_shape(x_txt, x_img, w_img, heads), dtype=x_img.dtype, device=x_img.device)
     cfg = {"block_m": block_m, "block_k": block_k, "group_m": group_m, "num_stages": num_stages, "num_warps": num_warps,
            "gemm": gemm, "epilogue": epilogue, "block_h": block_h}
+    if gemm == "cublas" and _one_launch(x_txt, x_img, nq_txt, nk_txt, nq_img, nk_img, out, cfg):
+        _rows([(_linear_rows(x_txt, w_txt, b_txt), nq_txt, nk_txt, eq_t, ek_t, 0, 0),
+               (_linear_rows(x_img, w_img, b_img), nq_img, nk_img, eq_i, ek_i, s_txt, s_txt)], cos, sin, heads, out,
+              norm_style, cfg)
+        return out
     if x_txt is not None:
         _stream_into(x_txt, w_txt, b_txt, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg)
@@ -397,6 +465,10 @@ def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optiona
     D = y_img.shape[-1] // (3 * heads)
     out = torch.empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, D), dtype=y_img.dtype, device=y_img.device)
     cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps, "epilogue": epilogue, "block_h": block_h}
+    if _one_launch(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, out, cfg):
+        _rows([(y_txt, nq_txt, nk_txt, eq_t, ek_t, 0, 0), (y_img, nq_img, nk_img, eq_i, ek_i, s_txt, s_txt)],
+              cos, sin, heads, out, norm_style, cfg)
+        return out
     if y_txt is not None:
         _stream_into(None, None, None, nq_txt, nk_txt, eq_t, ek_t, None if cos is None else cos[:s_txt],
                      None if sin is None else sin[:s_txt], heads, out, 0, norm_style, rope_style, cfg, y=y_txt)

@@ -84,6 +84,18 @@ def test_row_block_heads_per_program(block_h):
     torch.testing.assert_close(out, kernel(*inputs, gemm="cublas", epilogue="per-head", block_m=16), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("epilogue", ["row-block", "per-head"])
+def test_one_stream_and_the_single_launch(epilogue):
+    """Without a text stream (x_txt None) the kernel runs one segment; with both streams the row-block
+    epilogue launches once for both: each matches the reference."""
+    inputs = list(make_inputs((2, 3, 13, 40, 3, 32), "float32", "cuda" if torch.cuda.is_available() else "cpu", 0))
+    inputs[0] = inputs[2] = inputs[4] = inputs[6] = inputs[7] = None  # x_txt, w_txt, b_txt, nq_txt, nk_txt
+    s_txt = 3
+    inputs[10], inputs[11] = inputs[10][s_txt:], inputs[11][s_txt:]  # the image positions' tables only
+    out = kernel(*inputs, gemm="cublas", epilogue=epilogue, block_m=16)
+    torch.testing.assert_close(out, reference(*inputs), atol=1e-4, rtol=1e-4)
+
+
 def test_unknown_configs_are_refused():
     with pytest.raises(ValueError, match="gemm must be one of"):
         kernel(*make_inputs(SHAPES[0], "float32", "cpu", 0), gemm="cutlass")
