@@ -191,3 +191,28 @@ def test_a_kernel_set_aside_runs_the_reference_under_compile_only(diffusers_engi
     assert seen["reference"]["optbot_ops"] == [] and seen["reference"]["path"] == "torch"
     assert seen["reference"]["under_compile"] == "reference" and seen["reference"]["max_abs"] == 0.0
     assert seen["reference"]["eager_path"] == seen["op"]["eager_path"] == "triton"
+
+
+def test_the_qwen_stack_with_the_gelu_epilogue_validates_engaged(diffusers_engine, tmp_path):
+    """Every Qwen-Image entry stacked, the GELU epilogue too, through the validator on the tiny preset
+    (two seeds, no speed): correct and engaged. Each entry alone passed; the stack once failed the
+    engagement check (the GELU entry's CPU GEMM ran inside the GELU module, where qwen-image-absorb-bias
+    declares the MLP's biased addmm gone)."""
+    import importlib.util
+    import json
+
+    from tests.test_cli_profile import ROOT, optbot
+
+    spec = importlib.util.spec_from_file_location("stack_patch", ROOT / "benchmarks" / "stack_patch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    patch = tmp_path / "qwen-stack.patch"
+    assert "qwen-image-linear-gelu-epilogue" in QWEN_SEEDS
+    mod.main("qwen-image", str(patch), list(QWEN_SEEDS))
+    out = tmp_path / "v.json"
+    r = optbot("validate", "qwen-image", "--candidate", str(patch), "--no-speed", "--seeds", "1,2", "--json", str(out),
+               timeout=1200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    v = json.loads(out.read_text())
+    assert v["status"] == "accepted", v.get("reason")
+    assert v["engagement"]["ok"] and not v["engagement"]["still_present"], v["engagement"]

@@ -1,5 +1,5 @@
 """qwen-image-linear-gelu-epilogue (a patch-only entry: cuBLASLt's GELU epilogue is the kernel): on the
-patched engine's GELU module, the fused path gives the unfused values on the CPU and runs as the
+patched engine's GELU module, the fused path gives the unfused values (to float32 rounding) on the CPU and runs as the
 registered op (one node in the dispatch); a quantized-looking projection (a Linear subclass, a weight
 that is not a plain Parameter), a linear without bias, an exact-GELU module and training (the op has no
 backward) keep the unfused forward;
@@ -40,7 +40,8 @@ CHILD = textwrap.dedent('''
     res = {}
     x = torch.randn(2, 5, 8)
     m = act.GELU(8, 12, approximate="tanh")
-    res["fused_equal"] = torch.equal(m(x), unfused(m, x))
+    # the CPU path's product and bias add are two ops (addmm is one): float32 rounding apart, no more
+    res["fused_equal"] = torch.allclose(m(x), unfused(m, x), rtol=1e-6, atol=1e-6)
     res["fused_calls"] = len(calls)
 
     class QuantLinear(nn.Linear):  # a quantized linear is its own class
@@ -73,7 +74,7 @@ CHILD = textwrap.dedent('''
         return gm
 
     c = torch.compile(m, backend=backend, fullgraph=True)
-    res["compiled_equal"] = torch.equal(c(x), unfused(m, x))
+    res["compiled_equal"] = torch.allclose(c(x), unfused(m, x), rtol=1e-6, atol=1e-6)
     res["graphs"] = graphs
     print(json.dumps(res))
 ''')
