@@ -167,7 +167,10 @@ if triton is not None:
         rot = tl.reshape(tl.join(-od, ev), (BLOCK_M, D))
         return acc * c + rot * sn
 
-    @triton.jit
+    # The segment's scalars are chosen by a runtime branch, so both branches must give one type: an int
+    # argument equal to 1 would otherwise be specialized into a constant on the GPU (one text token, a
+    # one-stream launch's placeholder S0) and differ from the other branch's runtime value.
+    @triton.jit(do_not_specialize=["M0", "M1", "S0", "S1", "OFF0", "OFF1", "COFF0", "COFF1"])
     def _norm_rope_rows_kernel(Y0, Y1, NQ0, NK0, NQ1, NK1, COS, SIN, OUT, M0, M1, S0, S1, OFF0, OFF1, COFF0, COFF1, H,
                                eps_q0, eps_k0, eps_q1, eps_k1, sy0, sy1, so3, sob, sos, soh, scs,
                                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, HAS_NW: tl.constexpr,
