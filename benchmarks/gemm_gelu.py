@@ -18,18 +18,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runner.timing import time_fn  # noqa: E402
+from runner.timing import capture_graph, time_fn  # noqa: E402
 
 SHAPES = {"img_mlp.net.0 (4096 tokens)": (4096, 3072, 12288), "txt_mlp.net.0 (512 tokens)": (512, 3072, 12288)}
 
 
 def graph_ms(fn) -> float:
-    fn(), fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return time_fn(g.replay, "cuda", warmup=3, iters=30).median_ms
+    """Device time of fn: its CUDA graph's replay (runner/timing.capture_graph), L2 flushed before each."""
+    return time_fn(capture_graph(fn), "cuda", warmup=3, iters=30).median_ms
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from runner.timing import time_fn  # noqa: E402
+from runner.timing import capture_graph, time_fn  # noqa: E402
 ENTRIES = ["qwen-image-qkv-norm-rope-epilogue", "flux2-qkv-norm-rope-epilogue"]
 # gemm "cublas": F.linear, then the epilogue kernel (no K loop): per program block_m rows x one head
 # ("per-head") or x block_h heads of q, k or v ("row-block", a 3-D tile)
@@ -54,14 +54,10 @@ def _ms(fn) -> float:
 
 
 def _graph_ms(fn) -> float:
-    """fn's device time: captured once into a CUDA graph (after two warm-up calls compile its Triton
-    kernels), then the replay timed as _ms times a call: no Python, no launch cost, L2 flushed."""
-    fn(), fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return _ms(g.replay)
+    """fn's device time: captured once into a CUDA graph (runner/timing.capture_graph, after warm-up
+    calls that compile its Triton kernels), the replay timed as _ms times a call: no Python, no launch
+    cost, L2 flushed."""
+    return _ms(capture_graph(fn))
 
 
 def main(entries: list[str]) -> None:
