@@ -15,9 +15,20 @@ export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home}" PYTHONUNBUFFERED=1
 mkdir -p "$OPTBOT_HOME/downloads" && cp -n .whl/*.tar.gz "$OPTBOT_HOME/downloads/" 2>/dev/null
 for f in .whl/*.whl.keep; do [[ -f "$f" ]] && cp -n "$f" "$OPTBOT_HOME/downloads/$(basename "${f%.keep}")"; done
 start=$(date +%s)
+# CLOCKS=1: log SM clock, power and throttle reasons every 200 ms beside the run; benchmarks/clocks.py
+# joins the log with each row's timed window (the JSON's rows[].window)
+if [ -n "${CLOCKS:-}" ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms 200 > "$RES/clocks-$wl-$tag.csv" 2>&1 &
+  smi=$!
+fi
 python3 -m bot bench "$wl" --preset full --device cuda "$@" --json "$RES/bench-$wl-$tag.json" > "$RES/bench-$wl-$tag.txt" 2>&1
 rc=$?
+if [ -n "${CLOCKS:-}" ]; then
+  kill "$smi" 2>/dev/null
+  python3 benchmarks/clocks.py "$RES/bench-$wl-$tag.json" "$RES/clocks-$wl-$tag.csv" | tee -a "$RES/bench-$wl-$tag.txt"
+fi
 echo "bench $wl $tag: exit $rc, $(( $(date +%s) - start )) s wall" | tee -a "$RES/bench-$wl-$tag.txt"
-[ -n "${OUT:-}" ] && cp "$RES"/bench-"$wl"-"$tag".* "$OUT/" 2>/dev/null
+[ -n "${OUT:-}" ] && cp "$RES"/bench-"$wl"-"$tag".* "$RES"/clocks-"$wl"-"$tag".* "$OUT/" 2>/dev/null
 tail -25 "$RES/bench-$wl-$tag.txt"
 exit $rc

@@ -10,6 +10,12 @@ layers take (dynamic per-token activation scales, per-channel weight scales). Me
 runs: a CUDA device of compute capability 8.9 or newer, and the CPU (where torch emulates it,
 slower than float32: the figure says so rather than flattering anything). Elsewhere it is None
 with the reason.
+
+With `sustained=True` on CUDA (bench's floor rows), also the matmul rate a dense step can hold: the
+DiT-like product back to back for about 3 s, no pauses, the median batch. An H200 kept busy runs
+into its 700 W power cap (nvidia-smi's throttle reason "SW power cap") and its SM clock drops from
+1980 to about 1600-1650 MHz (benchmarks/results/h200-qwen-aside-20261204/), so a compiled or
+graph-replayed step cannot reach the burst ceiling the first floor row uses.
 """
 from __future__ import annotations
 
@@ -67,7 +73,24 @@ def _fp8_mm(a, b, sa, sb):
     return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def measure(device: str, dtype: torch.dtype, fp8: bool = False) -> dict:
+def _sustained_rate(device: str, dtype: torch.dtype) -> tuple[float, tuple[int, int, int]]:
+    """TFLOP/s of the DiT-like product held for ~3 s without pauses: the median of 20 batches of 100
+    after 10 batches of warm-up (the power cap engages within the first second)."""
+    m, k, n = _shapes(True)[1]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(k, n, generator=g).to(device=device, dtype=dtype)
+    reps = 100
+
+    def batch():
+        for _ in range(reps):
+            torch.mm(a, b)
+
+    t = time_fn(batch, device, warmup=10, iters=20, flush_l2=False)
+    return reps * 2 * m * k * n / (t.median_ms * 1e-3) / 1e12, (m, k, n)
+
+
+def measure(device: str, dtype: torch.dtype, fp8: bool = False, sustained: bool = False) -> dict:
     is_cuda = device.startswith("cuda")
 
     def make(m, k, n, g):
@@ -94,6 +117,9 @@ def measure(device: str, dtype: torch.dtype, fp8: bool = False) -> dict:
         "copy_gbps": round(copy_reps * 2 * nbytes / (cp.min_ms * 1e-3) / 1e9, 1),
         "copy_bytes": nbytes,
     }
+    if sustained and is_cuda:
+        s_rate, s_shape = _sustained_rate(device, dtype)
+        out.update(matmul_sustained_tflops=round(s_rate, 2), matmul_sustained_shape=list(s_shape))
     if fp8:
         why = quant.fp8_unsupported(device)
         if not why:

@@ -41,11 +41,16 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert ("upstream+fp8", "compile") in rows
     assert "upstream+fp8: optbot emulation" in out.with_suffix(".md").read_text()
     assert "measured on cpu" in r.stdout
-    # the compile recipes ran, correct, and the fastest correct one is the bar every row is set against
+    # beside the judged distances, the evidence for the quantized tolerance: the FP8 upstream's compiled
+    # run against its own eager run (a trusted rewrite), each candidate against unquantized upstream
+    assert "vs upstream+fp8 eager: rel L2 noise_pred" in rows[("upstream+fp8", "compile")]["correctness"]
+    assert "vs upstream eager (unquantized): rel L2 noise_pred 0.07" in cand["correctness"]
+    # the compile recipes ran, correct; under --quant the bar is the quantized upstream's fastest compile
+    # row (what an FP8 user runs compiled), every row is set against it
     compiled = [rows[("upstream", m)] for m in ("compile", "compile:whole")]
     assert all(x["correct"] and x["median_ms"] for x in compiled), compiled
-    best = min(compiled, key=lambda x: x["median_ms"])
-    assert (b["best_compile_mode"], b["best_compile_ms"]) == (best["mode"], best["median_ms"])
+    best = rows[("upstream+fp8", "compile")]
+    assert (b["best_compile_mode"], b["best_compile_ms"]) == ("upstream+fp8 compile", best["median_ms"])
     honest = rows[("candidate:honest_merge_qkv", "compile")]
     assert honest["correct"] is True and honest["vs_compile"] == best["median_ms"] / honest["median_ms"]
     broken = "candidate:compile_only_crash"

@@ -81,7 +81,8 @@ def test_row_block_heads_per_program(block_h):
     inputs = make_inputs((2, 3, 13, 40, 3, 32), "float32", "cuda" if torch.cuda.is_available() else "cpu", 0)
     out = kernel(*inputs, gemm="cublas", epilogue="row-block", block_h=block_h, block_m=16)
     torch.testing.assert_close(out, reference(*inputs), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(out, kernel(*inputs, gemm="cublas", epilogue="per-head", block_m=16), atol=0, rtol=0)
+    # not bit-equal on the GPU: the 3-D tile reduces each head over D in another order than the 2-D one
+    torch.testing.assert_close(out, kernel(*inputs, gemm="cublas", epilogue="per-head", block_m=16), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("epilogue", ["row-block", "per-head"])

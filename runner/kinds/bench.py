@@ -41,7 +41,7 @@ def run(job) -> dict:
                     "shape": shape, "seed": seed, "modes": {}}
     if job.params.get("flops"):
         result["flops"] = count_flops(step)
-        result["peaks"] = peaks.measure(job.device, built.dtype, fp8=True)  # both floor rows
+        result["peaks"] = peaks.measure(job.device, built.dtype, fp8=True, sustained=True)  # the floor rows
     walk = ModeWalk(built.model, step, job.device, job.warmup, backend=job.params.get("compile_backend") or "inductor")
     for i, mode in enumerate(modes):
         entry: dict = {}
@@ -52,7 +52,11 @@ def run(job) -> dict:
             entry["first_call_s"] = round(time.monotonic() - t0, 2)
             if walk.how:
                 entry["compiled"] = walk.how
+            w0 = time.time()
             timed = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
+            # wall-clock span of the timed steps, to join with a clock/power log taken beside the run
+            # (benchmarks/gpu_bench.sh CLOCKS=1, benchmarks/clocks.py)
+            entry["window"] = [round(w0, 3), round(time.time(), 3)]
             entry["latency"] = timed.to_json()
             entry["per_pass_ms"] = timed.median_ms / passes
             outs = fn()  # graph modes: the static outputs the replay just rewrote
