@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 # DESIGN decision 8: one vocabulary, shared with the kernel store's `pattern` and lessons' `applies-to`.
 KINDS = ("merge-siblings", "fuse-norm-consumer", "absorb-bias", "cfg-invariant-cache", "hoist-constant",
-         "fuse-gemm-epilogue", "fuse-elementwise-chain", "attention-waste", "launch-bound")
+         "fuse-gemm-epilogue", "fuse-elementwise-chain", "attention-waste", "launch-bound", "quantization")
 GENERATORS = ("store-replay", "variant-search", "agent", "compile-region")
 
 

@@ -44,6 +44,8 @@ def command(workload, engine, ref, preset, device, json_path, quant, profile_pat
       fuse-elementwise-chain  >= 3 memory-bound ops in a row, gated activations -> one kernel
       attention-waste         all-ones masks, QK-norm/RoPE passes, layout copies around attention
       launch-bound            device idle between many small kernels -> CUDA graphs / fusion
+      quantization            FP8 per-token activation quantization (--quant fp8): fused into its
+                              input's producer (norm, activation), or done once for sibling GEMMs
     Each opportunity's gain is estimated from the profile (time of the work removed, or bytes no
     longer moved at the copy bandwidth measured with it), in ms and % of the step, and says which
     device measured it. Writes analysis.json and analysis.md into a run directory.

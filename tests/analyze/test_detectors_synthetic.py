@@ -412,3 +412,61 @@ def test_same_structure_under_other_names_gives_the_same_findings(toy):
 
     s1, s2 = sig(a1), sig(a2)
     assert s1 == s2, (sorted(set(s1) - set(s2)), sorted(set(s2) - set(s1)))
+
+
+# ---- quantization (FP8 activation quantization, issue 16) -----------------------------------
+class _Fp8Block(nn.Module):
+    """norm + modulation -> three sibling projections; their sum -> an MLP with a tanh GELU. With the
+    FP8 recipe applied (runner/quant.apply), every linear quantizes its input per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = nn.LayerNorm(32, elementwise_affine=False)
+        self.p1, self.p2, self.p3 = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.up, self.down = nn.Linear(32, 64), nn.Linear(64, 32)
+
+    def forward(self, pixels, words=None, tau=None):
+        h = self.n(pixels) * 1.5 + 0.25
+        y = self.p1(h) + self.p2(h) + self.p3(h)
+        return self.down(F.gelu(self.up(y), approximate="tanh"))
+
+
+def _fp8(model):
+    from runner import quant
+
+    quant.apply(model, "fp8", "cpu")  # optbot's emulation on the CPU: the recipe's real ops
+    return model
+
+
+def test_fp8_activation_quantization_is_found_with_its_producer(toy):
+    a, _ = toy(_fp8(_Fp8Block()), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    found = {o["detail"]: o for o in kinds(a, "quantization")}
+    assert set(found) == {"norm+quant", "shared-input", "quant", "activation+quant"}, [o["summary"] for o in a["opportunities"]]
+    assert found["shared-input"]["facts"]["gemms"] == 3  # h quantized once per projection
+    assert found["activation+quant"]["facts"]["producer"] == "gelu"
+    assert found["norm+quant"]["facts"]["producer"] == "add"  # the modulation's last op, the norm above it
+    assert found["quant"]["facts"]["producer"] == "add"  # the projections' sum: nothing to fuse but the pass
+    # the chains hold the recipe's ops and no others: the two casts, abs, amax, clamps and divides
+    assert all(o["facts"]["ops"] >= 5 for d, o in found.items() if d != "shared-input")
+    assert all(o["estimate"]["estimated_ms"] > 0 for o in found.values())
+
+
+class _StaticScaleFp8(nn.Module):
+    """An FP8 GEMM with scales fixed at load (static quantization): no per-call quantization chain."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w8", torch.randn(32, 32).to(torch.float8_e4m3fn))
+        self.register_buffer("sa", torch.ones(1, 1))
+        self.register_buffer("sw", torch.ones(1, 1))
+
+    def forward(self, pixels, words=None, tau=None):
+        x8 = pixels.reshape(-1, 32).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(x8, self.w8.t(), scale_a=self.sa, scale_b=self.sw, out_dtype=torch.float32)
+
+
+def test_no_quantization_finding_without_fp8_or_a_per_token_chain(toy):
+    a, _ = toy(_Fp8Block(), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    assert kinds(a, "quantization") == []  # unquantized: nothing
+    a, _ = toy(_StaticScaleFp8(), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    assert kinds(a, "quantization") == []  # the scale is a buffer: the chain does not close on the input

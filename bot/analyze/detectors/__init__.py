@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from bot.analyze.cost import CostModel
 from bot.analyze.graph import Graph
 
-ORDER = ("cfg_invariant", "hoist_constant", "attention_waste", "merge_siblings", "fuse_norm_consumer",
+ORDER = ("cfg_invariant", "quantization", "hoist_constant", "attention_waste", "merge_siblings", "fuse_norm_consumer",
          "absorb_bias", "fuse_gemm_epilogue", "fuse_elementwise_chain", "launch_bound")
 
 

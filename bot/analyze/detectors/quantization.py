@@ -1,0 +1,171 @@
+"""quantization: the per-token activation quantization in front of FP8 GEMMs (issue 16).
+
+An FP8 linear (`_scaled_mm` on a float8 activation with one scale per row) is fed by a quantization
+of its input x, as torchao's dynamic recipe and optbot's emulation of it both run it: a scale path
+(abs -> amax over the row -> cast / clamp / divide: one float32 scale per token) and a value path
+(cast -> divide by the scale -> clamp -> cast to float8). In eager each op is a kernel, and x itself
+was written by the op before it (a norm + modulation, an activation) only to be read back here.
+
+Two findings:
+- `shared-input`: one x quantized for several FP8 GEMMs (sibling projections of one input): quantize
+  once, or merge the GEMMs; the estimate is the measured time of every chain but the first.
+- `norm+quant`, `activation+quant`, `quant`: one kernel that computes x's producer (a norm and its
+  modulation, an activation, or nothing fusable: the quantization alone) and emits the float8 values
+  and per-token scales in the same pass. The estimate is one chain's measured time; that the producer
+  then stores 1-byte values instead of x, and the GEMM reads them, is not counted.
+
+Recognized by data flow only: the float8 value feeding the GEMM's first operand and the float32
+scale feeding its third, each walked back through pointwise, cast and reduction ops to one source
+value, the x both paths start from. A chain that does not close on one x is not a finding.
+"""
+from __future__ import annotations
+
+from bot.analyze.graph import Graph, Op, kind
+from bot.analyze.opportunity import Finding
+
+KIND = "quantization"
+ACTIVATIONS = ("gelu", "silu", "relu", "sigmoid", "tanh")
+MAX_STEPS = 12  # ops on one path; the recipes take 3-5
+
+
+def _step_back(g: Graph, v: int) -> tuple[Op | None, int]:
+    """The first non-alias op that produced `v`'s data, and the value it produced (views skipped)."""
+    for _ in range(MAX_STEPS):
+        p = g.producer.get(v)
+        if p is None or not p.alias:
+            return p, v
+        if not p.inputs:
+            return None, v
+        v = p.inputs[0]
+    return None, v
+
+
+def _scale_path(g: Graph, scale: int, rows: int) -> tuple[list[int], int] | None:
+    """Ops from the per-row scale back to the row reduction (and the abs before it); x's root."""
+    ops, v = [], scale
+    for _ in range(MAX_STEPS):
+        p, _ = _step_back(g, v)
+        if p is None or not p.outputs:
+            return None
+        k = kind(p)
+        if k == "reduction" and p.name in ("amax", "max"):
+            ops.append(p.id)
+            src, _ = _step_back(g, p.inputs[0])
+            if src is not None and src.name == "abs" and g.numel(src.outputs[0]) == g.numel(p.inputs[0]):
+                ops.append(src.id)
+                return ops, g.root(src.inputs[0])
+            return ops, g.root(p.inputs[0])
+        if k not in ("pointwise", "cast") or g.numel(p.outputs[0]) != rows:
+            return None
+        ops.append(p.id)
+        tensors = [i for i in p.inputs if g.numel(i) > 1]
+        if len(tensors) != 1:
+            return None
+        v = tensors[0]
+    return None
+
+
+def _value_path(g: Graph, a8: int, x: int) -> list[int] | None:
+    """Ops from the float8 value back to x (the same root the scale path reached)."""
+    ops, v, n = [], a8, g.numel(a8)
+    for _ in range(MAX_STEPS):
+        if g.root(v) == x:
+            return ops
+        p, v = _step_back(g, v)
+        if p is None or kind(p) not in ("pointwise", "cast") or g.numel(v) != n:
+            return None
+        ops.append(p.id)
+        big = [i for i in p.inputs if g.numel(i) == n]
+        if len(big) != 1:
+            return None
+        v = big[0]
+    return None
+
+
+def _chain(g: Graph, gemm: Op) -> tuple[int, list[int]] | None:
+    """(x's root, the quantization's op ids) for an FP8 GEMM fed by a per-row quantization."""
+    if len(gemm.inputs) < 3 or g.values[gemm.inputs[0]]["dtype"] != "f8":
+        return None
+    a8, scale = gemm.inputs[0], gemm.inputs[2]
+    rows = g.numel(a8) // max(1, (g.values[a8]["shape"] or [1])[-1])
+    sp = _scale_path(g, scale, rows)
+    if sp is None:
+        return None
+    s_ops, x = sp
+    v_ops = _value_path(g, a8, x)
+    if v_ops is None or g.numel(x) != g.numel(a8):
+        return None
+    return x, sorted(set(s_ops + v_ops))
+
+
+def _producer(g: Graph, x: int) -> tuple[str, str]:
+    """(detail, the producing op's name): what a fused kernel would compute before quantizing."""
+    p = g.source_op(x)
+    first = p.name if p is not None else "input"
+    for _ in range(3):  # a norm's modulation (mul, add) sits between it and x
+        if p is None:
+            break
+        if p.id in g.norm_of_op or kind(p) == "norm":
+            return "norm+quant", first
+        name = p.name.rstrip("_")
+        if name in ACTIVATIONS:
+            return "activation+quant", first
+        if name == "mul" and any((s := g.source_op(i)) is not None and s.name.rstrip("_") in ACTIVATIONS
+                                 for i in p.inputs):
+            return "activation+quant", first  # a gated activation (SwiGLU: silu(a) * b)
+        if kind(p) != "pointwise":
+            break
+        big = [i for i in p.inputs if g.numel(i) == g.numel(x)]
+        if not big:
+            break
+        p = g.source_op(big[0])
+    return "quant", first
+
+
+def detect(ctx) -> list[Finding]:
+    g, cost = ctx.graph, ctx.cost
+    by_x: dict[int, list[tuple[Op, list[int]]]] = {}
+    for o in g.ops:
+        if o.name != "_scaled_mm":
+            continue
+        c = _chain(g, o)
+        if c is None or not all(ctx.free(i) for i in c[1]):
+            continue
+        by_x.setdefault(c[0], []).append((o, c[1]))
+    out = []
+    for x, chains in by_x.items():
+        first = chains[0][1]
+        width = (g.values[x]["shape"] or [1])[-1]
+        if len(chains) > 1:
+            rest = sorted({i for _, ids in chains[1:] for i in ids})
+            ms = cost.ms(rest)
+            ctx.claim(rest)
+            out.append(Finding(
+                KIND, "shared-input", rest, chains[1][1][-1], ms,
+                f"{ms:.4f} ms measured for {len(chains) - 1} repeated quantization chain(s) of one input "
+                f"({len(rest)} ops), all of it",
+                0.8, f"{len(chains)} FP8 GEMMs quantize the same value (one data-flow root) with the same "
+                     "per-row recipe: the scales and float8 values are equal, so one quantization serves all",
+                "store-replay", signature=f"x{len(chains)}:k{width}",
+                summary=f"the same input quantized to FP8 {len(chains)} times, once per GEMM: quantize once "
+                        "(or merge the GEMMs)",
+                facts={"gemms": len(chains), "row_len": width, "ops_per_chain": len(first)}))
+        detail, prod = _producer(g, x)
+        ms = cost.ms(first)
+        ctx.claim(first)
+        by_id = {o.id: o for o in g.ops}
+        names = " -> ".join(dict.fromkeys(by_id[i].name for i in first))
+        what = {"norm+quant": f"the normalization ({prod} last)", "activation+quant": f"the activation ({prod})",
+                "quant": "one pass"}[detail]
+        out.append(Finding(
+            KIND, detail, first, first[-1], ms,
+            f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller "
+            "float8 store not counted)",
+            0.7, "a per-row FP8 quantization (abs -> amax scale path, divide -> clamp -> float8 value path) between "
+                 f"its input's producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values and "
+                 "scales where the input is computed",
+            "store-replay", signature=f"{detail}:k{width}",
+            summary=f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values and "
+                    f"per-token scales from {what}",
+            facts={"producer": prod, "row_len": width, "ops": len(first)}))
+    return out
