@@ -192,7 +192,7 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
             continue
         spec = wl.engines.get(entry.engine.name) or wl.engine(None)
         p = preset or ("full" if on_cuda else "tiny")
-        target = Target(wl, checkout.name, spec.model_class, checkout, p, device, wl.dtype_for(device))
+        target = Target(wl, checkout.name, spec.model_class, checkout, p, device, _entry_precision(entry, wl.dtype_for(device)))
         # the entry's kernel tests come from the store being checked, not the default one
         opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log,
                        kernel_store=entry.path.parent)
@@ -206,6 +206,17 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
     if not out:
         out.append(Check("validate", None, "the entry names no workload to validate on"))
     return out
+
+
+def _entry_precision(entry: Entry, dtype: str) -> str:
+    """The precision to validate an entry at: the device's dtype, or its quantized variant when the
+    entry is for quantized precisions only (an FP8 entry acts on float8 linears: unquantized, it
+    would rightly be "not engaged"; docs/fp8.md)."""
+    if not entry.dtypes or any("+" not in d for d in entry.dtypes):
+        return dtype
+    from runner.job import precision
+
+    return precision(dtype, entry.dtypes[0].split("+", 1)[1])
 
 
 @dataclass

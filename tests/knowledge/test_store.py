@@ -15,7 +15,7 @@ from bot.knowledge.store import added_file_content, find_entries, load_entry, lo
 SEEDS = {"flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "qwen-image-drop-all-ones-mask",
          "qwen-image-absorb-bias", "flux2-qkv-norm-rope-epilogue", "qwen-image-qkv-norm-rope-epilogue",
          "flux2-merge-qkv", "qwen-image-cfg-modulation-cache", "qwen-image-hoist-host-copies",
-         "qwen-image-linear-gelu-epilogue"}
+         "qwen-image-linear-gelu-epilogue", "qwen-image-fp8-gelu-quant"}
 
 
 def test_seed_store_loads():
@@ -89,3 +89,16 @@ def test_entry_bad_yaml_and_missing_patch(tmp_path):
     (folder / "entry.yaml").write_text("id: [unclosed\n")
     with pytest.raises(ConfigError, match=r"entry.yaml: key '\(yaml\)'"):
         load_entry(folder)
+
+
+def test_an_fp8_entry_is_checked_at_the_quantized_precision():
+    """store check validates an entry for quantized precisions only at the device dtype's quantized
+    variant (unquantized it would be "not engaged"); every other entry at the device dtype."""
+    from bot.knowledge.check import _entry_precision
+
+    fp8 = load_entry(STORE_DIR / "qwen-image-fp8-gelu-quant")
+    assert fp8.dtypes == ("float32+fp8", "bfloat16+fp8") and fp8.pattern == "quantization"
+    assert _entry_precision(fp8, "float32") == "float32+fp8"
+    assert _entry_precision(fp8, "bfloat16") == "bfloat16+fp8"
+    plain = load_entry(STORE_DIR / "flux2-swiglu")
+    assert _entry_precision(plain, "bfloat16") == "bfloat16"

@@ -1,0 +1,227 @@
+"""The MLP's tanh GELU and the FP8 quantization of its output in one pass (FP8 deployments).
+
+In an FP8 deployment (docs/fp8.md) the MLP's down projection is a float8 linear that quantizes its
+input per token on every call: GELU writes g = gelu(h) in bf16, then abs, amax, divide, clamp and
+a cast to e4m3 read g back (torchao's recipe: six kernels in eager; inductor fuses them under
+compile). This kernel computes the GELU from h, rounds it to h's dtype where the unfused code
+stores g, takes the row's amax, and writes the e4m3 values and the float32 per-row scale (h is read
+twice per row, the second time from cache): the down projection's `_scaled_mm` takes them as they
+are.
+
+    h: [M, N] (the up projection's output, bf16 on the GPU); returns (q [M, N] e4m3, scale [M, 1] f32)
+
+Two recipes, the numerics of each kept exactly (`recipe`):
+- "torchao" (Float8DynamicActivationFloat8WeightConfig, PerRow): amax over the row in the input's
+  dtype, scale = amax / 448 computed in that dtype (a bf16 division, rounded) and then widened;
+- "optbot-emulation" (runner/quant.quantize_rows): amax in float32, clamped at 1e-12, / 448.
+Values: clamp(g / scale, -448, 448) rounded to e4m3 (round to nearest even) in both.
+
+The e4m3 store: on the GPU in the kernel. Triton's interpreter rounds float32 -> e4m3 wrongly near
+binade edges (measured with triton 3.9: 1.5-4% of random values off by one binade), so under
+TRITON_INTERPRET=1 the kernel stores the clamped float32 values and torch casts them (RTNE, the
+cast the recipes use). The GPU kernel test checks the in-kernel cast against torch's bit for bit.
+
+Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1; else the torch
+reference (the recipes' own ops). Under torch.compile the Triton path is the registered op
+optbot::gelu_quant (custom_op with a fake) so the graph keeps it whole. No
+`from __future__ import annotations`: custom_op reads the annotations as types.
+"""
+import os
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+E4M3_MAX = 448.0
+RECIPES = ("torchao", "optbot-emulation")
+_last_path = ""
+
+
+def last_path() -> str:
+    return _last_path
+
+
+def reference(h: torch.Tensor, recipe: str = "torchao") -> Tuple[torch.Tensor, torch.Tensor]:
+    """The unfused ops: F.gelu(tanh) in h's dtype, then the recipe's per-row quantization."""
+    g = F.gelu(h, approximate="tanh").reshape(-1, h.shape[-1])
+    if recipe == "torchao":
+        scale = (g.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).to(torch.float32)
+    else:
+        scale = g.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
+    q = (g.to(torch.float32) / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu_tanh(x):
+        # 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); tanh through exp, stable for large |u|
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * tl.abs(u)) + 1.0)
+        t = tl.where(u < 0, -t, t)
+        return 0.5 * x * (1.0 + t)
+
+    @triton.jit
+    def _round_bf16(x):
+        # float32 -> nearest bfloat16 (ties to even), kept in float32, with integer ops: Triton's
+        # interpreter truncates a float32 -> bf16 cast whatever rounding it is asked for (triton 3.9),
+        # and this is the same arithmetic on the GPU
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
+                           TORCHAO: tl.constexpr, F8_STORE: tl.constexpr):
+        """One program per row: pass 1 the GELU and the row's amax, pass 2 the GELU again (the row
+        is in L1/L2 by then), divided by the scale, clamped, stored as e4m3 (or float32, F8_STORE
+        off: the interpreter)."""
+        row = tl.program_id(0).to(tl.int64)
+        amax = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            m = cols < N
+            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32))
+            if ROUND:  # where the unfused code stores g in h's dtype (bf16)
+                g = _round_bf16(g)
+            amax = tl.maximum(amax, tl.where(m, tl.abs(g), 0.0))
+        a = tl.max(amax, axis=0)
+        if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
+            scale = a / 448.0
+            if ROUND:
+                scale = _round_bf16(scale)
+        else:
+            scale = tl.maximum(a, 1e-12) / 448.0
+        tl.store(S + row, scale)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            m = cols < N
+            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32))
+            if ROUND:
+                g = _round_bf16(g)
+            v = tl.minimum(tl.maximum(g / scale, -448.0), 448.0)
+            if F8_STORE:
+                tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+            else:
+                tl.store(Q + row * sq + cols, v, mask=m)
+
+
+# Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
+# reference ops, which inductor then fuses itself (docs/store.md).
+UNDER_COMPILE = "op"
+
+
+def _aside() -> bool:
+    return UNDER_COMPILE == "reference" and torch.compiler.is_compiling()
+
+
+def _use_triton(h: torch.Tensor) -> bool:
+    return not _aside() and triton is not None and (h.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    h2 = h.reshape(-1, h.shape[-1])
+    if h2.stride(-1) != 1:
+        h2 = h2.contiguous()
+    M, N = h2.shape
+    f8_store = h.is_cuda  # the interpreter's own e4m3 rounding is wrong (module docstring)
+    q = torch.empty((M, N), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=h.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=h.device)
+    if M:
+        _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
+                                 ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
+                                 num_warps=num_warps)
+    return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
+
+
+def _register():
+    """One registration per process (the store's copy and an engine worktree's are byte-identical)."""
+    try:
+        return torch.ops.optbot.gelu_quant
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("optbot::gelu_quant", mutates_args=())(_launch)
+
+    @op.register_fake
+    def _fake(h, torchao, block_n, num_warps):
+        n = h.shape[-1]
+        m = h.numel() // n if n else 0
+        return h.new_empty((m, n), dtype=torch.float8_e4m3fn), h.new_empty((m, 1), dtype=torch.float32)
+
+    return op
+
+
+_OP = _register()
+
+
+def gelu_quant(h: torch.Tensor, recipe: str = "torchao", block_n: int = 2048,
+               num_warps: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values [M, N], float32 scales [M, 1]) of gelu_tanh(h) under `recipe` (module docstring)."""
+    global _last_path
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
+    if not _use_triton(h) or h.dtype not in (torch.float32, torch.bfloat16):  # fp16: the reference
+        _last_path = "torch"
+        return reference(h, recipe)
+    _last_path = "triton"
+    if block_n <= 0 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of 2, not {block_n}")
+    # the registered op under torch.compile (one node, no break); eager calls the function itself
+    # (custom_op's Python dispatch costs tens of microseconds a call)
+    return (_OP if torch.compiler.is_compiling() else _launch)(h, recipe == "torchao", int(block_n), int(num_warps))
+
+
+# ---- the FP8 linear this feeds --------------------------------------------------------------
+
+class Fp8Weight:
+    """What a down projection's FP8 GEMM needs from a quantized nn.Linear: e4m3 weight [N, K],
+    per-output-channel scales [1, N], the recipe, whether the bias goes into `_scaled_mm`'s
+    epilogue (torchao) or is added after it (optbot's emulation), and torchao's fast-accumulation
+    setting."""
+
+    def __init__(self, w8, w_scale, recipe, bias_in_gemm, fast_accum):
+        self.w8, self.w_scale, self.recipe = w8, w_scale, recipe
+        self.bias_in_gemm, self.fast_accum = bias_in_gemm, fast_accum
+
+
+def fp8_weight(linear: torch.nn.Module):
+    """The linear's FP8 weight when it is one of the two recipes with per-row activation scales
+    (docs/fp8.md), else None (a plain, or otherwise quantized, linear keeps its own forward)."""
+    w8 = getattr(linear, "w8", None)  # optbot's emulation (runner/quant.Fp8Linear)
+    if isinstance(w8, torch.Tensor) and w8.dtype == torch.float8_e4m3fn and w8.dim() == 2:
+        ws = getattr(linear, "w_scale", None)
+        if isinstance(ws, torch.Tensor) and tuple(ws.shape) == (1, w8.shape[0]):
+            return Fp8Weight(w8, ws, "optbot-emulation", False, False)
+        return None
+    w = getattr(linear, "weight", None)
+    # torchao's Float8Tensor with per-row weight scales and per-row dynamic e4m3 activations
+    if type(w).__name__ != "Float8Tensor" or not hasattr(w, "qdata") or not hasattr(w, "scale"):
+        return None
+    qd, sc = w.qdata, w.scale
+    if qd.dtype != torch.float8_e4m3fn or qd.dim() != 2 or tuple(sc.shape) != (qd.shape[0], 1):
+        return None
+    act = getattr(w, "act_quant_kwargs", None)
+    gran = getattr(act, "granularity", None) if act is not None else None
+    if act is None or type(gran).__name__ != "PerRow" or getattr(act, "float8_dtype", None) != torch.float8_e4m3fn:
+        return None
+    if getattr(act, "hp_value_lb", None) is not None or getattr(act, "hp_value_ub", None) is not None:
+        return None  # clamped amax: another scale than the kernel's
+    mm = getattr(w, "mm_config", None)
+    return Fp8Weight(qd, sc.t(), "torchao", True, bool(getattr(mm, "use_fast_accum", False)))
+
+
+def fp8_linear(q: torch.Tensor, scale: torch.Tensor, w: Fp8Weight, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """The down projection on pre-quantized rows, as the recipe computes it: [M, N_out]."""
+    if w.bias_in_gemm:
+        return torch._scaled_mm(q, w.w8.t(), scale_a=scale, scale_b=w.w_scale, bias=bias, out_dtype=out_dtype,
+                                use_fast_accum=w.fast_accum)
+    out = torch._scaled_mm(q, w.w8.t(), scale_a=scale, scale_b=w.w_scale, out_dtype=out_dtype)
+    return out + bias if bias is not None else out
+

@@ -1,0 +1,118 @@
+"""Kernel test for gelu_quant.py (the kernel test contract, docs/store.md).
+
+`kernel` and `reference` return the dequantized rows (e4m3 values x per-row scale) so the contract's
+one comparison covers values and scales together; the tests below also compare the e4m3 bytes and
+the scales themselves. Shapes: M=1, odd M and N, N above one block (Qwen-Image's MLP hidden is 12288),
+strided rows."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gelu_quant as op  # noqa: E402
+
+SHAPES = [(1, 64), (37, 198), (2, 17, 96), (5, 4099)]
+# one e4m3 step is 12.5% relative: a value the GELU's last bit moved across a rounding boundary may
+# land one step away; the byte-level tests below bound how often
+CASES = [("float32", 1e-6, 1e-5), ("bfloat16", 1e-2, 0.13)]
+BENCH_SHAPES = [(4096, 12288), (512, 12288)]  # Qwen-Image full: image / text tokens x MLP hidden
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_inputs(shape, dtype, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    *lead, n = shape
+    wide = (2.0 * torch.randn(*lead, n + 8, generator=g)).to(device, dt)
+    return (wide[..., 8:],)  # strided rows
+
+
+def _deq(q, s):
+    return q.to(torch.float32) * s
+
+
+def reference(*inputs):
+    return _deq(*op.reference(*inputs))
+
+
+def kernel(*inputs):
+    return _deq(*op.gelu_quant(*inputs))
+
+
+def kernel_path() -> str:
+    return op.last_path()
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_reference(shape, dtype, atol, rtol):
+    for seed in (0, 1):
+        inputs = make_inputs(shape, dtype, DEVICE, seed)
+        torch.testing.assert_close(kernel(*inputs), reference(*inputs), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("recipe", op.RECIPES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bytes_and_scales_are_the_recipes(recipe, dtype):
+    """The scales equal the recipe's (torchao: amax / 448 rounded in the input's dtype; the emulation:
+    in float32, clamped); the e4m3 bytes equal the unfused ops' for all but a few values."""
+    (h,) = make_inputs((64, 3000), dtype, DEVICE, 3)
+    q, s = op.gelu_quant(h, recipe)
+    rq, rs = op.reference(h, recipe)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (64, 3000) and s.shape == (64, 1)
+    if recipe == "torchao" and dtype == "bfloat16":  # the scale went through a bf16 division
+        assert torch.equal(s, s.to(torch.bfloat16).to(torch.float32))
+    same = (q.view(torch.uint8) == rq.view(torch.uint8)).float().mean().item()
+    if dtype == "float32":
+        assert torch.equal(s, rs) and same == 1.0
+    else:  # GELU's last bf16 bit may differ (exp-based tanh vs the library's); rarely crosses a rounding edge
+        assert (s != rs).float().mean().item() <= 0.05 and same >= 0.999, (same, (s != rs).sum())
+
+
+def test_amax_row_is_exactly_448_and_a_zero_row():
+    """Each row's largest |GELU| maps to +-448 exactly; a zero row gets the emulation's 1e-12 floor
+    (torchao divides 0 by 0 there, as its own code does: not tested)."""
+    h = torch.randn(3, 257, device=DEVICE)
+    h[2] = 0
+    q, s = op.gelu_quant(h, "optbot-emulation")
+    assert torch.equal(q[:2].float().abs().amax(dim=-1), torch.full((2,), 448.0, device=DEVICE))
+    assert s[2].item() == pytest.approx(1e-12 / 448.0) and q[2].float().abs().max().item() == 0.0
+
+
+def test_engine_path_gives_the_fp8_linears_output():
+    """gelu_quant + fp8_linear with the emulation's weight: the FP8 down projection of the unfused
+    GELU, as runner/quant.Fp8Linear computes it."""
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    from runner.quant import Fp8Linear
+
+    plain = torch.nn.Linear(96, 40).to(DEVICE)
+    fp8 = Fp8Linear.from_linear(torch.nn.Linear(96, 40).to(DEVICE))
+    (h,) = make_inputs((33, 96), "float32", DEVICE, 5)
+    w = op.fp8_weight(fp8)
+    assert w is not None and w.recipe == "optbot-emulation" and op.fp8_weight(plain) is None
+    q, s = op.gelu_quant(h, w.recipe)
+    out = op.fp8_linear(q, s, w, fp8.bias, h.dtype)
+    want = fp8(torch.nn.functional.gelu(h, approximate="tanh"))
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        op.gelu_quant(torch.randn(2, 8), "nvfp4")
+    if op.triton is not None and (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
+        with pytest.raises(ValueError, match="block_n must be a power of 2"):
+            op.gelu_quant(make_inputs((2, 8), "float32", DEVICE, 0)[0], block_n=100)
+
+
+def test_compiles_whole():
+    """Under torch.compile(fullgraph=True) the Triton path is one registered op: no graph break."""
+    (h,) = make_inputs((9, 130), "float32", DEVICE, 7)
+    f = torch.compile(lambda x: op.gelu_quant(x, "optbot-emulation"), fullgraph=True, backend="aot_eager")
+    q, s = f(h)
+    rq, rs = op.gelu_quant(h, "optbot-emulation")
+    assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
