@@ -62,14 +62,15 @@ def _capture_emulated():
         torch.equal, torch.cuda.is_current_stream_capturing = saved_equal, saved_capturing
 
 
-def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list[int] | None) -> None:
+def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list[int] | None,
+         precision: str = "float32") -> None:
     wl = load_workload(workload)
     pre = wl.preset("tiny")
     s = min([pre.shapes, *pre.extra_shapes], key=lambda s: s.resolution[0] * s.resolution[1] + s.text_tokens)
     s = {"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}
     if shape:
         s.update(resolution=shape[:2], text_tokens=shape[2])
-    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
+    job = Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype=precision,
               engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class, shapes=[s])
     t0 = time.monotonic()
     built = build(job)
@@ -118,4 +119,5 @@ def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list
 if __name__ == "__main__":
     opts = sys.argv[4:]
     main(*sys.argv[1:4], fullgraph="--no-fullgraph" not in opts,
-         shape=[int(v) for v in opts[opts.index("--shape") + 1].split(",")] if "--shape" in opts else None)
+         shape=[int(v) for v in opts[opts.index("--shape") + 1].split(",")] if "--shape" in opts else None,
+         precision=opts[opts.index("--precision") + 1] if "--precision" in opts else "float32")

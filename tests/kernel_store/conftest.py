@@ -13,15 +13,16 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_TINY = Path(__file__).with_name("run_tiny.py")
 
 
-def run_tiny(workload: str, engine_root: Path, out: Path, interpret: bool) -> dict:
-    """One tiny-preset step (both workload shapes) in a child process; returns outputs + kernel paths."""
+def run_tiny(workload: str, engine_root: Path, out: Path, interpret: bool, precision: str = "float32") -> dict:
+    """One tiny-preset step (both workload shapes) in a child process at `precision` (float32, or
+    float32+fp8: the FP8 recipe applied); returns outputs + kernel paths."""
     import torch
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(engine_root), str(ROOT)])
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, str(RUN_TINY), workload, str(engine_root), str(out)],
+    proc = subprocess.run([sys.executable, str(RUN_TINY), workload, str(engine_root), str(out), precision],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads(Path(str(out) + ".json").read_text())
@@ -35,13 +36,14 @@ def tiny_runner():
 
 @pytest.fixture(scope="session")
 def tiny_base(base_worktree, tmp_path_factory):
-    """Base-engine tiny outputs per workload, computed once per session."""
-    cache: dict[str, dict] = {}
+    """Base-engine tiny outputs per workload and precision, computed once per session."""
+    cache: dict[tuple[str, str], dict] = {}
 
-    def get(workload: str) -> dict:
-        if workload not in cache:
-            d = tmp_path_factory.mktemp(f"base-{workload}")
-            cache[workload] = run_tiny(workload, base_worktree / "src", d / "out", interpret=False)
-        return cache[workload]
+    def get(workload: str, precision: str = "float32") -> dict:
+        if (workload, precision) not in cache:
+            d = tmp_path_factory.mktemp(f"base-{workload}-{precision.replace('+', '-')}")
+            cache[workload, precision] = run_tiny(workload, base_worktree / "src", d / "out", interpret=False,
+                                                  precision=precision)
+        return cache[workload, precision]
 
     return get

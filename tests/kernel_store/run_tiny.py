@@ -1,7 +1,10 @@
 """Test helper, run as a child process: one tiny-preset step of a workload from an engine import
 root, outputs saved to OUT.pt, and which path each optbot kernel module took written to OUT.json.
 
-    PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/run_tiny.py WORKLOAD ENGINE_ROOT OUT
+    PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/run_tiny.py WORKLOAD ENGINE_ROOT OUT [PRECISION]
+
+PRECISION: float32 (default) or a quantized one, float32+fp8 (the recipe applied after the weights
+load, as every workload command does with --quant fp8).
 """
 from __future__ import annotations
 
@@ -16,17 +19,17 @@ from runner.harness import build, make_step
 from runner.job import Job
 
 
-def tiny_cpu_job(workload: str, engine_root: str) -> Job:
-    """A step job of the workload's tiny preset on CPU in float32, every shape of the preset."""
+def tiny_cpu_job(workload: str, engine_root: str, precision: str = "float32") -> Job:
+    """A step job of the workload's tiny preset on CPU at `precision`, every shape of the preset."""
     wl = load_workload(workload)
     pre = wl.preset("tiny")
-    return Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype="float32",
+    return Job(kind="step", workload=wl.to_json(), preset="tiny", device="cpu", dtype=precision,
                engine_root=engine_root, engine_sha="", model_class=wl.engine(None).model_class,
                shapes=[s.to_json() for s in (pre.shapes, *pre.extra_shapes)])
 
 
-def main(workload: str, engine_root: str, out: str) -> None:
-    job = tiny_cpu_job(workload, engine_root)
+def main(workload: str, engine_root: str, out: str, precision: str = "float32") -> None:
+    job = tiny_cpu_job(workload, engine_root, precision)
     built = build(job)
     outs = {}
     for si, shape in enumerate(job.shapes):
@@ -45,4 +48,4 @@ def main(workload: str, engine_root: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -33,11 +33,15 @@ HELPER = Path(__file__).with_name("compile_blocks.py")
 USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE and e.engine.name == "diffusers"]
 # The stacks that apply together (tests/generate/test_replay.py): flux2-qkv-norm-rope-epilogue conflicts
 # with flux2-merge-qkv and flux2-qk-rmsnorm-rope (it supersedes them; its entry.yaml), so FLUX.2 has two.
-STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv")),
-          ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate")),
-          ("qwen-image", ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
-                          "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies",
-                          "qwen-image-linear-gelu-epilogue"))]
+# An FP8 entry's stack runs at float32+fp8 (the recipe applied: its path engages only there).
+QWEN_BF16 = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
+             "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue")
+STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"), "float32"),
+          ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate"), "float32"),
+          ("qwen-image", QWEN_BF16, "float32"),
+          # linear-gelu-epilogue keeps the unfused path on a quantized linear (its op never runs there)
+          ("qwen-image", tuple(e for e in QWEN_BF16 if e != "qwen-image-linear-gelu-epilogue")
+           + ("qwen-image-fp8-gelu-quant",), "float32+fp8")]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
 # interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
 # text tokens) the nine runs (then one per entry too) took 231 s on the 2-core development machine, at this one 64 to 153 s
@@ -46,15 +50,17 @@ SHAPE = "48,80,7"
 
 
 def _key_id(key) -> str:
-    wl, ids = key
-    return ids[0] if len(ids) == 1 else f"{wl}-stack-" + "+".join(i.removeprefix(wl + "-") for i in ids)
+    wl, ids, precision = key
+    name = ids[0] if len(ids) == 1 else f"{wl}-stack-" + "+".join(i.removeprefix(wl + "-") for i in ids)
+    return name if precision == "float32" else f"{name}-{precision.replace('+', '-')}"
 
 
-def _run(engine_src: Path, workload: str, out: Path) -> dict:
+def _run(engine_src: Path, workload: str, out: Path, precision: str) -> dict:
     # one torch thread per child: the children already run one per core
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(engine_src), str(ROOT)]), TRITON_INTERPRET="1",
                OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE],
+    proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE,
+                           "--precision", precision],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(Path(str(out) + ".json").read_text())
@@ -77,7 +83,7 @@ def compiled(request, diffusers_engine, tmp_path_factory):
         srcs[key] = Path(r.worktree) / "src"
     d = tmp_path_factory.mktemp("compile-blocks")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futs = {key: pool.submit(_run, srcs[key], key[0], d / _key_id(key)) for key in keys}
+        futs = {key: pool.submit(_run, srcs[key], key[0], d / _key_id(key), key[2]) for key in keys}
         return {key: (f, d / _key_id(key)) for key, f in futs.items()}
 
 
@@ -102,7 +108,7 @@ def _check(compiled, key) -> dict:
     # (inside a real capture it fails), no device read (capture forbids it), the same outputs
     assert res.get("capture_error") is None, res["capture_error"]
     assert res["capture_new_graphs"] == 0, "the blocks were compiled anew under capture"
-    tol = load_workload(key[0]).tolerance["float32"]
+    tol = load_workload(key[0]).tolerance[key[2]]
     outs = torch.load(str(out) + ".pt")
     assert outs["eager"].keys() == outs["compiled"].keys() == outs["captured"].keys()
     for k, ref in outs["eager"].items():
@@ -121,8 +127,8 @@ def test_stack_compiles_without_graph_breaks(compiled, key):
 
 def test_the_stacks_cover_every_entry():
     """A new entry of these workloads joins a stack (or a new stack), or this test says so."""
-    stacked = {eid for _, ids in STACKS for eid in ids}
-    for wl in {wl for wl, _ in STACKS}:
+    stacked = {eid for _, ids, _ in STACKS for eid in ids}
+    for wl in {wl for wl, _, _ in STACKS}:
         assert {e.id for e in USABLE if wl in e.workloads} <= stacked, wl
 
 

@@ -1,6 +1,8 @@
 """Each seed patch wired into the engine's real code path: the patched tiny model, with the Triton
 kernels running under TRITON_INTERPRET=1, matches the base engine on CPU fp32 within the workload's
-tolerance, and every optbot kernel module it loaded took the Triton path."""
+tolerance, and every optbot kernel module it loaded took the Triton path. An entry for quantized
+precisions only (an FP8 entry) runs both at that precision (float32+fp8: the recipe applied), where
+its path engages."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from bot.generate.replay import apply_entry
+from bot.knowledge.check import _entry_precision
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
 from bot.workload import load_workload
@@ -22,16 +25,17 @@ def test_patched_tiny_model_matches_base(entry_id, workload, diffusers_engine, t
     entry = get_entry(entry_id, SHIPPED_STORE)
     r = apply_entry(diffusers_engine, entry, name=f"test-tiny-{entry_id}")
     assert r.status == "applied", r.reason
-    base = tiny_base(workload)
+    precision = _entry_precision(entry, "float32")
+    base = tiny_base(workload, precision)
     got = tiny_runner(workload, Path(r.worktree) / "src", tmp_path / "out",
-                   interpret=bool(entry.test_files()))
+                      interpret=bool(entry.test_files()), precision=precision)
     assert got["engine_file"].startswith(r.worktree)  # the patched engine was the one imported
     if entry.test_files():
         assert got["kernel_paths"], "no optbot kernel module was loaded by the model"
         assert set(got["kernel_paths"].values()) == {"triton"}, got["kernel_paths"]
     if entry.pattern == "merge-siblings":
         assert got["merged_attn"] > 0 and got["merged_views"], got
-    tol = load_workload(workload).tolerance["float32"]
+    tol = load_workload(workload).tolerance[precision]
     assert base["outputs"].keys() == got["outputs"].keys()
     for k, ref in base["outputs"].items():
         out = got["outputs"][k]
