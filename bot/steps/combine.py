@@ -91,16 +91,57 @@ def run(ctx: RunContext) -> Result:
         return res
     # the stack joins the bundle: a resume on another machine finds the branch
     bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
-    res.stack_verdict = load_checkpoint(ctx.run_dir, "stack", head)  # a resumed run: validated before the stop
-    if res.stack_verdict is None:
-        ctx.check_pause("validating the stack")
-        res.stack_verdict = verdict_of(ctx, head, "stack", t.device)
-        save_checkpoint(ctx.run_dir, "stack", head, res.stack_verdict)
+    res.stack_verdict = _stack_verdict(ctx, head)
     sv = res.stack_verdict
     res.stack_note = f"stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})"
+    idle = idle_in_stack(sv, accepted, commits)
+    if idle and len(idle) < len(commits):
+        # each of these was engaged alone; in the stack another commit took its code path away, so it
+        # changes nothing there: rebuild without it and validate that stack (once)
+        first = res.stack_note
+        keep = [c for c in accepted if c.id not in idle]
+        commits, dropped2, head = build_stack(ctx, branch, keep, verdicts)
+        res.commits, res.head_sha = commits, head
+        res.dropped += [f"{cid}: its declared kernels do not run in the stack ({_engagement_gap(sv)}): dropped, "
+                        "the rest re-validated" for cid in idle] + dropped2
+        bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
+        res.stack_verdict = sv = _stack_verdict(ctx, head)
+        res.stack_note = (f"the first stack was rejected ({first.removeprefix('stack re-validated: ')}); without "
+                          f"{', '.join(idle)}: stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})")
     res.stack_sha256 = stack_diff_sha256(t.checkout.repo, res.base_sha, head)
     res.ablation, res.ablation_note, res.ablation_known_from = _ablate(ctx, res, cands)
     return res
+
+
+def _stack_verdict(ctx: RunContext, head: str) -> Verdict:
+    """The stack at `head` validated as a whole (a resumed run finds the verdict it took before the stop)."""
+    v = load_checkpoint(ctx.run_dir, "stack", head)
+    if v is None:
+        ctx.check_pause("validating the stack")
+        v = verdict_of(ctx, head, "stack", ctx.target.device)
+        save_checkpoint(ctx.run_dir, "stack", head, v)
+    return v
+
+
+def _engagement_gap(v: Verdict) -> str:
+    e = v.engagement
+    parts = ([f"declared {e.missing} not seen"] if e.missing else []) + \
+            ([f"declared removed {e.still_present} still seen"] if e.still_present else [])
+    return "; ".join(parts)
+
+
+def idle_in_stack(v: Verdict, accepted: list[Candidate], commits: list[StackCommit]) -> list[str]:
+    """The stack's candidates whose declared kernels its engagement check found idle (declared added,
+    never run; declared removed, still running), when that is why the stack was rejected. Each was
+    engaged when validated alone, so in the stack another commit takes its code path away (on the CPU,
+    2026-12-04: qwen-image-absorb-bias ran the MLP module by module, past the FP8 GELU entry's patch
+    of FeedForward.forward)."""
+    e = v.engagement
+    if v.accepted or e is None or e.ok or not (e.missing or e.still_present):
+        return []
+    in_stack = {c.candidate_id for c in commits}
+    return [c.id for c in accepted if c.id in in_stack
+            and (set(c.adds_kernels) & set(e.missing) or set(c.removes_kernels) & set(e.still_present))]
 
 
 def stack_diff_sha256(repo: git.Repo, base: str, head: str) -> str:

@@ -75,3 +75,29 @@ def test_a_recorded_leave_one_out_is_reused_for_the_same_stack(tmp_path):
     assert recall.stack_ablation(key, res2.commits, cands2, "t" * 64, 1) is None  # another stack: measured again
     key2 = recall.RunKey(**{**key.__dict__, "revalidate": True})
     assert recall.stack_ablation(key2, res2.commits, cands2, "s" * 64, 1) is None
+
+
+def test_a_commit_idle_in_the_stack_is_named_from_the_stack_verdict():
+    """The stack verdict a real CPU run took (tests/steps/data/fp8-stack-not-engaged): the FP8 GELU
+    entry's kernel never ran in the stack. idle_in_stack names that candidate and no other, so
+    combine rebuilds the stack without it; an accepted or otherwise rejected stack names none."""
+    import dataclasses
+    from pathlib import Path
+
+    from bot.jsonable import from_json
+    from bot.steps.generate import Result as GenerateResult
+
+    data = Path(__file__).with_name("data") / "fp8-stack-not-engaged"
+    comb = from_json(combine.Result, json.loads((data / "combine.json").read_text()))
+    gen = from_json(GenerateResult, json.loads((data / "generate.json").read_text()))
+    accepted = [c for c in gen.candidates if c.id in {s.candidate_id for s in comb.commits}]
+    sv = comb.stack_verdict
+    assert sv.status == "rejected" and sv.engagement.missing == ["_gelu_quant_kernel"]
+    assert combine.idle_in_stack(sv, accepted, comb.commits) == ["replay-qwen-image-fp8-gelu-quant"]
+    # not in the stack: not named
+    assert combine.idle_in_stack(sv, accepted, [s for s in comb.commits if "fp8" not in s.candidate_id]) == []
+    accepted_v = dataclasses.replace(sv, status="accepted", reason=None,
+                                     engagement=dataclasses.replace(sv.engagement, ok=True, missing=[]))
+    assert combine.idle_in_stack(accepted_v, accepted, comb.commits) == []
+    slower = dataclasses.replace(sv, reason="slower", engagement=dataclasses.replace(sv.engagement, ok=True, missing=[]))
+    assert combine.idle_in_stack(slower, accepted, comb.commits) == []
