@@ -106,7 +106,7 @@ def run(ctx: RunContext) -> Result:
                         "the rest re-validated" for cid in idle] + dropped2
         bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
         res.stack_verdict = sv = _stack_verdict(ctx, head)
-        res.stack_note = (f"the first stack was rejected ({first.removeprefix('stack re-validated: ')}); without "
+        res.stack_note = (f"the first stack was {first.removeprefix('stack re-validated: ')}; without "
                           f"{', '.join(idle)}: stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})")
     res.stack_sha256 = stack_diff_sha256(t.checkout.repo, res.base_sha, head)
     res.ablation, res.ablation_note, res.ablation_known_from = _ablate(ctx, res, cands)
