@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,8 +271,18 @@ def _materialize(pkg: str, ver: str, what: str, fetch, files) -> Path:
 # worktrees
 
 
+# git's worktree bookkeeping ($GIT_DIR/worktrees, its locks) is not made for concurrent adds and
+# removes in one repository; the agent's samples run in threads (bot/generate/agent/parallel.py)
+_WORKTREES = threading.RLock()
+
+
 def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) -> Path:
     """A fresh detached worktree of the engine at ref (default: the base sha)."""
+    with _WORKTREES:
+        return _add_worktree(checkout, name, ref)
+
+
+def _add_worktree(checkout: EngineCheckout, name: str, ref: str | None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
     root = optbot_home() / "worktrees" / hashlib.sha1(str(checkout.repo_path).encode()).hexdigest()[:10]
     path = root / safe
@@ -296,6 +307,11 @@ def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) ->
 
 
 def remove_worktree(checkout: EngineCheckout, path: Path) -> None:
+    with _WORKTREES:
+        _remove_worktree(checkout, path)
+
+
+def _remove_worktree(checkout: EngineCheckout, path: Path) -> None:
     try:
         checkout.repo.git.worktree("remove", "--force", "--force", str(path))  # twice: also a locked one
     except git.GitCommandError:
