@@ -115,13 +115,21 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     \b
     Rows: upstream eager (the reference), upstream CUDA-graph replay, upstream torch.compile in
     the recipes a user would write (regional and whole-model, each also inside a CUDA graph), the
-    --candidate branch in the four production modes, each --with-engine engine, and two compute
-    floors: all FLOPs at the matmul ceiling measured in the same run, and the linear layers' FLOPs
-    at the FP8 (_scaled_mm, row-wise scales) ceiling measured there too, with attention still at
-    the matmul one: what an FP8 path could reach. Every row's outputs are
+    --candidate branch in the four production modes, each --with-engine engine, and the compute
+    floors: all FLOPs at the matmul ceiling measured in the same run (a burst); on CUDA the same
+    FLOPs at the rate a back-to-back matmul holds for ~3 s (a busy H200 runs into its power cap:
+    docs/timing.md); and the linear layers' FLOPs at the FP8 (_scaled_mm, row-wise scales) ceiling,
+    with attention still at the matmul one: what an FP8 path could reach. Every row's outputs are
     compared with upstream eager under the workload's tolerance, in a separate process. The
     fastest correct upstream compile row is the bar ("vs best compile"), not eager. A row that
     fails keeps its error; the rows that ran stay.
+
+    \b
+    --quant fp8 adds upstream+fp8 rows (the recipe's own error against upstream, reported), runs
+    the candidates at FP8 and judges them against upstream+fp8 eager; the bar becomes the
+    fastest upstream+fp8 compile row. Beside those, two distances are reported, not judged: each
+    upstream+fp8 mode against its own eager run (a trusted rewrite of the FP8 model) and each
+    candidate row against unquantized upstream (docs/fp8.md).
 
     \b
     Examples:
