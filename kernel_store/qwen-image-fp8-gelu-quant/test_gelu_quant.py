@@ -116,3 +116,35 @@ def test_compiles_whole():
     q, s = f(h)
     rq, rs = op.gelu_quant(h, "optbot-emulation")
     assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+def test_torchao_path_is_torchaos_own_linear_bit_for_bit():
+    """A down projection quantized the way torchao's Float8DynamicActivationFloat8WeightConfig
+    (PerRow) quantizes it, built with torchao's own constructors (its quantize_ refuses float8 on
+    the CPU, its Float8Tensor and linear run there): gelu_quant + fp8_linear give exactly what
+    torchao's linear gives on the unfused GELU (its bf16 scale division, its bias in _scaled_mm)."""
+    ao = pytest.importorskip("torchao.quantization")
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import (Float8Tensor,
+                                                                              QuantizeTensorToFloat8Kwargs)
+
+    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    act_g, w_g = cfg.granularity
+    g = torch.Generator(device="cpu").manual_seed(11)
+    lin = torch.nn.Linear(96, 40).to(DEVICE, torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(40, 96, generator=g).to(lin.weight))
+        lin.bias.copy_(torch.randn(40, generator=g).to(lin.bias))
+    act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
+                                       hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
+    lin.weight = torch.nn.Parameter(Float8Tensor.from_hp(lin.weight.detach(), float8_dtype=cfg.weight_dtype,
+                                                         granularity=w_g, mm_config=cfg.mm_config,
+                                                         kernel_preference=cfg.kernel_preference,
+                                                         act_quant_kwargs=act), requires_grad=False)
+    w = op.fp8_weight(lin)
+    assert w is not None and w.recipe == "torchao" and w.bias_in_gemm and w.fast_accum == cfg.mm_config.use_fast_accum
+    (h,) = make_inputs((333, 96), "bfloat16", DEVICE, 12)
+    with torch.no_grad():
+        want = lin(torch.nn.functional.gelu(h, approximate="tanh"))
+        q, s = op.gelu_quant(h, w.recipe)
+        got = op.fp8_linear(q, s, w, lin.bias, h.dtype)
+    assert torch.equal(got, want), (got - want).abs().max()
