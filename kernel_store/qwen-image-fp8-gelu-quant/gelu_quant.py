@@ -37,6 +37,10 @@ try:
     import triton.language as tl
 except ImportError:
     triton = None
+try:
+    from triton.language.extra import libdevice
+except ImportError:
+    libdevice = None
 
 E4M3_MAX = 448.0
 RECIPES = ("torchao", "optbot-emulation")
@@ -60,12 +64,33 @@ def reference(h: torch.Tensor, recipe: str = "torchao") -> Tuple[torch.Tensor, t
 
 if triton is not None:
 
+    # CUDA_MATH (the GPU): the arithmetic of torch's CUDA kernels, so that the fused path rounds where
+    # the unfused one does (in FP8 a last-bit difference can move a value across an e4m3 rounding
+    # edge, a 6-12% step): GELU's operations in its kernel's order with CUDA's tanhf (libdevice's), a
+    # tensor / tensor as a correctly rounded division (Triton's own float32 `/` is an approximate one
+    # there), a tensor / Python number as a multiplication by the number's reciprocal
+    # (BinaryDivTrueKernel.cu). The interpreter runs numpy, whose division is torch's CPU one.
     @triton.jit
-    def _gelu_tanh(x):
-        # 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); tanh through exp, stable for large |u|
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        t = 1.0 - 2.0 / (tl.exp(2.0 * tl.abs(u)) + 1.0)
-        t = tl.where(u < 0, -t, t)
+    def _div(x, y, CUDA_MATH: tl.constexpr):
+        if CUDA_MATH:
+            return libdevice.div_rn(x, y)
+        return x / y
+
+    @triton.jit
+    def _div448(x, CUDA_MATH: tl.constexpr):
+        if CUDA_MATH:
+            return x * (1.0 / 448.0)
+        return x / 448.0
+
+    @triton.jit
+    def _gelu_tanh(x, CUDA_MATH: tl.constexpr):
+        # 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+        u = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
+        if CUDA_MATH:
+            t = libdevice.tanh(u)
+        else:  # tanh through exp, stable for large |u| (the interpreter has no libdevice)
+            t = 1.0 - 2.0 / (tl.exp(2.0 * tl.abs(u)) + 1.0)
+            t = tl.where(u < 0, -t, t)
         return 0.5 * x * (1.0 + t)
 
     @triton.jit
@@ -79,7 +104,7 @@ if triton is not None:
 
     @triton.jit
     def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                           TORCHAO: tl.constexpr, F8_STORE: tl.constexpr):
+                           TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
         """One program per row: pass 1 the GELU and the row's amax, pass 2 the GELU again (the row
         is in L1/L2 by then), divided by the scale, clamped, stored as e4m3 (or float32, F8_STORE
         off: the interpreter)."""
@@ -88,25 +113,25 @@ if triton is not None:
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < N
-            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32))
+            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
             if ROUND:  # where the unfused code stores g in h's dtype (bf16)
                 g = _round_bf16(g)
             amax = tl.maximum(amax, tl.where(m, tl.abs(g), 0.0))
         a = tl.max(amax, axis=0)
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
-            scale = a / 448.0
+            scale = _div448(a, CUDA_MATH)
             if ROUND:
                 scale = _round_bf16(scale)
         else:
-            scale = tl.maximum(a, 1e-12) / 448.0
+            scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < N
-            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32))
+            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
             if ROUND:
                 g = _round_bf16(g)
-            v = tl.minimum(tl.maximum(g / scale, -448.0), 448.0)
+            v = tl.minimum(tl.maximum(_div(g, scale, CUDA_MATH), -448.0), 448.0)
             if F8_STORE:
                 tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
             else:
@@ -137,6 +162,7 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
     if M:
         _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
                                  ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
+                                 CUDA_MATH=h.is_cuda and libdevice is not None,
                                  num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 
@@ -224,4 +250,3 @@ def fp8_linear(q: torch.Tensor, scale: torch.Tensor, w: Fp8Weight, bias, out_dty
                                 use_fast_accum=w.fast_accum)
     out = torch._scaled_mm(q, w.w8.t(), scale_a=scale, scale_b=w.w_scale, out_dtype=out_dtype)
     return out + bias if bias is not None else out
-
