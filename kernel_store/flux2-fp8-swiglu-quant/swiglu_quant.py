@@ -192,13 +192,16 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
     M = x2.shape[0]
     p2 = _rows(prefix) if prefix is not None else x2  # PW = 0: P is never read
     pw = prefix.shape[-1] if prefix is not None else 0
-    f8_store = x.is_cuda  # the interpreter's own e4m3 rounding is wrong (module docstring)
+    # the interpreter, not the device, decides: its e4m3 rounding is wrong (module docstring) and it has
+    # no libdevice (an emulated CUDA-graph capture on the CPU makes tensors say is_cuda)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    f8_store = not interpreted
     q = torch.empty((M, pw + half), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
         _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
-                                   F8_STORE=f8_store, CUDA_MATH=x.is_cuda and libdevice is not None,
+                                   F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
                                    num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 

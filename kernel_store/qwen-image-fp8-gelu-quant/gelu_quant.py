@@ -156,13 +156,16 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
     if h2.stride(-1) != 1:
         h2 = h2.contiguous()
     M, N = h2.shape
-    f8_store = h.is_cuda  # the interpreter's own e4m3 rounding is wrong (module docstring)
+    # the interpreter, not the device, decides: its e4m3 rounding is wrong (module docstring) and it has
+    # no libdevice (an emulated CUDA-graph capture on the CPU makes tensors say is_cuda)
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    f8_store = not interpreted
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=h.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=h.device)
     if M:
         _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
                                  ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
-                                 CUDA_MATH=h.is_cuda and libdevice is not None,
+                                 CUDA_MATH=not interpreted and libdevice is not None,
                                  num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 

@@ -41,7 +41,9 @@ STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modula
           ("qwen-image", QWEN_BF16, "float32"),
           # linear-gelu-epilogue keeps the unfused path on a quantized linear (its op never runs there)
           ("qwen-image", tuple(e for e in QWEN_BF16 if e != "qwen-image-linear-gelu-epilogue")
-           + ("qwen-image-fp8-gelu-quant",), "float32+fp8")]
+           + ("qwen-image-fp8-gelu-quant",), "float32+fp8"),
+          # under FP8 the SwiGLU + quantization entry takes every SwiGLU (flux2-swiglu's op never runs)
+          ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-norm-modulate", "flux2-fp8-swiglu-quant"), "float32+fp8")]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
 # interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
 # text tokens) the nine runs (then one per entry too) took 231 s on the 2-core development machine, at this one 64 to 153 s
