@@ -214,9 +214,9 @@ def _entry_precision(entry: Entry, dtype: str) -> str:
     would rightly be "not engaged"; docs/fp8.md)."""
     if not entry.dtypes or any("+" not in d for d in entry.dtypes):
         return dtype
-    from runner.job import precision
+    from runner.job import precision, split_precision
 
-    return precision(dtype, entry.dtypes[0].split("+", 1)[1])
+    return precision(dtype, split_precision(entry.dtypes[0])[1])
 
 
 @dataclass

@@ -102,7 +102,7 @@ def run(ctx: RunContext) -> Result:
         keep = [c for c in accepted if c.id not in idle]
         commits, dropped2, head = build_stack(ctx, branch, keep, verdicts)
         res.commits, res.head_sha = commits, head
-        res.dropped += [f"{cid}: its declared kernels do not run in the stack ({_engagement_gap(sv)}): dropped, "
+        res.dropped += [f"{cid}: its declared kernels do not run in the stack ({sv.engagement.reason}): dropped, "
                         "the rest re-validated" for cid in idle] + dropped2
         bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
         res.stack_verdict = sv = _stack_verdict(ctx, head)
@@ -121,13 +121,6 @@ def _stack_verdict(ctx: RunContext, head: str) -> Verdict:
         v = verdict_of(ctx, head, "stack", ctx.target.device)
         save_checkpoint(ctx.run_dir, "stack", head, v)
     return v
-
-
-def _engagement_gap(v: Verdict) -> str:
-    e = v.engagement
-    parts = ([f"declared {e.missing} not seen"] if e.missing else []) + \
-            ([f"declared removed {e.still_present} still seen"] if e.still_present else [])
-    return "; ".join(parts)
 
 
 def idle_in_stack(v: Verdict, accepted: list[Candidate], commits: list[StackCommit]) -> list[str]:
