@@ -42,6 +42,12 @@ no longer holds a plain weight to multiply: then the engine runs the projection 
 calls `norm_rope` on its outputs [B, S, 3*H*D], the epilogue alone (the kernel with FROM_Y, as for
 gemm "cublas"): the FP8 GEMM stays the quantized module's, the norm, RoPE and joint layout are fused.
 
+FLUX.2's single-stream blocks compute q|k|v and the MLP input in one projection (to_qkv_mlp_proj), so
+there is no GEMM to take over: the engine passes the q|k|v columns of that output (a strided view, rows
+of the full projection width) to `norm_rope` with `qk_only=True`, and the kernel writes the normalized,
+rotated q and k only, [2, B, S, H, D]; v stays the engine's view of the projection output, as in the
+unfused code (writing it would be a copy the base does not make).
+
 The engine calls `qkv_norm_rope` (and `norm_rope`): a registered op (torch.library.custom_op with a fake) that
 allocates the joint [3, B, S_txt + S_img, H, D] output itself and writes both streams into it.
 Inductor does not look into it, so torch.compile keeps it whole with no graph break, and no Triton
@@ -180,7 +186,8 @@ if triton is not None:
         segment 1's (Y1, M1 = B*S1, OFF1, COFF1); M0 = 0 for one stream. A program takes BLOCK_M rows x
         BLOCK_H heads of q, k or v (a 3-D tile, program_id 1), so the rows' cos and sin (fp32: together
         four times the bytes of a bf16 head) are read once per BLOCK_H heads, and a row's loads and stores
-        are BLOCK_H * D contiguous values."""
+        are BLOCK_H * D contiguous values. The grid's second axis decides what is written: 3 * heads blocks
+        for q, k and v, 2 * heads blocks for q and k only (qk_only)."""
         pid = tl.program_id(0)
         pid_n = tl.program_id(1)  # = which * cdiv(H, BLOCK_H) + head block
         n0 = tl.cdiv(M0, BLOCK_M)
@@ -235,7 +242,7 @@ if triton is not None:
     def _qkv_norm_rope_gemm_kernel(X, W, Y, BIAS, NQ, NK, COS, SIN, OUT,
                                    M, K, S, H, seq_off, eps_q, eps_k,
                                    sxm, swn, sym, so3, sob, sos, soh, scs,
-                                   FROM_Y: tl.constexpr,
+                                   FROM_Y: tl.constexpr, N_OUT: tl.constexpr,
                                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                                    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                                    HAS_NW: tl.constexpr, HAS_ROPE: tl.constexpr, ROUND: tl.constexpr,
@@ -245,7 +252,7 @@ if triton is not None:
         # Grouped tile order: GROUP_M row tiles sweep all 3*H head tiles together, so the x rows stay
         # in L2 while W streams (W is the large operand at these shapes: 3*H*D x K).
         n_m = tl.cdiv(M, BLOCK_M)
-        n_n = 3 * H
+        n_n = N_OUT * H  # q, k, v tiles (N_OUT 3), or q and k only (2)
         per_group = GROUP_M * n_n
         first_m = (pid // per_group) * GROUP_M
         gsize = tl.minimum(n_m - first_m, GROUP_M)
@@ -329,7 +336,7 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
         stream = (reference_epilogue(*y.chunk(3, dim=-1), norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style, rope_style)
                   if y is not None else
                   reference_stream(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, norm_style, rope_style))
-        for i, t in enumerate(stream):
+        for i, t in enumerate(stream[:out.shape[0]]):  # out[0:2] only: q and k (qk_only)
             out[i, :, seq_offset:seq_offset + S] = t
         return
     x2 = x.reshape(B * S, x.shape[-1])
@@ -359,13 +366,13 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
     if from_y and cfg["epilogue"] == "row-block":
         _rows([(y.view(B, S, -1), norm_q, norm_k, eps_q, eps_k, seq_offset, 0)], cos, sin, heads, out, norm_style, cfg)
         return
-    grid = (triton.cdiv(M, cfg["block_m"]) * 3 * heads,)
+    grid = (triton.cdiv(M, cfg["block_m"]) * out.shape[0] * heads,)
     _qkv_norm_rope_gemm_kernel[grid](
         x2, w, y, bias if bias is not None else w, norm_q if norm_q is not None else w,
         norm_k if norm_k is not None else w, cos if has_rope else w, sin if has_rope else w, out,
         M, K, S, heads, seq_offset, float(eps_q), float(eps_k),
         x2.stride(0), w.stride(0), y.stride(0), out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-        cos.stride(0) if has_rope else 0, FROM_Y=from_y,
+        cos.stride(0) if has_rope else 0, FROM_Y=from_y, N_OUT=out.shape[0],
         D=D, BLOCK_M=cfg["block_m"], BLOCK_K=cfg["block_k"], GROUP_M=cfg["group_m"],
         EVEN_K=K % cfg["block_k"] == 0, HAS_BIAS=bias is not None and not from_y, HAS_NW=norm_q is not None,
         HAS_ROPE=has_rope, **rounds,
@@ -377,7 +384,7 @@ def _stream_into(x, w, bias, norm_q, norm_k, eps_q, eps_k, cos, sin, heads, out,
 def _rows(segments, cos, sin, heads, out, norm_style, cfg) -> None:
     """The row-block epilogue kernel, one launch for one or two streams. segments: [(y, nq, nk, eps_q, eps_k,
     out_offset, table_offset)]: y the projection's output [B, S, 3*H*D], out_offset its first joint position
-    in `out` [3, B, S_joint, H, D], table_offset its first row in cos, sin ([rows, D], or None: no RoPE)."""
+    in `out` [3, B, S_joint, H, D] ([2, ...]: q and k only), table_offset its first row in cos, sin ([rows, D], or None: no RoPE)."""
     segs = [None] + list(segments) if len(segments) == 1 else list(segments)  # segment 0 may be empty (M0 = 0)
     B = segs[1][0].shape[0]
     flat = []
@@ -397,7 +404,7 @@ def _rows(segments, cos, sin, heads, out, norm_style, cfg) -> None:
         sin = sin.to(device=y1.device, dtype=torch.float32).contiguous()
     ref = nq1 if nq1 is not None else y1  # a pointer for the arguments a config does not read
     grid = (triton.cdiv(B * S0, cfg["block_m"]) + triton.cdiv(B * S1, cfg["block_m"]),
-            3 * triton.cdiv(heads, cfg["block_h"]))
+            out.shape[0] * triton.cdiv(heads, cfg["block_h"]))  # q, k, v blocks, or q and k only
     _norm_rope_rows_kernel[grid](
         y0, y1, ref if nq0 is None else nq0, ref if nk0 is None else nk0, ref if nq1 is None else nq1,
         ref if nk1 is None else nk1, cos if has_rope else ref, sin if has_rope else ref, out,
@@ -462,11 +469,11 @@ def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optiona
              nk_txt: Optional[torch.Tensor], nq_img: Optional[torch.Tensor], nk_img: Optional[torch.Tensor],
              cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], eq_t: float, ek_t: float, eq_i: float,
              ek_i: float, heads: int, norm_style: str, rope_style: str, block_m: int, num_warps: int,
-             epilogue: str, block_h: int) -> torch.Tensor:
-    """The op of norm_rope: both streams' projection outputs into one new [3, B, S_txt + S_img, H, D]."""
+             epilogue: str, block_h: int, n_out: int) -> torch.Tensor:
+    """The op of norm_rope: both streams' projection outputs into one new [n_out, B, S_txt + S_img, H, D]
+    (n_out 3: q, k, v; 2: q and k only)."""
+    out = torch.empty(_joint_y_shape(y_txt, y_img, heads, n_out), dtype=y_img.dtype, device=y_img.device)
     s_txt = 0 if y_txt is None else y_txt.shape[1]
-    D = y_img.shape[-1] // (3 * heads)
-    out = torch.empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, D), dtype=y_img.dtype, device=y_img.device)
     cfg = {**DEFAULT_CONFIG, "block_m": block_m, "num_warps": num_warps, "epilogue": epilogue, "block_h": block_h}
     if _one_launch(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, out, cfg):
         _rows([(y_txt, nq_txt, nk_txt, eq_t, ek_t, 0, 0), (y_img, nq_img, nk_img, eq_i, ek_i, s_txt, s_txt)],
@@ -478,6 +485,11 @@ def _joint_y(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, nq_txt: Optiona
     _stream_into(None, None, None, nq_img, nk_img, eq_i, ek_i, None if cos is None else cos[s_txt:],
                  None if sin is None else sin[s_txt:], heads, out, s_txt, norm_style, rope_style, cfg, y=y_img)
     return out
+
+
+def _joint_y_shape(y_txt: Optional[torch.Tensor], y_img: torch.Tensor, heads: int, n_out: int) -> tuple:
+    s_txt = 0 if y_txt is None else y_txt.shape[1]
+    return (n_out, y_img.shape[0], s_txt + y_img.shape[1], heads, y_img.shape[-1] // (3 * heads))
 
 
 def _register():
@@ -505,9 +517,9 @@ def _register_y():
     op = torch.library.custom_op(f"optbot::{_OP_NAME}_y", mutates_args=())(_joint_y)
 
     @op.register_fake
-    def _fake(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eq_t, ek_t, eq_i, ek_i, heads, *style_and_config):
-        s_txt = 0 if y_txt is None else y_txt.shape[1]
-        return y_img.new_empty((3, y_img.shape[0], s_txt + y_img.shape[1], heads, y_img.shape[-1] // (3 * heads)))
+    def _fake(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eq_t, ek_t, eq_i, ek_i, heads, norm_style,
+              rope_style, block_m, num_warps, epilogue, block_h, n_out):
+        return y_img.new_empty(_joint_y_shape(y_txt, y_img, heads, n_out))
 
     return op
 
@@ -551,10 +563,12 @@ def qkv_norm_rope(x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_i
 
 
 def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
-              rope_style="real", block_m=None, num_warps=None, epilogue=None, block_h=None):
-    """The epilogue alone, for projections the engine ran itself (a quantized linear): y_txt, y_img are
-    the outputs [B, S, 3*H*D] of the merged q|k|v projections (bias included); returns q, k, v stacked,
-    [3, B, S_txt + S_img, H, D] (text first), as qkv_norm_rope does."""
+              rope_style="real", block_m=None, num_warps=None, epilogue=None, block_h=None, qk_only=False):
+    """The epilogue alone, for projections the engine ran itself (a quantized linear, or FLUX.2's
+    single-stream to_qkv_mlp_proj): y_txt, y_img are the outputs [B, S, 3*H*D] of the merged q|k|v
+    projections (bias included; rows may be strided, the last dim contiguous); returns q, k, v stacked,
+    [3, B, S_txt + S_img, H, D] (text first), as qkv_norm_rope does, or with qk_only q and k only,
+    [2, B, S_txt + S_img, H, D] (v is then the caller's view of y)."""
     global _last_path
     eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
     D = y_img.shape[-1] // (3 * heads)
@@ -567,11 +581,11 @@ def norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads
     bh = _check_block_h(DEFAULT_CONFIG["block_h"] if block_h is None else int(block_h))
     return (_OP_Y if torch.compiler.is_compiling() else _joint_y)(
         y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, float(eq_t), float(ek_t), float(eq_i), float(ek_i),
-        int(heads), norm_style, rope_style, bm, nw, ep, bh)
+        int(heads), norm_style, rope_style, bm, nw, ep, bh, 2 if qk_only else 3)
 
 
 def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads, norm_style="torch",
-                        rope_style="real"):
+                        rope_style="real", qk_only=False):
     """norm_rope's unfused engine code: reference() with the projections already run."""
     eq_t, ek_t, eq_i, ek_i = eps if isinstance(eps, (tuple, list)) else (eps,) * 4
     s_txt = 0 if y_txt is None else y_txt.shape[1]
@@ -585,7 +599,7 @@ def reference_norm_rope(y_txt, y_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, 
         qi, ki, vi = torch.cat([qt, qi], dim=1), torch.cat([kt, ki], dim=1), torch.cat([vt, vi], dim=1)
     if cos is not None and not per_stream:
         qi, ki = _rope(qi, cos, sin), _rope(ki, cos, sin)
-    return torch.stack([qi, ki, vi])
+    return torch.stack([qi, ki] if qk_only else [qi, ki, vi])
 
 
 def _check_block_h(block_h: int) -> int:

@@ -146,3 +146,53 @@ def test_norm_rope_compiles_as_one_op():
     f = torch.compile(lambda a, b: op.norm_rope(a, b, *epilogue), backend=backend, fullgraph=True)
     torch.testing.assert_close(f(*ys), op.norm_rope(*ys, *epilogue), atol=0, rtol=0)
     assert any(f"optbot.{op._OP_NAME}_y.default" in g for g in graphs), graphs
+
+
+def single_stream_inputs(shape, dtype, device, seed, mlp_cols=24):
+    """FLUX.2's single-stream layout: one joint [txt, img] stream whose q|k|v are the first 3*H*D columns of
+    the to_qkv_mlp_proj output (the MLP input follows), passed as that strided view."""
+    B, s_txt, s_img, K, H, D = shape
+    x_txt, x_img, w_txt, w_img, b_txt, b_img, nq_txt, nk_txt, nq_img, nk_img, cos, sin, eps, heads = make_inputs(
+        shape, dtype, device, seed)
+    x = torch.cat([x_txt, x_img], dim=1)
+    g = torch.Generator(device="cpu").manual_seed(seed + 100)
+    w_mlp = (K ** -0.5 * torch.randn(mlp_cols, K, generator=g)).to(device, w_img.dtype)
+    proj = torch.nn.functional.linear(x, torch.cat([w_img, w_mlp]))
+    return proj[..., :3 * H * D], (None, None, nq_img, nk_img, cos, sin, eps, heads)  # no text-stream norms
+
+
+@pytest.mark.parametrize("epilogue", op.EPILOGUES)
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_norm_rope_qk_only_on_the_single_stream_projection(shape, dtype, atol, rtol, epilogue):
+    """qk_only on the q|k|v columns of a wider projection (rows strided by its full width): q and k as
+    the unfused ops give them, [2, B, S, H, D], the same values as the three-output call's first two, and
+    the input untouched."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    qkv, epi = single_stream_inputs(shape, dtype, device, 0)
+    assert qkv.stride(1) > qkv.shape[-1], "the test must pass a strided view"
+    before = qkv.clone()
+    out = op.norm_rope(None, qkv, *epi, epilogue=epilogue, qk_only=True)
+    assert op.last_path() == ("triton" if op.triton is not None and (qkv.is_cuda or TRITON_INTERPRET) else "torch")
+    B, s_txt, s_img, K, H, D = shape
+    assert out.shape == (2, B, s_txt + s_img, H, D)
+    ref = op.reference_norm_rope(None, qkv, *epi, qk_only=True)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+    three = op.norm_rope(None, qkv.contiguous(), *epi, epilogue=epilogue)
+    torch.testing.assert_close(out, three[:2], atol=0, rtol=0)
+    assert torch.equal(qkv, before), "the kernel modified its input"
+
+
+def test_norm_rope_qk_only_compiles_as_one_op():
+    qkv, epi = single_stream_inputs(SHAPES[2], "float32", "cpu", 0)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    f = torch.compile(lambda y: op.norm_rope(None, y, *epi, qk_only=True), backend=backend, fullgraph=True)
+    eager = op.norm_rope(None, qkv, *epi, qk_only=True)
+    torch.testing.assert_close(f(qkv), eager, atol=0, rtol=0)
+    assert eager.shape[0] == 2
+    assert any(f"optbot.{op._OP_NAME}_y.default" in g for g in graphs), graphs
