@@ -43,3 +43,44 @@ def test_kernel_matches_reference(shape, dtype, atol, rtol):
     for seed in (0, 1):
         inputs = make_inputs(shape, dtype, "cuda" if torch.cuda.is_available() else "cpu", seed)
         torch.testing.assert_close(kernel(*inputs), reference(*inputs), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", CASES)
+@pytest.mark.parametrize("shape, width, block_n", [((1, 64), 32, 1024), ((37, 198), 37, 32), ((2, 17, 96), 80, 64),
+                                                   ((129, 2048), 512, 256)])
+def test_prefix_is_the_concatenation(shape, width, block_n, dtype, atol, rtol):
+    """With a prefix (the single-stream block's attention output) the kernel writes cat([prefix, swiglu(x)]):
+    prefix widths that are not a multiple of block_n put the boundary inside a program's columns; the
+    prefix is copied exactly and the SwiGLU part equals the call without one."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    (x,) = make_inputs(shape, dtype, device, 0)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    prefix = torch.randn(*x.shape[:-1], width, generator=g).to(device, x.dtype)
+    out = op.swiglu(x, prefix, block_n=block_n)
+    assert out.shape == (*x.shape[:-1], width + x.shape[-1] // 2)
+    torch.testing.assert_close(out, op.reference(x, prefix), atol=atol, rtol=rtol)
+    assert torch.equal(out[..., :width], prefix)
+    torch.testing.assert_close(out[..., width:], op.swiglu(x, block_n=block_n), atol=0, rtol=0)
+
+
+def test_prefix_must_match():
+    (x,) = make_inputs((3, 64), "float32", "cpu", 0)
+    with pytest.raises(ValueError, match="prefix must match"):
+        op.swiglu(x, torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="prefix must match"):
+        op.swiglu(x, torch.zeros(3, 8, dtype=torch.bfloat16))
+
+
+def test_prefix_compiles_as_one_op():
+    (x,) = make_inputs((2, 17, 96), "float32", "cpu", 0)
+    prefix = torch.randn(2, 17, 24)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    f = torch.compile(lambda a, p: op.swiglu(a, p), backend=backend, fullgraph=True)
+    torch.testing.assert_close(f(x, prefix), op.swiglu(x, prefix), atol=0, rtol=0)
+    if op.last_path() == "triton":  # the registered op only on the Triton path (else plain torch ops)
+        assert any("optbot.swiglu.default" in g for g in graphs), graphs

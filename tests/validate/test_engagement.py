@@ -17,6 +17,15 @@ def test_declared_kernel_matching():
     assert declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "transformer_blocks.0.ff.act_fn.gate_fn"))
     assert not declared_matches("aten::silu@*gate_fn", ("aten::silu", "aten::silu", "double_stream_modulation_img.act_fn"))
     assert not declared_matches("aten::gelu@*gate_fn", ("aten::silu", "aten::silu", "blocks.0.gate_fn"))
+    # a scoped added kernel: launched by the single-stream processor itself (flux2-swiglu's concatenation
+    # path), not by the module it replaces there, and not by a double-stream block
+    single = "_swiglu_kernel@single_transformer_blocks.*.attn"
+    assert declared_matches(single, ("_swiglu_kernel", "", "single_transformer_blocks.*.attn"))
+    assert not declared_matches(single, ("_swiglu_kernel", "", "single_transformer_blocks.*.attn.mlp_act_fn"))
+    assert not declared_matches("_swiglu_kernel@transformer_blocks.*.act_fn",
+                                ("_swiglu_kernel", "", "single_transformer_blocks.*.attn.mlp_act_fn"))
+    assert declared_matches("_swiglu_kernel@transformer_blocks.*.act_fn",
+                            ("triton::_swiglu_kernel", "", "transformer_blocks.*.ff_context.act_fn"))
 
 
 def _rev(trailers) -> Revision:
