@@ -67,6 +67,15 @@ def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: st
     return out
 
 
+def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str]:
+    """{entry id: the offered entry whose entry.yaml `supersedes` names it}. Such an entry's changes are
+    part of the offered one's and their patches conflict: combine would keep whichever came first, so
+    the generate step does not offer it (it is offered again when the superseding entry is not: no
+    match, a conflict, known rejected on this machine)."""
+    by_id = {e.id: e for e in entries}
+    return {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
+
+
 def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
     """("reference", why) when the entry's recorded GPU microbenchmark on `hardware` lost to the
     reference compiled by inductor at every shape it timed; else ("op", "")."""

@@ -98,6 +98,9 @@ class Entry:
     path: Path = Path()
     production: tuple[Production, ...] = ()
     retired: Retirement | None = None
+    # entries whose changes this one includes (entry.yaml `supersedes:`): their patches conflict with
+    # this one, so replay offers them only when this one is not offered (docs/store.md)
+    supersedes: tuple[str, ...] = ()
 
     @property
     def patch_path(self) -> Path:
@@ -165,7 +168,7 @@ def parse_entry(data: Any, file: Path) -> Entry:
     if not isinstance(data, dict):
         raise ConfigError(file, "(top level)", type(data).__name__, "a mapping of entry fields")
     known = {"id", "title", "pattern", "engine", "workloads", "shapes", "hardware", "dtype", "status",
-             "provenance", "kernels", "config_space", "description", "production", "retired"}
+             "provenance", "kernels", "config_space", "description", "production", "retired", "supersedes"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"a known field ({', '.join(sorted(known))})")
@@ -223,8 +226,16 @@ def parse_entry(data: Any, file: Path) -> Entry:
         adds_kernels=_str_list(kernels, "adds", file, "kernels.", required=False),
         removes_kernels=_str_list(kernels, "removes", file, "kernels.", required=False),
         config_space=cs, description=str(data.get("description", "")).strip(), path=file.parent,
-        retired=retired,
+        retired=retired, supersedes=_supersedes(data, eid, file),
     )
+
+
+def _supersedes(data: dict, eid: str, file: Path) -> tuple[str, ...]:
+    ids = _str_list(data, "supersedes", file, required=False)
+    for i, other in enumerate(ids):
+        if not ID_RE.match(other) or other == eid:
+            raise ConfigError(file, f"supersedes[{i}]", other, "the id of another entry of this store")
+    return ids
 
 
 def _production(v: Any, file: Path) -> tuple[Production, ...]:
@@ -269,7 +280,17 @@ def load_store(root: Path | None = None) -> list[Entry]:
     root = _root(root)
     if not root.is_dir():
         return []
-    return [load_entry(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith((".", "_"))]
+    entries = [load_entry(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith((".", "_"))]
+    ids = {e.id for e in entries}
+    for e in entries:
+        for i, other in enumerate(e.supersedes):
+            if other not in ids:
+                raise ConfigError(e.path / "entry.yaml", f"supersedes[{i}]", other,
+                                  f"the id of an entry of {root} ({', '.join(sorted(ids - {e.id}))})")
+            if e.id in next(x for x in entries if x.id == other).supersedes:
+                raise ConfigError(e.path / "entry.yaml", f"supersedes[{i}]", other,
+                                  f"an entry that does not itself supersede {e.id}")
+    return entries
 
 
 def get_entry(entry_id: str, root: Path | None = None) -> Entry:

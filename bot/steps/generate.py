@@ -21,6 +21,7 @@ from bot.analyze.opportunity import Opportunity
 from bot.generate.candidate import Candidate
 from bot.knowledge import recall
 from bot.knowledge.known import KnownVerdict
+from bot.knowledge.store import load_store
 from bot.run.context import RunContext
 from bot.run.resume import bundle_candidates
 from bot.trailers import parse_trailers
@@ -113,7 +114,7 @@ def _add(ctx: RunContext, res: Result, c: Candidate, opps: list[Opportunity]) ->
 
 def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
     """Every matching kernel_store entry -> a commit in its own worktree; the replays kept."""
-    from bot.generate.replay import replay
+    from bot.generate.replay import replay, superseded_by
 
     t, hardware, replayed = ctx.target, ctx.hardware(), []
     knowledge = ctx.knowledge()
@@ -123,6 +124,7 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
         n = sum(1 for p in knowledge.kernel_store.glob("*/entry.yaml")) if knowledge.kernel_store.is_dir() else 0
         res.notes.append(f"store replay: none of the {n} store entries is for {t.workload.name} on engine "
                          f"{t.engine_name or t.workload.default_engine} (a new model starts with an empty store)")
+    offered = []
     for r in results:
         if r.candidate is None:
             res.notes.append(f"store replay {r.entry_id}: {r.status}: {r.reason}")
@@ -133,6 +135,16 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
             # the same patch, base, workload and machine were measured: measuring again would spend
             # GPU time on a known answer (--revalidate to do it anyway)
             res.notes.append(f"store replay {r.entry_id}: skipped, known on {hardware}: {known.line()}")
+            continue
+        offered.append((r, known, why))
+    # An entry that includes another's changes (entry.yaml `supersedes`) conflicts with it in a stack;
+    # combine would keep whichever came first. Offer the superseding one, and the other only when the
+    # superseding one is not offered (no match, a conflict, known rejected on this machine).
+    superseded = superseded_by([r.entry_id for r, _, _ in offered], load_store(knowledge.kernel_store)) if offered else {}
+    for r, known, why in offered:
+        if r.entry_id in superseded:
+            res.notes.append(f"store replay {r.entry_id}: skipped, superseded by {superseded[r.entry_id]} "
+                             "(its entry.yaml `supersedes`), which is offered")
             continue
         c = _add(ctx, res, r.candidate, opps)
         if known is not None:

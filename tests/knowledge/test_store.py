@@ -102,3 +102,25 @@ def test_an_fp8_entry_is_checked_at_the_quantized_precision():
     assert _entry_precision(fp8, "bfloat16") == "bfloat16+fp8"
     plain = load_entry(STORE_DIR / "flux2-swiglu")
     assert _entry_precision(plain, "bfloat16") == "bfloat16"
+
+
+def test_supersedes_names_other_entries_of_the_store(tmp_path):
+    """`supersedes` lists entries whose changes this one includes: each must be another entry of the same
+    store, and two entries cannot supersede each other (the error names the file, key and value)."""
+    folder = _copy_entry(tmp_path, "flux2-qkv-norm-rope-epilogue")
+    store = folder.parent
+    assert load_entry(folder).supersedes == ("flux2-qk-rmsnorm-rope", "flux2-merge-qkv")
+    with pytest.raises(ConfigError) as ei:  # the superseded entries are not in this store
+        load_store(store)
+    assert "entry.yaml: key 'supersedes[0]'" in str(ei.value) and "flux2-qk-rmsnorm-rope" in str(ei.value)
+    for other in ("flux2-qk-rmsnorm-rope", "flux2-merge-qkv"):
+        _copy_entry(tmp_path, other)
+    assert len(load_store(store)) == 3
+    back = store / "flux2-merge-qkv" / "entry.yaml"
+    data = yaml.safe_load(back.read_text())
+    back.write_text(yaml.safe_dump({**data, "supersedes": ["flux2-qkv-norm-rope-epilogue"]}))
+    with pytest.raises(ConfigError, match="does not itself supersede"):
+        load_store(store)
+    back.write_text(yaml.safe_dump({**data, "supersedes": ["flux2-merge-qkv"]}))
+    with pytest.raises(ConfigError, match=r"supersedes\[0\]'.*another entry"):
+        load_store(store)

@@ -112,3 +112,41 @@ def test_a_candidate_keeps_the_estimate_its_generator_summed(tmp_path):
     plain = generate._complete(ctx, Candidate("r", "", "", "replay", "", sha), 1, opps)
     assert summed.estimated_gain_ms == 18.39
     assert plain.estimated_gain_ms == 7.75 and plain.opportunity_id == "o1"
+
+
+def test_replay_offers_a_superseded_entry_only_without_its_superseder(tmp_path, monkeypatch, diffusers_engine):
+    """flux2-qkv-norm-rope-epilogue includes flux2-qk-rmsnorm-rope's and flux2-merge-qkv's changes and
+    conflicts with both (its entry.yaml `supersedes`): with it offered, they are not (combine would keep
+    whichever came first); when it is known rejected on this machine, they are offered again.
+    TEST SEAM: the recorded GPU verdict lookup (this machine has none to record)."""
+    from bot.knowledge import recall
+    from bot.knowledge.known import KnownVerdict
+    from bot.knowledge.location import Knowledge, SHIPPED_STORE
+    from tests.fakes import opportunity
+
+    opps = [opportunity("attention-waste", id="o1"), opportunity("merge-siblings", id="o2"),
+            opportunity("fuse-elementwise-chain", id="o3")]
+    ctx = _generate_ctx(tmp_path, "cuda", diffusers_engine)
+    ctx._target.engine_name, ctx._target.workload.default_engine = "diffusers", "diffusers"
+    monkeypatch.setattr(ctx, "hardware", lambda: "h200")
+    monkeypatch.setattr(ctx, "knowledge", lambda: Knowledge(SHIPPED_STORE.parent, SHIPPED_STORE, tmp_path / "lessons", "test"))
+    monkeypatch.setattr(ctx, "run_key", lambda: None)
+    rejected = set()
+
+    def recorded(key, entry_id):
+        if entry_id not in rejected:
+            return None, "no GPU verdict recorded"
+        return KnownVerdict(entry_id, "flux2", "rejected", "no-change", "", 1.0, "2026-12-05", "the test", {}), ""
+
+    monkeypatch.setattr(recall, "entry_verdict", recorded)
+    res = generate.Result("done", "")
+    offered = {r.entry_id for r in generate._replay(ctx, opps, res)}
+    assert offered == {"flux2-qkv-norm-rope-epilogue", "flux2-swiglu"}, res.notes
+    for old in ("flux2-qk-rmsnorm-rope", "flux2-merge-qkv"):
+        assert f"store replay {old}: skipped, superseded by flux2-qkv-norm-rope-epilogue (its entry.yaml " \
+               "`supersedes`), which is offered" in res.notes
+    rejected.add("flux2-qkv-norm-rope-epilogue")
+    res = generate.Result("done", "")
+    offered = {r.entry_id for r in generate._replay(ctx, opps, res)}
+    assert offered == {"flux2-qk-rmsnorm-rope", "flux2-merge-qkv", "flux2-swiglu"}, res.notes
+    assert {c.entry_id for c in res.candidates} == offered
