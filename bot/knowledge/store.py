@@ -281,13 +281,12 @@ def load_store(root: Path | None = None) -> list[Entry]:
     if not root.is_dir():
         return []
     entries = [load_entry(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith((".", "_"))]
-    ids = {e.id for e in entries}
+    # a superseded id need not be here (a knowledge repository may hold some of the entries); two that
+    # are here cannot supersede each other (neither would be offered)
+    by_id = {e.id: e for e in entries}
     for e in entries:
         for i, other in enumerate(e.supersedes):
-            if other not in ids:
-                raise ConfigError(e.path / "entry.yaml", f"supersedes[{i}]", other,
-                                  f"the id of an entry of {root} ({', '.join(sorted(ids - {e.id}))})")
-            if e.id in next(x for x in entries if x.id == other).supersedes:
+            if other in by_id and e.id in by_id[other].supersedes:
                 raise ConfigError(e.path / "entry.yaml", f"supersedes[{i}]", other,
                                   f"an entry that does not itself supersede {e.id}")
     return entries

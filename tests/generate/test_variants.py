@@ -127,7 +127,7 @@ def test_best_config_becomes_a_commit(tmp_path, diffusers_engine, entry_id, spac
     assert tr["Optbot-Kind"] == entry.pattern and tr["Optbot-Entry"] == entry_id
     assert tr["Optbot-Generator"] == "variant-search" and tr["Optbot-Opportunity"] == "opp-7"
     assert tr["Optbot-Config"] == res.chosen["label"] and "Config: " in commit.message
-    # the kernel file differs from the entry's only in the config: the def line and a comment
+    # the kernel file differs from the entry's only in the config: the def's line(s) and a comment
     (kfile,) = entry.kernel_files()
     engine_path = next(p for p in commit.stats.files if p.endswith("/" + kfile.name))
     old, new = kfile.read_text(), repo.git.show(f"{c.commit_sha}:{engine_path}") + "\n"
@@ -136,8 +136,10 @@ def test_best_config_becomes_a_commit(tmp_path, diffusers_engine, entry_id, spac
     site_old, site_new = config_site(old, list(space)), config_site(new, list(space))
     assert site_old.function == site_new.function == function
     assert {k: site_new.defaults[k] for k in space} == {k: repr(v[0]) for k, v in space.items()}
-    assert len(changed) == 3 and changed[0].startswith("-") and changed[1].startswith("+") and \
-        "variant search" in changed[1] and changed[2].startswith("+") and f"def {function}(" in changed[2]
+    minus, plus = [ln for ln in changed if ln[0] == "-"], [ln for ln in changed if ln[0] == "+"]
+    assert changed == minus + plus and len(plus) == len(minus) + 1, changed  # one hunk: the def, then the comment
+    assert "variant search" in plus[0] and f"def {function}(" in plus[1] and f"def {function}(" in minus[0]
+    assert [ln[1:].split(":")[0] for ln in minus] == [ln[1:].split(":")[0] for ln in plus[1:]], changed  # only values
     # everything else is the entry's patch as replay applies it
     plain = apply_entry(diffusers_engine, entry, "opp-7", name=f"test-plain-{entry_id}")
     assert repo.git.diff(plain.candidate.commit_sha, c.commit_sha, "--name-only").split() == [engine_path]

@@ -34,12 +34,15 @@ def _broken_entry(tmp_path: Path, src_edit) -> Path:
     folder = tmp_path / "flux2-swiglu"
     shutil.copytree(STORE_DIR / "flux2-swiglu", folder)
     src = folder / "swiglu.py"
-    src.write_text(src_edit(src.read_text()))
+    text = src.read_text()
+    edited = src_edit(text)
+    assert edited != text, "the edit no longer matches swiglu.py: update it with the kernel"
+    src.write_text(edited)
     return folder
 
 
 def test_wrong_kernel_fails_with_location(tmp_path, base_worktree):
-    folder = _broken_entry(tmp_path, lambda s: s.replace("(act * b)", "(act * b + 0.01 * (cols == 5))"))
+    folder = _broken_entry(tmp_path, lambda s: s.replace("v = act * b\n", "v = act * b + 0.01 * (cols == 5)\n"))
     entry = load_entry(folder)
     assert not check_sources(entry).ok  # it no longer matches the patched engine file
     (c,) = run_kernel_tests(entry, str(base_worktree / "src"), "", "cpu", tmp_path / "run", params={"seeds": [0]})

@@ -20,7 +20,9 @@ import git
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRIES = ("flux2-merge-qkv", "flux2-qkv-norm-rope-epilogue")  # the two quickest to validate on CPU
+# two quick entries to validate on CPU that a run offers together (flux2-qkv-norm-rope-epilogue
+# supersedes flux2-merge-qkv: a store holding both offers one)
+ENTRIES = ("flux2-merge-qkv", "flux2-swiglu")
 # replay only: the two store entries are the candidates this is about; compile-region (tested in
 # tests/generate/test_compile_region.py) would add an inductor build to every validation process
 OPT = ["optimize", "flux2", "--device", "cpu", "--iters", "2", "--generators", "replay"]
