@@ -234,7 +234,7 @@ def _supersedes(data: dict, eid: str, file: Path) -> tuple[str, ...]:
     ids = _str_list(data, "supersedes", file, required=False)
     for i, other in enumerate(ids):
         if not ID_RE.match(other) or other == eid:
-            raise ConfigError(file, f"supersedes[{i}]", other, "the id of another entry of this store")
+            raise ConfigError(file, f"supersedes[{i}]", other, "the id of another entry (not this one)")
     return ids
 
 
