@@ -130,12 +130,12 @@ def _emulated(k, n, device, seed):
 def test_engine_path_gives_the_fp8_linears_output(p):
     """swiglu_quant + fp8_linear with the emulation's weight: the FP8 output projection of the
     unfused SwiGLU (and concatenation), as runner/quant.Fp8Linear computes it."""
-    plain, fp8 = _emulated(p + 48, 40, DEVICE, 5)
+    plain, fp8 = _emulated(p + 48, 64, DEVICE, 5)
     x, prefix = make_inputs((2, 17, p, 96), "float32", DEVICE, 5)
     w = op.fp8_weight(fp8)
     assert w is not None and w.recipe == "optbot-emulation" and op.fp8_weight(plain) is None
     q, s = op.swiglu_quant(x, prefix, w.recipe)
-    out = op.fp8_linear(q, s, w, fp8.bias, x.dtype).reshape(2, 17, 40)
+    out = op.fp8_linear(q, s, w, fp8.bias, x.dtype).reshape(2, 17, 64)
     v = torch.nn.functional.silu(x[..., :48]) * x[..., 48:]
     want = fp8(torch.cat([prefix, v], dim=-1) if p else v)
     torch.testing.assert_close(out, want, atol=0, rtol=0)
@@ -177,9 +177,9 @@ def test_torchao_path_is_torchaos_own_linear_bit_for_bit(p):
     cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
     act_g, w_g = cfg.granularity
     g = torch.Generator(device="cpu").manual_seed(11)
-    lin = torch.nn.Linear(p + 48, 40, bias=False).to(DEVICE, torch.bfloat16)
+    lin = torch.nn.Linear(p + 48, 64, bias=False).to(DEVICE, torch.bfloat16)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(40, p + 48, generator=g).to(lin.weight))
+        lin.weight.copy_(torch.randn(64, p + 48, generator=g).to(lin.weight))
     act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
                                        hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
     lin.weight = torch.nn.Parameter(Float8Tensor.from_hp(lin.weight.detach(), float8_dtype=cfg.weight_dtype,

@@ -104,8 +104,8 @@ def test_engine_path_gives_the_fp8_linears_output():
     sys.path.insert(0, str(root))
     from runner.quant import Fp8Linear
 
-    plain = torch.nn.Linear(96, 40).to(DEVICE)
-    fp8 = Fp8Linear.from_linear(torch.nn.Linear(96, 40).to(DEVICE))
+    plain = torch.nn.Linear(96, 64).to(DEVICE)
+    fp8 = Fp8Linear.from_linear(torch.nn.Linear(96, 64).to(DEVICE))
     (h,) = make_inputs((33, 96), "float32", DEVICE, 5)
     w = op.fp8_weight(fp8)
     assert w is not None and w.recipe == "optbot-emulation" and op.fp8_weight(plain) is None
@@ -144,10 +144,10 @@ def test_torchao_path_is_torchaos_own_linear_bit_for_bit():
     cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
     act_g, w_g = cfg.granularity
     g = torch.Generator(device="cpu").manual_seed(11)
-    lin = torch.nn.Linear(96, 40).to(DEVICE, torch.bfloat16)
+    lin = torch.nn.Linear(96, 64).to(DEVICE, torch.bfloat16)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(40, 96, generator=g).to(lin.weight))
-        lin.bias.copy_(torch.randn(40, generator=g).to(lin.bias))
+        lin.weight.copy_(torch.randn(64, 96, generator=g).to(lin.weight))
+        lin.bias.copy_(torch.randn(64, generator=g).to(lin.bias))
     act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
                                        hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
     lin.weight = torch.nn.Parameter(Float8Tensor.from_hp(lin.weight.detach(), float8_dtype=cfg.weight_dtype,
