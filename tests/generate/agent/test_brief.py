@@ -188,15 +188,18 @@ def test_a_worked_example_names_the_kernel_file_its_patch_adds_instead_of_repeat
 
 
 def test_cpu_correctness_lesson_reaches_a_cuda_prompt_speed_lessons_stay_on_their_hardware():
+    """The shipped lessons: a CPU correctness lesson (pattern: any) reaches an H200 prompt; an H200
+    speed verdict (flux2-merge-qkv's no-change caveat, written by `store record-bench`) reaches the
+    H200 prompt of its pattern and not the CPU one."""
     cpu_lesson = load_lesson(LESSONS / "fallback-must-replay-the-unfused-ops.md")
     assert cpu_lesson.applies_to["hardware"] == "cpu" and not prompts.is_speed_lesson(cpu_lesson)
-    gpu = prompts.knowledge_block("fuse-norm-consumer", "diffusers", "h200", "flux2", lessons_dir=LESSONS,
+    gpu = prompts.knowledge_block("merge-siblings", "diffusers", "h200", "flux2", lessons_dir=LESSONS,
                                   store_dir=STORE)
     assert cpu_lesson.body in gpu
-    speed = load_lesson(LESSONS / "flux2-norm-modulate-on-h200-flux2.md")
+    speed = load_lesson(LESSONS / "flux2-merge-qkv-on-h200-flux2.md")
     assert prompts.is_speed_lesson(speed)
     assert speed.body in gpu
-    cpu = prompts.knowledge_block("fuse-norm-consumer", "diffusers", "cpu", "flux2", lessons_dir=LESSONS,
+    cpu = prompts.knowledge_block("merge-siblings", "diffusers", "cpu", "flux2", lessons_dir=LESSONS,
                                   store_dir=STORE)
     assert speed.body not in cpu and cpu_lesson.body in cpu
     fault = load_lesson(LESSONS / "user-triton-kernels-must-not-write-views-under-compile.md")  # h200, a fault
