@@ -1,7 +1,8 @@
 """Speed, check 6 of docs/validate.md (the noise rules are docs/timing.md).
 
 Candidate and base in alternating processes (candidate, base, candidate, base): the two
-correctness processes, then one more of each that only times; in every production mode the context
+correctness processes, then one more of each that only times (on the CPU without speed gates, the
+default there, the correctness processes' timings alone: the numbers are informational); in every production mode the context
 names (Context.modes: eager, graph, compile, compile+graph on GPU). Per side and mode the estimate
 is the median of the process medians; the A/A spread of a side's processes and the spread inside
 each process set the noise band (speed_outcome). The verdict (speed_rejection): a mode that fails
@@ -42,6 +43,11 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
     (speed_outcome). A base timing job that fails is an error."""
     params = {"correctness": False, "timing": ctx.timing_params()}
     runs = {"base": [base1], "candidate": [cand1]}
+    if not ctx.gates and not ctx.is_cuda:
+        # On the CPU without speed gates (the default: DESIGN decision 7) the numbers are reported
+        # and decide nothing; a second pair of processes would only narrow an informational band, at
+        # the price of a whole candidate process (under TRITON_INTERPRET=1, a third of a validation).
+        return _speeds(ctx, runs, base1.get("passes", 1), "cpu"), None
     retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if ctx.gates else 0))
     dev = "cuda" if ctx.is_cuda else "cpu"
     for round_ in range(retimes + 1):

@@ -93,7 +93,9 @@ def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
     assert v.engagement.ok and not v.engagement.missing and not v.engagement.still_present
     assert v.trailers["Optbot-Kind"] == ["merge-siblings"]
     eager = [s for s in v.speed if s.mode == "eager"]
-    assert eager and eager[0].device == "cpu" and len(eager[0].base_ms) == 2 and len(eager[0].candidate_ms) == 2
+    # CPU speed does not gate: the correctness processes' timings alone, one process a side
+    assert eager and eager[0].device == "cpu" and len(eager[0].base_ms) == 1 and len(eager[0].candidate_ms) == 1
+    assert not list((tmp_path / "run").rglob("*timing*"))
     assert eager[0].noise_pct is not None and "cpu" in eager[0].note
     assert any("informational" in n for n in v.notes)
     back = Verdict.from_json(json.loads((tmp_path / "run" / "verdict.json").read_text()))
