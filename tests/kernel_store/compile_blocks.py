@@ -7,7 +7,10 @@ compiled graphs hold and the kernel module that registered each, user-Triton wra
 which path each optbot kernel module took, the graphs compiled anew under the emulated capture (a
 recompile there) and its error, or the error that stopped the compiled step.
 
-    PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/compile_blocks.py WORKLOAD ENGINE_ROOT OUT [--no-fullgraph] [--shape H,W,T]
+    PYTHONPATH=<engine_root>:<optbot root> python tests/kernel_store/compile_blocks.py WORKLOAD ENGINE_ROOT OUT [--no-fullgraph] [--shape H,W,T] [--eager-only]
+
+--eager-only: the eager step alone (OUT.pt holds only "eager"): the base engine's reference for the
+stacks' outputs.
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ def _capture_emulated():
 
 
 def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list[int] | None,
-         precision: str = "float32") -> None:
+         precision: str = "float32", eager_only: bool = False) -> None:
     wl = load_workload(workload)
     pre = wl.preset("tiny")
     s = min([pre.shapes, *pre.extra_shapes], key=lambda s: s.resolution[0] * s.resolution[1] + s.text_tokens)
@@ -77,6 +80,10 @@ def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list
     step, _ = make_step(built, job, job.shapes[0], seed=0)
     eager = step()
     t1 = time.monotonic()
+    if eager_only:
+        torch.save({"eager": eager}, out + ".pt")
+        Path(out + ".json").write_text(json.dumps({"shape": job.shapes[0], "seconds": {"build+eager": round(t1 - t0, 1)}}))
+        return
 
     targets: set[str] = set()
     aot_eager = torch._dynamo.lookup_backend("aot_eager")
@@ -120,4 +127,5 @@ if __name__ == "__main__":
     opts = sys.argv[4:]
     main(*sys.argv[1:4], fullgraph="--no-fullgraph" not in opts,
          shape=[int(v) for v in opts[opts.index("--shape") + 1].split(",")] if "--shape" in opts else None,
-         precision=opts[opts.index("--precision") + 1] if "--precision" in opts else "float32")
+         precision=opts[opts.index("--precision") + 1] if "--precision" in opts else "float32",
+         eager_only="--eager-only" in opts)

@@ -2,7 +2,10 @@
 in one: test_the_stacks_cover_every_entry, and each stack loads every kernel file of its entries, so
 one run per entry alone would test nothing more), on its patched tiny model with the Triton kernels running under
 TRITON_INTERPRET=1, has its repeated blocks compiled with fullgraph=True (backend aot_eager) with
-zero graph breaks, gives the eager step's outputs, holds every loaded kernel module as a registered
+zero graph breaks, gives the eager step's outputs, which are the base engine's within the
+workload's tolerance at the stack's precision (every store kernel's wiring into the engine, checked
+here once per stack: test_tiny_models.py checks the entries without kernels one by one), holds every
+loaded kernel module as a registered
 optbot op in the compiled graphs (none traced inline as a user-Triton wrapper), every kernel
 module took the Triton path (docs/store.md, "Kernels inside the engine"), and the compiled step run
 again under an emulated CUDA-graph capture reads nothing from the device, compiles nothing anew
@@ -57,19 +60,19 @@ def _key_id(key) -> str:
     return name if precision == "float32" else f"{name}-{precision.replace('+', '-')}"
 
 
-def _run(engine_src: Path, workload: str, out: Path, precision: str) -> dict:
+def _run(engine_src: Path, workload: str, out: Path, precision: str, eager_only: bool = False) -> dict:
     # one torch thread per child: the children already run one per core
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(engine_src), str(ROOT)]), TRITON_INTERPRET="1",
                OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE,
-                           "--precision", precision],
+                           "--precision", precision, *(["--eager-only"] * eager_only)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(Path(str(out) + ".json").read_text())
 
 
 @pytest.fixture(scope="module")
-def compiled(request, diffusers_engine, tmp_path_factory):
+def compiled(request, diffusers_engine, base_worktree, tmp_path_factory):
     """The result of every run the collected tests of this module ask for: the patches applied one
     after another (worktrees of one repository are not created concurrently), the children run
     concurrently."""
@@ -84,9 +87,12 @@ def compiled(request, diffusers_engine, tmp_path_factory):
             onto = r.candidate.commit_sha
         srcs[key] = Path(r.worktree) / "src"
     d = tmp_path_factory.mktemp("compile-blocks")
+    bases = sorted({(key[0], key[2]) for key in keys})
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         futs = {key: pool.submit(_run, srcs[key], key[0], d / _key_id(key), key[2]) for key in keys}
-        return {key: (f, d / _key_id(key)) for key, f in futs.items()}
+        futs.update({("base", *b): pool.submit(_run, base_worktree / "src", b[0], d / f"base-{b[0]}-{b[1]}", b[1], True)
+                     for b in bases})
+        return {key: (f, d / (_key_id(key) if key[0] != "base" else f"base-{key[1]}-{key[2]}")) for key, f in futs.items()}
 
 
 def _check(compiled, key) -> dict:
@@ -116,6 +122,17 @@ def _check(compiled, key) -> dict:
     for k, ref in outs["eager"].items():
         torch.testing.assert_close(outs["compiled"][k], ref, atol=tol.atol, rtol=tol.rtol)
         torch.testing.assert_close(outs["captured"][k], ref, atol=tol.atol, rtol=tol.rtol)
+    # the stack's eager step against the base engine's, same weights, inputs and precision
+    bfut, bout = compiled["base", key[0], key[2]]
+    bfut.result()
+    base = torch.load(str(bout) + ".pt")["eager"]
+    assert base.keys() == outs["eager"].keys()
+    for k, ref in base.items():
+        got = outs["eager"][k]
+        assert torch.isfinite(got).all(), k
+        rel = float((got - ref).norm() / ref.norm())
+        assert rel <= tol.rel_l2, f"{k}: rel L2 {rel:.3g} from the base engine > {tol.rel_l2}"
+        torch.testing.assert_close(got, ref, atol=tol.atol, rtol=tol.rtol)
     return res
 
 
