@@ -56,6 +56,9 @@ def test_pause_after_exits_75_with_a_resumable_run(tmp_path):
     assert bad.returncode == 2 and "--pause-after" in bad.stderr and "'5x'" in bad.stderr
 
 
+ENTRY = "flux2-merge-qkv"
+
+
 def _env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("GITHUB_TOKEN", "OPTBOT_GITHUB_TOKEN", "GH_TOKEN", "ANTHROPIC_API_KEY")}
@@ -63,8 +66,10 @@ def _env(tmp_path: Path) -> dict:
     know.mkdir()
     r = git.Repo.init(know, initial_branch="main")
     (know / "README.md").write_text("knowledge\n")
-    # a one-entry store: replay reads the knowledge path's store, learn writes back only to its branch
-    shutil.copytree(ROOT / "kernel_store" / "flux2-swiglu", know / "kernel_store" / "flux2-swiglu")
+    # a one-entry store: replay reads the knowledge path's store, learn writes back only to its branch.
+    # flux2-merge-qkv: the quickest FLUX.2 entry to validate on CPU (no kernel to interpret); what
+    # this is about is the run's machinery, not the entry
+    shutil.copytree(ROOT / "kernel_store" / ENTRY, know / "kernel_store" / ENTRY)
     (know / "lessons").mkdir()
     r.git.add("-A")
     r.git.commit("-qm", "init", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@l",
@@ -146,10 +151,10 @@ def test_optimize_flux2_killed_after_validate_then_resumed_on_another_machine(tm
     assert any(f.endswith("latency.png") for f in files)
     # what the run learned is on the knowledge branch (the replayed entry's history), and the
     # knowledge working tree is as the person left it: it changes when they merge the PR
-    assert "kernel_store/flux2-swiglu/bench.json" in out["learn"]["files"]
-    hist = json.loads(know.git.show(f"{out['deliver']['knowledge_branch']}:kernel_store/flux2-swiglu/bench.json"))["history"]
+    assert f"kernel_store/{ENTRY}/bench.json" in out["learn"]["files"]
+    hist = json.loads(know.git.show(f"{out['deliver']['knowledge_branch']}:kernel_store/{ENTRY}/bench.json"))["history"]
     assert hist[-1]["run_id"] == run.name and hist[-1]["generator"] == "replay"
     assert not know.is_dirty(untracked_files=True)
-    assert "history" not in json.loads((Path(know.working_tree_dir) / "kernel_store/flux2-swiglu/bench.json").read_text())
+    assert "history" not in json.loads((Path(know.working_tree_dir) / f"kernel_store/{ENTRY}/bench.json").read_text())
     # the command said where things are
     assert "report:" in p2.stderr and "optimization branch:" in p2.stderr
