@@ -18,7 +18,8 @@ Order of checks, each in its own runner process with a timeout (bot/jobs.run_job
                     (eager, CUDA graph, torch.compile, compile + CUDA graph on GPU; eager on CPU);
                     A/A noise from the two base processes (and the two candidate ones)
                     -> "slower" in any mode / "no-change" in every mode (GPU); on CPU speed is
-                    reported, labelled cpu, and does not gate (DESIGN decision 7); > 10x or under
+                    reported, labelled cpu, and does not gate (DESIGN decision 7), so there the
+                    correctness processes' timings are all that is measured; > 10x or under
                     the roofline floor -> held.
 A mode that fails for the candidate and runs for the base (a compile graph break that errors, a
 fault under CUDA-graph capture) rejects it "crashed" with the mode and the error, on any device;
