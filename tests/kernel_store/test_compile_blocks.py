@@ -29,6 +29,7 @@ from bot.generate.replay import apply_entry
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import UNUSABLE, get_entry, load_store
 from bot.workload import load_workload
+from tests.kernel_store.conftest import assert_matches_base
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("compile_blocks.py")
@@ -87,12 +88,12 @@ def compiled(request, diffusers_engine, base_worktree, tmp_path_factory):
             onto = r.candidate.commit_sha
         srcs[key] = Path(r.worktree) / "src"
     d = tmp_path_factory.mktemp("compile-blocks")
-    bases = sorted({(key[0], key[2]) for key in keys})
+    # each stack's child, and one eager-only child of the base engine per (workload, precision)
+    runs = {key: (srcs[key], key[0], d / _key_id(key), key[2], False) for key in keys}
+    runs.update({("base", wl, p): (base_worktree / "src", wl, d / f"base-{wl}-{p}", p, True)
+                 for wl, _, p in keys})
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futs = {key: pool.submit(_run, srcs[key], key[0], d / _key_id(key), key[2]) for key in keys}
-        futs.update({("base", *b): pool.submit(_run, base_worktree / "src", b[0], d / f"base-{b[0]}-{b[1]}", b[1], True)
-                     for b in bases})
-        return {key: (f, d / (_key_id(key) if key[0] != "base" else f"base-{key[1]}-{key[2]}")) for key, f in futs.items()}
+        return {key: (pool.submit(_run, *args), args[2]) for key, args in runs.items()}
 
 
 def _check(compiled, key) -> dict:
@@ -125,14 +126,7 @@ def _check(compiled, key) -> dict:
     # the stack's eager step against the base engine's, same weights, inputs and precision
     bfut, bout = compiled["base", key[0], key[2]]
     bfut.result()
-    base = torch.load(str(bout) + ".pt")["eager"]
-    assert base.keys() == outs["eager"].keys()
-    for k, ref in base.items():
-        got = outs["eager"][k]
-        assert torch.isfinite(got).all(), k
-        rel = float((got - ref).norm() / ref.norm())
-        assert rel <= tol.rel_l2, f"{k}: rel L2 {rel:.3g} from the base engine > {tol.rel_l2}"
-        torch.testing.assert_close(got, ref, atol=tol.atol, rtol=tol.rtol)
+    assert_matches_base(outs["eager"], torch.load(str(bout) + ".pt")["eager"], tol)
     return res
 
 
