@@ -19,7 +19,8 @@ OPPS = [opportunity(kind, id=oid) for oid, kind in (("opp-3", "fuse-elementwise-
                                                     ("opp-2", "attention-waste"), ("opp-9", "launch-bound"),
                                                     ("opp-4", "absorb-bias"), ("opp-5", "hoist-constant"))]
 QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
-              "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue")
+              "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue",
+              "qwen-image-norm-modulate")
 
 
 def test_match_by_kind_engine_hardware_workload():

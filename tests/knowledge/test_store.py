@@ -15,7 +15,8 @@ from bot.knowledge.store import added_file_content, find_entries, load_entry, lo
 SEEDS = {"flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "qwen-image-drop-all-ones-mask",
          "qwen-image-absorb-bias", "flux2-qkv-norm-rope-epilogue", "qwen-image-qkv-norm-rope-epilogue",
          "flux2-merge-qkv", "qwen-image-cfg-modulation-cache", "qwen-image-hoist-host-copies",
-         "qwen-image-linear-gelu-epilogue", "qwen-image-fp8-gelu-quant", "flux2-fp8-swiglu-quant"}
+         "qwen-image-linear-gelu-epilogue", "qwen-image-fp8-gelu-quant", "flux2-fp8-swiglu-quant",
+         "qwen-image-norm-modulate"}
 
 
 def test_seed_store_loads():
