@@ -49,8 +49,32 @@ def _seed_downloads() -> None:
 _seed_downloads()
 
 
+# The heaviest test files, heaviest first: each is one module fixture or a few end-to-end runs of
+# runner children (summed durations of `python -m pytest --durations=80`, 2-core development machine,
+# 2026-12-05). xdist hands whole files to its two workers in collection order (`--dist loadfile
+# --no-loadscope-reorder`, pyproject.toml); started last, one of these kept a single worker busy for
+# minutes after the other had finished.
+HEAVY_FIRST = (
+    "tests/run/test_fanout.py", "tests/validate/test_adversarial.py", "tests/kernel_store/test_compile_blocks.py",
+    "tests/generate/test_replay.py", "tests/sglang/test_sglang_models.py", "tests/kernel_store/test_tiny_models.py",
+    "tests/run/test_base_cache.py", "tests/validate/test_modes.py", "tests/generate/test_template.py",
+    "tests/generate/test_compile_region.py", "tests/commands/test_optimize.py", "tests/commands/test_store.py",
+    "tests/test_bench.py", "tests/test_cli_profile.py", "tests/kernel_store/test_kernels.py", "tests/test_harness.py",
+    "tests/validate/test_speed.py", "tests/kernel_store/test_host_copies.py", "tests/analyze/test_new_models.py",
+    "tests/generate/agent/test_parallel.py", "tests/analyze/test_workloads.py", "tests/validate/test_ablate.py",
+    "tests/test_quant.py", "tests/knowledge/test_upkeep.py",
+)
+
+
+def _heavy_rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return HEAVY_FIRST.index(path) if path in HEAVY_FIRST else len(HEAVY_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu are skipped, with the reason said, where torch sees no CUDA device."""
+    """The heaviest files first (HEAVY_FIRST; a stable sort, so each file's own order stays). Tests
+    marked gpu are skipped, with the reason said, where torch sees no CUDA device."""
+    items.sort(key=_heavy_rank)
     if not any("gpu" in it.keywords for it in items):
         return
     from bot.target import cuda_available
