@@ -139,3 +139,13 @@ def test_no_bot_module_over_450_lines():
     over = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "bot").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
+
+
+def test_the_heavy_first_schedule_names_test_files_that_exist():
+    """tests/conftest.py HEAVY_FIRST orders xdist's work by file path: a renamed or deleted file there
+    would silently fall back to the end of the run instead of failing."""
+    from tests.conftest import HEAVY_FIRST
+
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST)
+    missing = [p for p in HEAVY_FIRST if not (ROOT / p).is_file() or not Path(p).name.startswith("test_")]
+    assert not missing, missing

@@ -54,19 +54,21 @@ if triton is not None:
         return x.to(ty).to(tl.float32)
 
     @triton.jit
-    def _qwen_norm_modulate_kernel(X, SHIFT, SCALE, OUT, S, D, eps,
+    def _qwen_norm_modulate_kernel(X, SHIFT, SCALE, OUT, M, S, D, eps,
                                    sxb, sxs, smb, sms, sob, sos,
-                                   BLOCK_D: tl.constexpr, ROUND: tl.constexpr, BF16: tl.constexpr):
-        row = tl.program_id(0)  # one (b, s) token per program: a 3072-wide row is 6 KB in bf16
-        b = row // S
-        s = row % S
-        cols = tl.arange(0, BLOCK_D)
-        m = cols < D
+                                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROUND: tl.constexpr,
+                                   BF16: tl.constexpr):
+        # BLOCK_M (b, s) tokens per program, each 3072-wide row (6 KB in bf16) whole in the block
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        b = (rows // S)[:, None]
+        s = (rows % S)[:, None]
+        cols = tl.arange(0, BLOCK_D)[None, :]
+        m = (rows < M)[:, None] & (cols < D)
         x = tl.load(X + b * sxb + s * sxs + cols, mask=m, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        xc = tl.where(m, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / D
-        n = xc / tl.sqrt(var + eps)
+        mean = tl.sum(x, axis=1) / D
+        xc = tl.where(m, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, axis=1) / D
+        n = xc / tl.sqrt(var + eps)[:, None]
         sc = 1.0 + tl.load(SCALE + b * smb + s * sms + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:
             n = _round_to(n, OUT.dtype.element_ty, BF16)
@@ -102,7 +104,7 @@ def _bsd(t: torch.Tensor, B: int, S: int, D: int) -> torch.Tensor:
 
 
 def _norm_modulate_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
-                      num_warps: int) -> torch.Tensor:
+                      block_m: int, num_warps: int) -> torch.Tensor:
     B, S, D = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
     shift, scale = _bsd(shift, B, S, D), _bsd(scale, B, S, D)
@@ -110,10 +112,10 @@ def _norm_modulate_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
         shift, scale = shift.contiguous(), scale.contiguous()
     out = torch.empty((B, S, D), dtype=x.dtype, device=x.device)
     if B * S:
-        _qwen_norm_modulate_kernel[(B * S,)](
-            x, shift, scale, out, S, D, float(eps),
+        _qwen_norm_modulate_kernel[(triton.cdiv(B * S, block_m),)](
+            x, shift, scale, out, B * S, S, D, float(eps),
             x.stride(0), x.stride(1), scale.stride(0), scale.stride(1), out.stride(0), out.stride(1),
-            BLOCK_D=triton.next_power_of_2(D), ROUND=x.dtype != torch.float32,
+            BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(D), ROUND=x.dtype != torch.float32,
             BF16=x.dtype == torch.bfloat16, num_warps=num_warps)
     return out
 
@@ -131,18 +133,23 @@ def _register(name: str, fn, fake):
 
 
 _OP = _register("qwen_norm_modulate", _norm_modulate_op,
-                lambda x, shift, scale, eps, num_warps: x.new_empty(x.shape))
+                lambda x, shift, scale, eps, block_m, num_warps: x.new_empty(x.shape))
 
 
-# The config site (variant search rewrites this default): resolved here, outside the op, so the op
-# takes its config as an int argument of its schema.
-def _launch(x, shift, scale, eps, num_warps: int | None = None):
-    if num_warps is None:  # one token per program: spread a wide row over more warps (fewer spills)
+# The config site (variant search rewrites these defaults): resolved here, outside the op, so the op
+# takes its config as int arguments of its schema.
+def _launch(x, shift, scale, eps, block_m: int | None = None, num_warps: int | None = None):
+    if block_m is None:
+        # one token per program on the GPU (a whole row per block already fills the warps); under
+        # the interpreter, which makes one Python call per program, 32 (the same code, 32x fewer calls)
+        block_m = 1 if x.is_cuda else 32
+    if num_warps is None:  # spread a wide row over more warps (fewer spills)
         num_warps = min(16, max(4, triton.next_power_of_2(x.shape[-1]) // 512))
     # The registered op only under torch.compile (one graph node, no break); eager calls the
     # function itself: custom_op's Python dispatch costs tens of microseconds a call, more than
     # the kernel at small shapes (H200 micro, benchmarks/results/h200-modes-20261201/).
-    return (_OP if torch.compiler.is_compiling() else _norm_modulate_op)(x, shift, scale, float(eps), int(num_warps))
+    return (_OP if torch.compiler.is_compiling() else _norm_modulate_op)(x, shift, scale, float(eps), int(block_m),
+                                                                          int(num_warps))
 
 
 def norm_modulate(x, shift, scale, eps):
