@@ -66,9 +66,11 @@ HEAVY_FIRST = (
 )
 
 
+_HEAVY_RANK = {path: i for i, path in enumerate(HEAVY_FIRST)}
+
+
 def _heavy_rank(item) -> int:
-    path = item.nodeid.split("::", 1)[0]
-    return HEAVY_FIRST.index(path) if path in HEAVY_FIRST else len(HEAVY_FIRST)
+    return _HEAVY_RANK.get(item.nodeid.split("::", 1)[0], len(HEAVY_FIRST))
 
 
 def pytest_collection_modifyitems(config, items):

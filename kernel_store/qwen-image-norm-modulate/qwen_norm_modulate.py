@@ -141,8 +141,10 @@ _OP = _register("qwen_norm_modulate", _norm_modulate_op,
 def _launch(x, shift, scale, eps, block_m: int | None = None, num_warps: int | None = None):
     if block_m is None:
         # one token per program on the GPU (a whole row per block already fills the warps); under
-        # the interpreter, which makes one Python call per program, 32 (the same code, 32x fewer calls)
-        block_m = 1 if x.is_cuda else 32
+        # the interpreter, which makes one Python call per program, 32 (the same code, 32x fewer
+        # calls). The interpreter, not the device, decides: an emulated CUDA-graph capture on the
+        # CPU makes tensors say is_cuda
+        block_m = 32 if os.environ.get("TRITON_INTERPRET") == "1" else 1
     if num_warps is None:  # spread a wide row over more warps (fewer spills)
         num_warps = min(16, max(4, triton.next_power_of_2(x.shape[-1]) // 512))
     # The registered op only under torch.compile (one graph node, no break); eager calls the
