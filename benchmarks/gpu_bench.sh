@@ -22,8 +22,11 @@ if [ -n "${CLOCKS:-}" ]; then
     --format=csv,nounits -lms 200 > "$RES/clocks-$wl-$tag.csv" 2>&1 &
   smi=$!
 fi
-python3 -m bot bench "$wl" --preset full --device cuda "$@" --json "$RES/bench-$wl-$tag.json" > "$RES/bench-$wl-$tag.txt" 2>&1
-rc=$?
+# the log goes to $OUT as it is written: a call that runs past the device's limit still brings it back
+python3 -m bot bench "$wl" --preset full --device cuda "$@" --json "$RES/bench-$wl-$tag.json" 2>&1 \
+  | tee "$RES/bench-$wl-$tag.txt" ${OUT:+"$OUT/bench-$wl-$tag.partial.txt"} > /dev/null
+rc=${PIPESTATUS[0]}
+[ -n "${OUT:-}" ] && rm -f "$OUT/bench-$wl-$tag.partial.txt"
 if [ -n "${CLOCKS:-}" ]; then
   kill "$smi" 2>/dev/null
   python3 benchmarks/clocks.py "$RES/bench-$wl-$tag.json" "$RES/clocks-$wl-$tag.csv" | tee -a "$RES/bench-$wl-$tag.txt"

@@ -1,7 +1,8 @@
 """The bot/runner process boundary: run one runner job in a child process.
 
 The child:
-- runs ``python -m runner JOB FD`` in the sandbox (bot/sandbox.py, runner/sandbox.py: namespaces,
+- runs ``python -m runner JOB FD`` (forked by the runner's zygote from a process that imported torch
+  and the engines' dependencies once: bot/zygote.py, runner/zygote.py) in the sandbox (bot/sandbox.py, runner/sandbox.py: namespaces,
   a filesystem of read-only system and Python trees plus its own scratch, no network), with
   PYTHONPATH = optbot's root, then the engine import root, so the engine worktree wins over any
   installed copy of the engine but cannot shadow the runner;
@@ -33,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.job import RESULT_KEYS, Job, open_new
+from runner.zygote import CHANNEL_FD
 
-from bot import sandbox
+from bot import sandbox, zygote
 from bot.errors import RunnerError
 from bot.paths import REPO_ROOT
 from bot.sandbox import SCRATCH, cache_env
@@ -78,6 +80,15 @@ def child_env(engine_root: str, device: str = "") -> dict[str, str]:
         idx = int(m[1])
         env["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
         env["OPTBOT_JOB_DEVICE"] = "cuda"
+    return env
+
+
+def zygote_env() -> dict[str, str]:
+    """The environment the runner's zygote starts with (bot/zygote.py): a job's but for what is per
+    job: no engine on the import path, no device, no compile cache (a path a library reads at import
+    then lies in no job's sandbox)."""
+    env = child_env("")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if p)
     return env
 
 
@@ -158,16 +169,15 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="optbot-root-") as root:
         try:
-            argv = sandbox.command(job, work_dir, [sys.executable, "-m", "runner", str(job_path), str(write_fd)],
-                                   Path(root), keep_fds=(write_fd,))
+            argv = sandbox.command(job, work_dir, [sys.executable, "-m", "runner", str(job_path), str(CHANNEL_FD)],
+                                   Path(root), keep_fds=(CHANNEL_FD,))
         except BaseException:
             os.close(read_fd)
             os.close(write_fd)
             raise
         log = open_new(log_path)
         try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    cwd=work_dir, start_new_session=True, pass_fds=(write_fd,))
+            proc = zygote.ZYGOTE.spawn(argv, env, zygote_env(), str(work_dir), log.fileno(), write_fd)
         except BaseException:
             os.close(read_fd)
             log.close()
@@ -180,7 +190,7 @@ def run_job(job: Job, work_dir: Path, timeout_s: float = 1800, name: str = "job"
                 rc = proc.wait(timeout=timeout_s)
                 status = None
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                proc.kill_group()
                 rc, status = proc.returncode, "timeout"
             report.join()
     seconds = time.monotonic() - t0
@@ -320,14 +330,6 @@ def clock_check(result: dict, phases: dict[str, list[float]], device: str) -> st
             return (f"implausible: phase {label!r} took {seen:.3f} s by the bot's clock, but its {len(samples)} samples "
                     f"add up to {secs:.3f} s, more than passed")
     return ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _tail(path: Path, n: int = 3000) -> str:

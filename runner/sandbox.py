@@ -43,8 +43,9 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CA
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS off, NO_CAP_AMBIENT_RAISE: each with its lock.
 SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
-SYSCALLS = {"x86_64": {"pivot_root": 155, "mount_setattr": 442},
-            "aarch64": {"pivot_root": 41, "mount_setattr": 442}}
+SYSCALLS = {"x86_64": {"pivot_root": 155, "mount_setattr": 442, "capset": 126},
+            "aarch64": {"pivot_root": 41, "mount_setattr": 442, "capset": 91}}
+LINUX_CAPABILITY_VERSION_3, PR_SET_DUMPABLE = 0x20080522, 4
 # Device nodes a job may open: the rest of /dev (disks, consoles, the kernel's memory) stays out.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEVICE_GLOBS = ("nvidia",)
@@ -229,6 +230,18 @@ def drop_privileges() -> None:
     _prctl(PR_SET_NO_NEW_PRIVS, 1, "set no_new_privs")
 
 
+def drop_capabilities() -> None:
+    """What execve does for the job when it starts a fresh interpreter (securebits NOROOT, no file
+    capabilities), done in place for a job that runs in this process (runner/zygote.py): no
+    effective, permitted or inheritable capability left, so it can neither remount what
+    build_root made read-only nor read other processes' memory; then dumpable again, as a process
+    that exec'd is, so it may write its own /proc entries (the CUDA driver does)."""
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}: all zero
+    _check(_libc.syscall(_syscall("capset"), ctypes.byref(header), ctypes.byref(data)), "drop every capability (capset)")
+    _prctl(PR_SET_DUMPABLE, 1, "make the job dumpable")
+
+
 def _parse(argv: list[str]) -> tuple[dict, list[str]]:
     if "--" not in argv:
         raise SetupError("usage: sandbox.py [--ro P].. [--rw P].. [--hide P].. --root DIR --cwd DIR [--parent PID] [--keep-fd N].. "
@@ -266,7 +279,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run=None) -> int:
+    """`run(command)`, where given, starts the job in place of execve (runner/zygote.py: a process
+    that has the job's libraries imported already); it must not return."""
     try:
         opts, command = _parse(argv)
         _die_with_parent(int(opts["parent"]) if opts["parent"] else os.getppid())
@@ -284,7 +299,7 @@ def main(argv: list[str]) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(status_r)
-        _init(opts, command, alive_r, alive_w, status_w)
+        _init(opts, command, alive_r, alive_w, status_w, run)
     os.close(alive_r)
     os.close(status_w)
     for fd in opts["keep-fd"]:  # the job's result channel: only the job may hold it open
@@ -315,7 +330,7 @@ def _wait(pid: int) -> int:
             return 1 << 8
 
 
-def _init(opts: dict, command: list[str], alive_r: int, alive_w: int, status_w: int) -> None:
+def _init(opts: dict, command: list[str], alive_r: int, alive_w: int, status_w: int, run=None) -> None:
     """PID 1 of the new namespace: set the sandbox up, start the job as PID 2 and report how it
     ended. Not the job itself: PID 1 ignores the signals it has no handler for (a job's own
     SIGSEGV-by-kill, SIGTERM), and when it exits, the kernel kills everything the job left behind."""
@@ -336,6 +351,9 @@ def _init(opts: dict, command: list[str], alive_r: int, alive_w: int, status_w: 
         job = os.fork()
         if job == 0:
             os.close(status_w)
+            if run is not None:
+                drop_capabilities()
+                run(command)
             os.execve(command[0], command, os.environ)
     except (SetupError, OSError) as e:
         print(f"{SETUP_ERROR_PREFIX}{e}", file=sys.stderr, flush=True)

@@ -143,13 +143,15 @@ def test_a_killed_bot_leaves_no_runner_behind(tmp_path):
                             "timeout_s=300, name='hang')"], start_new_session=True)
 
     def runner_pids() -> list[int]:
+        # the job's processes (forked by the runner's zygote: its command line is the zygote's)
+        # work in the job's directory
         out = []
         for d in os.listdir("/proc"):
             try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+                cwd = os.readlink(f"/proc/{d}/cwd")
             except OSError:
                 continue
-            if b"runner" in cmd and str(tmp_path / "w" / "hang.job.json").encode() in cmd:
+            if cwd == str(tmp_path / "w") and d.isdigit():
                 out.append(int(d))
         return out
 
@@ -210,3 +212,103 @@ def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
     # ms late on a loaded machine (clock_check allows 5% and 10 ms for that).
     share = sum(eager["samples_ms"]) / 1e3 / out.phases[eager["phase"]]
     assert 0.9 < share < 1.1, (share, out.phases)
+
+
+# The warm start (runner/zygote.py): each job is a fork of a process that imported torch once.
+
+def test_zygote_job_holds_no_descriptor_of_the_zygote(tmp_path):
+    """The job sees its stdin, log and report channel, nothing of the zygote's (its socket to the
+    bot, other jobs' files): it could otherwise ask the zygote for processes or forge replies."""
+    out_file = tmp_path / "fds.json"
+    body = ("import json, os\n"
+            "fds = {}\n"
+            "for f in os.listdir('/proc/self/fd'):\n"
+            "    try:\n"
+            "        fds[int(f)] = os.readlink(f'/proc/self/fd/{f}')\n"
+            "    except OSError:\n"
+            "        pass  # the listing's own descriptor, closed by now\n"
+            "cmd = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+            f"open({str(out_file)!r}, 'w').write(json.dumps({{'fds': fds, 'cmd': [c.decode() for c in cmd]}}))\n"
+            "raise SystemExit(3)\n")
+    job = _bad_engine_job(tmp_path, body)
+    job.out_dir = str(tmp_path)  # the probe's file is written there
+    out = run_job(job, tmp_path / "w")
+    assert out.status == "crashed"  # SystemExit(3) while the model module imports: no result
+    seen = json.loads(out_file.read_text())
+    fds = {int(k): v for k, v in seen["fds"].items()}
+    assert sorted(fds) == [0, 1, 2, 3], fds
+    assert fds[0] == "/dev/null" and fds[1] == fds[2] and fds[1].endswith("job.log")
+    assert fds[3].startswith("socket:")
+    assert "runner.zygote" in seen["cmd"]  # a fork of the zygote: the warm start was used
+
+
+def test_zygote_jobs_do_not_share_state(tmp_path):
+    """A job that changes a preloaded module (the candidate that tries to make the next job's
+    comparison always pass) changes only its own copy."""
+    flag = tmp_path / "seen.txt"
+    poison = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch._optbot_poisoned = True\n"
+              "raise SystemExit(3)\n")
+    look = ("import torch\n"
+            f"open({str(flag)!r}, 'w').write(repr((hasattr(torch, '_optbot_poisoned'), "
+            "torch.allclose(torch.zeros(1), torch.ones(1)))))\nraise SystemExit(3)\n")
+    for i, body in enumerate((poison, look)):
+        job = _bad_engine_job(tmp_path / f"e{i}", body)
+        job.out_dir = str(tmp_path)
+        run_job(job, tmp_path / f"w{i}")
+    assert flag.read_text() == "(False, False)"
+
+
+def test_zygote_that_dies_fails_its_jobs_and_is_restarted(tmp_path):
+    import os
+    import signal
+
+    from bot import zygote
+
+    job = _bad_engine_job(tmp_path / "a", "import time\ntime.sleep(120)\n")
+    import threading
+
+    outcome = {}
+    t = threading.Thread(target=lambda: outcome.update(out=run_job(job, tmp_path / "wa", timeout_s=300)))
+    t.start()
+    def forked() -> list:  # the zygote that has imported and forked the job's launcher
+        for z in zygote.ZYGOTE.processes():
+            try:
+                if open(f"/proc/{z.pid}/task/{z.pid}/children").read().split():
+                    return [z]
+            except OSError:
+                pass
+        return []
+
+    deadline = time.monotonic() + 120
+    while not forked() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(forked()[0].pid, signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive() and outcome["out"].status == "crashed", outcome
+    again = run_job(_probe_job(tmp_path, tmp_path), tmp_path / "wb", timeout_s=120)
+    assert again.ok, again.reason()
+
+
+def test_without_preload_each_job_is_a_fresh_interpreter(tmp_path, monkeypatch):
+    """OPTBOT_RUNNER_PRELOAD=off (and a zygote that finds the CUDA driver loaded): the zygote execs
+    `python -m runner` for each job, the way without a warm start; the result is the same."""
+    from bot import zygote
+
+    seen = tmp_path / "cmd.txt"
+    body = (f"open({str(seen)!r}, 'w').write(open('/proc/self/cmdline').read().replace(chr(0), ' '))\n"
+            "raise SystemExit(3)\n")
+    monkeypatch.setenv("OPTBOT_RUNNER_PRELOAD", "off")
+    monkeypatch.setattr(zygote, "ZYGOTE", zygote.Zygotes())
+    try:
+        job = _bad_engine_job(tmp_path, body)
+        job.out_dir = str(tmp_path)
+        out = run_job(job, tmp_path / "w")
+        assert out.status == "crashed", out.reason()  # the same outcome as with the warm start
+        cmd = seen.read_text().split()
+        assert cmd[1:3] == ["-m", "runner"] and cmd[-1] == "3" and "runner.zygote" not in cmd, cmd
+    finally:
+        zygote.ZYGOTE.close()
+    monkeypatch.setenv("OPTBOT_RUNNER_PRELOAD", "maybe")
+    with pytest.raises(RunnerError, match=r"OPTBOT_RUNNER_PRELOAD='maybe': expected 'on' .* or 'off'"):
+        run_job(_bad_engine_job(tmp_path / "b", "x = 1\n"), tmp_path / "wb")
