@@ -32,8 +32,8 @@ it started and exits: nothing outlives the bot.
 What a fork inherits that a fresh process would not have: the preloaded modules' state (nothing
 has run but their imports) and the zygote's environment at import time. The environment is the
 one every job gets but for the per-job names (engine root in PYTHONPATH, device, cache
-directories), all read when used, not at import; numpy's global random state, seeded once at
-import, is the same in every job (the harness seeds what it draws).
+directories), all read when used, not at import; numpy's global random state is reseeded in each job
+(`_fresh_random_state`), as a fresh import would seed it.
 """
 from __future__ import annotations
 
@@ -120,6 +120,7 @@ def _run_in_process(command: list[str]) -> None:
         sys.modules.pop("usercustomize", None)
         site.execusercustomize()
     sys.argv = [os.path.join(os.path.dirname(LAUNCHER), "__main__.py"), *command[3:]]
+    _fresh_random_state()
     from runner.__main__ import main
 
     try:
@@ -134,6 +135,19 @@ def _run_in_process(command: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _fresh_random_state() -> None:
+    """The random state a fresh interpreter starts with. Python's `random` reseeds itself in a
+    forked child; numpy's and torch's global generators would stay the zygote's, the same in every
+    job, so both are reseeded from the OS as their imports seed them (torch 2.13 seeds its default
+    CPU generator non-deterministically per process; tests/test_jobs.py checks both)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
 
 
 def _child(req: dict, log_fd: int, chan_fd: int) -> None:

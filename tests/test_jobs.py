@@ -258,6 +258,20 @@ def test_zygote_jobs_do_not_share_state(tmp_path):
     assert flag.read_text() == "(False, False)"
 
 
+def test_zygote_jobs_draw_fresh_random_numbers(tmp_path):
+    """numpy's and torch's global draws differ between two forked jobs, as between two fresh
+    interpreters (both imports seed from the OS); forked unchanged they would be equal."""
+    draw = "import numpy, torch\nopen({out!r}, 'w').write(repr((numpy.random.rand(4).tolist(), torch.rand(4).tolist())))\nraise SystemExit(3)\n"
+    seen = []
+    for i in range(2):
+        out = tmp_path / f"draw{i}.txt"
+        job = _bad_engine_job(tmp_path / f"e{i}", draw.format(out=str(out)))
+        job.out_dir = str(tmp_path)
+        run_job(job, tmp_path / f"w{i}")
+        seen.append(eval(out.read_text()))
+    assert seen[0][0] != seen[1][0] and seen[0][1] != seen[1][1]
+
+
 def test_zygote_that_dies_fails_its_jobs_and_is_restarted(tmp_path):
     import os
     import signal
