@@ -124,8 +124,12 @@ class JobOutcome:
         return f"crashed ({how}) with no result"
 
     def error(self, what: str) -> RunnerError:
-        """The error for a job the caller cannot go on without: `what` names it ("profile job")."""
-        return RunnerError(f"{what} {self.reason()}; log: {self.log_path}\n{self.log_tail[-1500:]}".rstrip())
+        """The error for a job the caller cannot go on without: `what` names it ("profile job"). A
+        refusal the runner explained (a typed error: the model class, the config, the inputs, the
+        quantization) is its message; anything else comes with the end of the job's log."""
+        explained = self.status == "failed" and self.result.get("error", {}).get("kind", "exception") != "exception"
+        tail = "" if explained else self.log_tail[-1500:]
+        return RunnerError(f"{what} {self.reason()}; log: {self.log_path}\n{tail}".rstrip())
 
 
 class DeviceLedger:

@@ -16,6 +16,17 @@ in the model's dtype.
     the same recipe, `Fp8Linear` below, on the same `_scaled_mm`. The note names which one ran;
     numbers of the two are never mixed up.
 Eligible: both feature counts multiples of 16 (what `_scaled_mm` takes; torchao skips the rest too).
+
+Which layers are linear: `nn.Linear`, and an engine's own linear layers where they follow SGLang's
+protocol (`LinearBase`: a 2-D `weight` [out, in] and the product through
+`quant_method.apply(layer, x, bias)`, unquantized). torchao's recipe replaces their weight with its
+float8 tensor as it does an `nn.Linear`'s (their `F.linear` then runs the FP8 product); the emulation
+gives them a `quant_method` of its own. SGLang's FLUX.2 and Qwen-Image DiTs hold 36 and 39 of those
+beside 5 and 3 `nn.Linear`s (tiny preset): before they were taken, an "FP8" SGLang run quantized
+only the embedders. Any other module with a 2-D weight parameter that is not an embedding is
+refused by name: a result labelled FP8 never leaves a linear layer of unknown kind in its dtype.
+Where a model computes products from its unquantized weights itself, its engine adapter refuses
+first (`quant_blocker`, runner/engines/; SGLang's Qwen-Image).
 """
 from __future__ import annotations
 
@@ -31,8 +42,61 @@ class QuantError(Exception):
     pass
 
 
+def engine_linear(module: torch.nn.Module) -> bool:
+    """An engine's own unquantized linear layer in SGLang's protocol (LinearBase)."""
+    qm = getattr(module, "quant_method", None)
+    w = getattr(module, "weight", None)
+    return (not isinstance(module, torch.nn.Linear) and callable(getattr(qm, "apply", None))
+            and type(qm).__name__ == "UnquantizedLinearMethod" and isinstance(w, torch.Tensor) and w.dim() == 2)
+
+
+def linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Linear) or engine_linear(module)
+
+
 def eligible(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return linear(module) and module.weight.shape[0] % 16 == 0 and module.weight.shape[1] % 16 == 0
+
+
+def _unknown_linear_like(model: torch.nn.Module) -> list[str]:
+    """Modules with a 2-D weight parameter that are neither linear layers this recipe takes nor
+    embeddings: "Class (path)" each."""
+    out = []
+    for n, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if (isinstance(w, torch.nn.Parameter) and w.dim() == 2 and not linear(m)
+                and not isinstance(m, torch.nn.Embedding) and "Embedding" not in type(m).__name__):
+            out.append(f"{type(m).__module__}.{type(m).__name__} ({n})")
+    return out
+
+
+def _fp8_product(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The recipe's product: per-token e4m3 activations times the e4m3 weight [N, K] with its
+    per-channel scales [1, N], in x's dtype."""
+    shape = x.shape
+    a8, a_scale = quantize_rows(x.reshape(-1, shape[-1]))  # [M, K], [M, 1]
+    out = torch._scaled_mm(a8, w8.t(), scale_a=a_scale, scale_b=w_scale, out_dtype=x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def _keep_fp8_weight(layer: torch.nn.Module) -> None:
+    """e4m3 weight and per-channel scales as buffers of `layer`; the unquantized values go (a
+    deployment does not keep them): the dtype stays readable for code that asks for it, and an empty
+    tensor fails loudly wherever the values would be used."""
+    w8, s = quantize_rows(layer.weight.detach())  # [N, K], [N, 1]
+    layer.register_buffer("w8", w8, persistent=False)
+    layer.register_buffer("w_scale", s.reshape(1, -1).contiguous(), persistent=False)
+    layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
+                                      requires_grad=False)
+
+
+class Fp8LinearMethod:
+    """The emulated recipe as an engine linear's quant_method (SGLang's protocol)."""
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _fp8_product(x, layer.w8, layer.w_scale, bias)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,23 +116,12 @@ class Fp8Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, lin: torch.nn.Linear) -> "Fp8Linear":
-        w8, s = quantize_rows(lin.weight.detach())  # [N, K], [N, 1]
+        _keep_fp8_weight(lin)
         lin.__class__ = cls
-        lin.register_buffer("w8", w8, persistent=False)
-        lin.register_buffer("w_scale", s.reshape(1, -1).contiguous(), persistent=False)
-        # the bf16 values go (a deployment does not keep them); the dtype stays readable for code
-        # that asks for it, and an empty tensor fails loudly wherever the values would be used
-        lin.weight = torch.nn.Parameter(torch.empty(0, dtype=lin.weight.dtype, device=lin.weight.device),
-                                        requires_grad=False)
         return lin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        a8, a_scale = quantize_rows(x.reshape(-1, shape[-1]))  # [M, K], [M, 1]
-        out = torch._scaled_mm(a8, self.w8.t(), scale_a=a_scale, scale_b=self.w_scale, out_dtype=x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], out.shape[-1])
+        return _fp8_product(x, self.w8, self.w_scale, self.bias)
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -109,13 +162,21 @@ def _torchao_why_not(device: str) -> str:
 def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
     if recipe not in RECIPES:
         raise QuantError(f"unknown quantization recipe {recipe!r}; one of {list(RECIPES)}")
+    unknown = _unknown_linear_like(model)
+    if unknown:
+        raise QuantError(f"{len(unknown)} layer(s) of {type(model).__name__} hold a 2-D weight but are neither "
+                         f"torch.nn.Linear nor an engine linear with an unquantized quant_method (SGLang's "
+                         f"LinearBase), so the fp8 recipe would leave them unquantized: {', '.join(unknown[:5])}"
+                         f"{' ...' if len(unknown) > 5 else ''} (docs/fp8.md)")
     names = [n for n, m in model.named_modules() if eligible(m)]
-    skipped = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not eligible(m)]
+    skipped = [n for n, m in model.named_modules() if linear(m) and not eligible(m)]
     if not names and not skipped:
-        raise QuantError(f"{type(model).__name__} has no torch.nn.Linear layer: an engine with linear layers of its "
-                         "own (SGLang's) needs its own FP8 path, not wired yet (docs/fp8.md)")
+        raise QuantError(f"{type(model).__name__} has no linear layer (torch.nn.Linear or an engine linear): "
+                         "nothing for the fp8 recipe to quantize")
     if not names:
         raise QuantError("no linear layer has both feature counts a multiple of 16: nothing to quantize")
+    mods = dict(model.named_modules())
+    engine_layers = sum(engine_linear(mods[n]) for n in names)
     why_not = _torchao_why_not(device)
     if not why_not:
         import torchao
@@ -125,11 +186,20 @@ def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
                   filter_fn=lambda m, fqn: eligible(m))
         impl = f"torchao {torchao.__version__} Float8DynamicActivationFloat8WeightConfig(PerRow)"
     else:
-        mods = dict(model.named_modules())
+        method = Fp8LinearMethod()
         with torch.no_grad():
             for n in names:
-                Fp8Linear.from_linear(mods[n])
+                if engine_linear(mods[n]):
+                    _keep_fp8_weight(mods[n])
+                    mods[n].quant_method = method
+                else:
+                    Fp8Linear.from_linear(mods[n])
         impl = f"optbot emulation of that recipe (torchao not used: {why_not})"
-    return {"recipe": recipe, "implementation": impl, "form": "e4m3 weights, per-channel scales made at load; "
+    note = {"recipe": recipe, "implementation": impl, "form": "e4m3 weights, per-channel scales made at load; "
             "e4m3 activations, per-token scales per call; torch._scaled_mm; attention unchanged",
             "linear_layers": len(names), "left_unquantized": skipped[:20] + (["..."] if len(skipped) > 20 else [])}
+    if engine_layers:
+        note["engine_linear_layers"] = (
+            f"{engine_layers} of the {len(names)} are the engine's own linear layers (SGLang's LinearBase), "
+            "taken by the same recipe; not the engine's own FP8 path (docs/fp8.md)")
+    return note

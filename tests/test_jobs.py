@@ -75,8 +75,8 @@ def test_cuda_lane_gets_only_its_gpu(monkeypatch):
 @pytest.mark.parametrize("outcome, says", [
     (JobOutcome("timeout", seconds=31.2), "timeout after 31 s"),
     (JobOutcome("crashed", returncode=-11), "crashed (signal SIGSEGV) with no result"),
-    (JobOutcome("failed", result={"ok": False, "error": {"kind": "ValueError", "message": "no weights"}}),
-     "ValueError: no weights"),
+    (JobOutcome("failed", result={"ok": False, "error": {"kind": "exception", "message": "ValueError: no weights"}}),
+     "exception: ValueError: no weights"),
 ])
 def test_a_job_the_caller_needs_fails_as_one_error(outcome, says):
     """JobOutcome.error: what the job was, why it failed, where its log is, and the log's tail."""
@@ -86,6 +86,14 @@ def test_a_job_the_caller_needs_fails_as_one_error(outcome, says):
     first, tail = str(err).split("\n", 1)
     assert first == f"profile job {says}; log: /runs/x/profile.log"
     assert tail.endswith("Traceback: boom") and len(tail) == 1500
+
+
+def test_a_refusal_the_runner_explained_comes_without_the_log():
+    """A typed error (runner/harness.HarnessError: the config, the inputs, the quantization) says
+    what is wrong; the traceback that reached it would only bury that line."""
+    outcome = JobOutcome("failed", result={"ok": False, "error": {"kind": "quant", "message": "HarnessError: why"}},
+                         log_path="/runs/x/profile.log", log_tail="Traceback: boom")
+    assert str(outcome.error("profile job")) == "profile job quant: HarnessError: why; log: /runs/x/profile.log"
 
 
 def test_an_exit_hook_cannot_rewrite_the_report(tmp_path):

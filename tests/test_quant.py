@@ -74,8 +74,69 @@ def test_refusals_name_what_is_wrong():
         quant.apply(_model(torch.float32, 0), "int4", "cpu")
     with pytest.raises(quant.QuantError, match="no linear layer has both feature counts a multiple of 16"):
         quant.apply(torch.nn.Sequential(torch.nn.Linear(10, 20)), "fp8", "cpu")
-    with pytest.raises(quant.QuantError, match=r"Sequential has no torch.nn.Linear layer: .*\(SGLang.s\)"):
+    with pytest.raises(quant.QuantError, match=r"Sequential has no linear layer \(torch.nn.Linear or an engine linear\)"):
         quant.apply(torch.nn.Sequential(torch.nn.Conv1d(16, 16, 1)), "fp8", "cpu")
+
+
+class UnquantizedLinearMethod:
+    """SGLang's protocol (sglang/multimodal_gen/runtime/layers/linear.py): the layer's product goes
+    through quant_method.apply(layer, x, bias); the unquantized method is F.linear."""
+
+    def apply(self, layer, x, bias=None):
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+class EngineLinear(torch.nn.Module):
+    """As SGLang's ReplicatedLinear: weight [out, in], forward returns (output, output_bias)."""
+
+    def __init__(self, k, n, skip_bias_add=False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, k, generator=torch.Generator().manual_seed(n)) * 0.2)
+        self.bias = torch.nn.Parameter(torch.randn(n, generator=torch.Generator().manual_seed(k)) * 0.2)
+        self.skip_bias_add = skip_bias_add
+        self.quant_method = UnquantizedLinearMethod()
+
+    def forward(self, x):
+        bias = None if self.skip_bias_add else self.bias
+        return self.quant_method.apply(self, x, bias), (self.bias if self.skip_bias_add else None)
+
+
+def test_an_engines_own_linear_layers_take_the_recipe():
+    """SGLang's DiTs compute their projections in layers of their own, not nn.Linear: the recipe
+    takes them too (an FP8 SGLang run quantized only its nn.Linear embedders before), and the note
+    says how many."""
+    m = torch.nn.ModuleDict({"proj": EngineLinear(64, 96), "head": torch.nn.Linear(96, 32), "odd": EngineLinear(64, 10)})
+    w, b = m["proj"].weight.detach().clone(), m["proj"].bias.detach().clone()
+    x = 3.0 * torch.randn(2, 37, 64, generator=torch.Generator().manual_seed(7))
+    note = quant.apply(m, "fp8", "cpu")
+    assert note["linear_layers"] == 2 and note["left_unquantized"] == ["odd"]
+    assert note["engine_linear_layers"].startswith("1 of the 2 are the engine's own linear layers")
+    proj = m["proj"]
+    assert isinstance(proj.quant_method, quant.Fp8LinearMethod) and proj.w8.dtype == torch.float8_e4m3fn
+    assert proj.weight.numel() == 0  # the unquantized values are gone, as from an nn.Linear
+    out, out_bias = proj(x)
+    assert out_bias is None and out.shape == (2, 37, 96)
+    torch.testing.assert_close(out, quant.reference_linear(x, w, b), atol=1e-5, rtol=1e-5)
+    exact = torch.nn.functional.linear(x, w, b)
+    assert 1e-4 < ((out - exact).norm() / exact.norm()).item() < 0.1
+    assert isinstance(m["odd"].quant_method, UnquantizedLinearMethod)  # 10 outputs: left as it was
+
+
+def test_a_linear_layer_of_unknown_kind_is_refused_by_name():
+    """A module with a 2-D weight that the recipe cannot take (here: an engine linear whose method
+    is already something else) stops the run: a result labelled FP8 with unquantized linears in it
+    would be a false label. Embeddings are not linear layers."""
+
+    class OtherMethod(UnquantizedLinearMethod):
+        pass
+
+    odd = EngineLinear(64, 96)
+    odd.quant_method = OtherMethod()
+    m = torch.nn.ModuleDict({"a": torch.nn.Linear(64, 96), "emb": torch.nn.Embedding(10, 64), "blocks": torch.nn.ModuleList([odd])})
+    with pytest.raises(quant.QuantError, match=r"1 layer\(s\) of ModuleDict hold a 2-D weight .*EngineLinear \(blocks.0\)"):
+        quant.apply(m, "fp8", "cpu")
+    assert quant.apply(torch.nn.ModuleDict({"a": torch.nn.Linear(64, 96), "emb": torch.nn.Embedding(10, 64)}),
+                       "fp8", "cpu")["linear_layers"] == 1
 
 
 def test_a_precision_names_the_dtype_and_the_recipe():

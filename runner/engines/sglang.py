@@ -239,6 +239,26 @@ def model_key(job) -> str:
     return MODELS[name]
 
 
+# Attributes SGLang's DiTs set from `quant_config is None` at construction, each naming a path that
+# reads an unquantized linear layer's weight itself (qwen_image.py: the packed text Q/K/V weight
+# split into three F.linear calls, the Q/K/V products written into joint buffers with torch.mm).
+# A recipe applied after the build (runner/quant.py) never reaches those products.
+_UNQUANTIZED_SHORTCUTS = ("_unquantized_added_qkv_is_packed", "separate_unquantized_qkv_proj")
+
+
+def quant_blocker(model) -> str:
+    """Why a recipe applied to the built SGLang model would leave linear products unquantized, or ""."""
+    for name, m in model.named_modules():
+        flags = [f for f in _UNQUANTIZED_SHORTCUTS if getattr(m, f, False) is True]
+        if flags:
+            return (f"SGLang's {type(model).__name__} was built without a quantization config, and so "
+                    f"computes some linear products from the unquantized weights itself ({type(m).__name__} "
+                    f"{name}: {', '.join(flags)}); a recipe applied after the build would not reach them. "
+                    "FP8 on this DiT needs the recipe given to SGLang as a QuantizationConfig at build "
+                    "time, which optbot does not wire yet (docs/fp8.md)")
+    return ""
+
+
 def make_call(model, kw: dict, job):
     from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
 

@@ -124,3 +124,21 @@ def test_validate_a_patch_of_sglang_s_source(sglang_engine, tmp_path, wl):
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # rejected
     assert "correctness: PASS" in r.stdout and "not-engaged" in r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_fp8_on_sglang_quantizes_every_linear_or_refuses(sglang_engine, tmp_path):
+    """`--quant fp8` on SGLang: its DiTs compute in linear layers of their own (LinearBase), not
+    nn.Linear. FLUX.2: all 41 linear layers take the recipe, 36 of them SGLang's (before, an "FP8"
+    result quantized only the 5 nn.Linear embedders). Qwen-Image, built without a quantization
+    config, computes its packed text Q/K/V from the unquantized weight itself: refused, saying so."""
+    out = tmp_path / "flux2-sglang-fp8.json"
+    r = optbot("profile", "flux2", "--engine", "sglang", "--quant", "fp8", "--iters", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    q = json.loads(out.read_text())["env"]["quant"]
+    assert q["linear_layers"] == 41 and q["left_unquantized"] == []
+    assert q["engine_linear_layers"].startswith("36 of the 41 are the engine's own linear layers")
+    r = optbot("profile", "qwen-image", "--engine", "sglang", "--quant", "fp8", "--iters", "1")
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()[-1]
+    assert "built without a quantization config" in err and "_unquantized_added_qkv_is_packed" in err
+    assert "Traceback" not in r.stderr
