@@ -74,9 +74,6 @@ def build(job: Job) -> Built:
             raise
         raise HarnessError("config-rejected", f"{cls.__name__} rejected the preset's config: {e}") from None
     if recipe:  # after the weights: a deployment quantizes the loaded model
-        blocker = adapter.quant_blocker(model)
-        if blocker:
-            raise HarnessError("quant", blocker)
         try:
             envmod.note("quant", quant.apply(model, recipe, job.device))
         except quant.QuantError as e:

@@ -21,12 +21,14 @@ Which layers are linear: `nn.Linear`, and an engine's own linear layers where th
 protocol (`LinearBase`: a 2-D `weight` [out, in] and the product through
 `quant_method.apply(layer, x, bias)`, unquantized). torchao's recipe replaces their weight with its
 float8 tensor as it does an `nn.Linear`'s (their `F.linear` then runs the FP8 product); the emulation
-gives them a `quant_method` of its own. SGLang's FLUX.2 and Qwen-Image DiTs hold 36 and 39 of those
-beside 5 and 3 `nn.Linear`s (tiny preset): before they were taken, an "FP8" SGLang run quantized
-only the embedders. Any other module with a 2-D weight parameter that is not an embedding is
+gives them a `quant_method` of its own. SGLang's FLUX.2 and Qwen-Image DiTs hold 36 and 45 of those
+beside 5 and 3 `nn.Linear`s (tiny preset, built as quantized): before they were taken, an "FP8"
+SGLang run quantized only the embedders. Any other module with a 2-D weight parameter that is not an embedding is
 refused by name: a result labelled FP8 never leaves a linear layer of unknown kind in its dtype.
-Where a model computes products from its unquantized weights itself, its engine adapter refuses
-first (`quant_blocker`, runner/engines/; SGLang's Qwen-Image).
+SGLang's DiTs choose some paths at construction from `quant_config is None` (Qwen-Image computes
+its packed text Q/K/V from the unquantized weight itself when built without one), so for a
+quantized precision the SGLang adapter builds them as quantized models whose layers wait for this
+recipe (runner/engines/sglang.py `_recipe_config`).
 """
 from __future__ import annotations
 
@@ -43,11 +45,14 @@ class QuantError(Exception):
 
 
 def engine_linear(module: torch.nn.Module) -> bool:
-    """An engine's own unquantized linear layer in SGLang's protocol (LinearBase)."""
+    """An engine's own unquantized linear layer in SGLang's protocol (LinearBase): its method is
+    SGLang's unquantized one, or the adapter's stand-in for it in a model built as quantized
+    (`optbot_recipe_pending`, runner/engines/sglang.py)."""
     qm = getattr(module, "quant_method", None)
     w = getattr(module, "weight", None)
-    return (not isinstance(module, torch.nn.Linear) and callable(getattr(qm, "apply", None))
-            and type(qm).__name__ == "UnquantizedLinearMethod" and isinstance(w, torch.Tensor) and w.dim() == 2)
+    unquantized = type(qm).__name__ == "UnquantizedLinearMethod" or getattr(qm, "optbot_recipe_pending", False)
+    return (not isinstance(module, torch.nn.Linear) and callable(getattr(qm, "apply", None)) and unquantized
+            and isinstance(w, torch.Tensor) and w.dim() == 2)
 
 
 def linear(module: torch.nn.Module) -> bool:

@@ -10,8 +10,6 @@ needs its own set-up"). Each adapter is a module here with three functions:
   make_call(model, kw, job)             -> a zero-argument callable running ONE forward pass on the
                                         workload's inputs `kw` (runner/inputs.py) and returning its
                                         output tensor
-  quant_blocker(model)                  -> "" when a quantization recipe applied to the built model
-                                        (runner/quant.py) reaches every linear product, else why not
 
 The workload's declared inputs stay the single source of the seeded inputs, in the base (diffusers) calling
 convention, so every engine gets the same latents and prompts and their outputs can be compared;

@@ -19,8 +19,3 @@ def build_model(cls, job, preset: dict, dtype):
 
 def make_call(model, kw: dict, job):
     return lambda: model(**kw)[0]
-
-
-def quant_blocker(model) -> str:
-    """Every product of a diffusers-style model goes through its linear modules."""
-    return ""

@@ -15,7 +15,9 @@ prepare(job), once per process, before the engine is imported:
     kv_gather_degree 1) and the model-parallel groups with tp = sp = 1
     (``maybe_init_distributed_environment_and_model_parallel``; gloo on CPU).
 build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_arch(hf)``,
-  ``out_channels`` set explicitly, ``cls(config=cfg, hf_config=hf)``; every parameter is then
+  ``out_channels`` set explicitly, ``cls(config=cfg, hf_config=hf)`` (for a quantized precision
+  with ``quant_config=`` a config whose linear methods wait for runner/quant.py's recipe, so that
+  SGLang builds a quantized model: ``_recipe_config``); every parameter is then
   created from the seeded state dict in the base (diffusers) format (runner/weights.py), and a
   fused projection (``to_added_qkv`` = add_q/k/v_proj) is built from the seeds of the base names it
   packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
@@ -154,8 +156,12 @@ def build_model(cls, job, preset: dict, dtype):
     # update_model_arch ran: set it again.
     cfg.arch_config.out_channels = hf["out_channels"]
 
+    quant_config = _recipe_config(job)
+
     def construct(**_):
-        return cls(config=cfg, hf_config=hf)
+        if quant_config is None:
+            return cls(config=cfg, hf_config=hf)
+        return cls(config=cfg, hf_config=hf, quant_config=quant_config)
 
     model = _build_seeded(construct, {}, job.device, dtype, job.weight_seed, "seeded")
     fused = _seed_packed_params(model, job.weight_seed, job.device, dtype)
@@ -239,24 +245,66 @@ def model_key(job) -> str:
     return MODELS[name]
 
 
-# Attributes SGLang's DiTs set from `quant_config is None` at construction, each naming a path that
-# reads an unquantized linear layer's weight itself (qwen_image.py: the packed text Q/K/V weight
-# split into three F.linear calls, the Q/K/V products written into joint buffers with torch.mm).
-# A recipe applied after the build (runner/quant.py) never reaches those products.
-_UNQUANTIZED_SHORTCUTS = ("_unquantized_added_qkv_is_packed", "separate_unquantized_qkv_proj")
+def _recipe_config(job):
+    """For a quantized precision (runner/job.split_precision): a QuantizationConfig of SGLang's own
+    kind, so that the DiT is built as a quantized model. SGLang's DiTs decide paths at construction
+    from `quant_config is None` (Qwen-Image: the packed text Q/K/V weight split into three
+    F.linear calls, Q/K/V products written into joint buffers with torch.mm, both reading the
+    unquantized weight itself); a recipe applied after an unquantized build would not reach those
+    products. Every linear layer gets `RecipePending`, SGLang's unquantized product, which
+    runner/quant.py replaces with the recipe right after the weights load, as for its own layers.
+    None for an unquantized precision. Not SGLang's own FP8 path (docs/fp8.md)."""
+    from runner.job import split_precision
 
+    if not split_precision(job.dtype)[1]:
+        return None
+    base = _import("sglang.multimodal_gen.runtime.layers.quantization.configs.base_config.QuantizationConfig")
+    unquantized = _import("sglang.multimodal_gen.runtime.layers.linear.UnquantizedLinearMethod")
+    method_base = _import("sglang.multimodal_gen.runtime.layers.linear.LinearMethodBase")
+    linear_base = _import("sglang.multimodal_gen.runtime.layers.linear.LinearBase")
 
-def quant_blocker(model) -> str:
-    """Why a recipe applied to the built SGLang model would leave linear products unquantized, or ""."""
-    for name, m in model.named_modules():
-        flags = [f for f in _UNQUANTIZED_SHORTCUTS if getattr(m, f, False) is True]
-        if flags:
-            return (f"SGLang's {type(model).__name__} was built without a quantization config, and so "
-                    f"computes some linear products from the unquantized weights itself ({type(m).__name__} "
-                    f"{name}: {', '.join(flags)}); a recipe applied after the build would not reach them. "
-                    "FP8 on this DiT needs the recipe given to SGLang as a QuantizationConfig at build "
-                    "time, which optbot does not wire yet (docs/fp8.md)")
-    return ""
+    class RecipePending(method_base):
+        """SGLang's unquantized weights and product until runner/quant.py applies the run's recipe.
+        Not a subclass of UnquantizedLinearMethod: SGLang tests for that class to take its
+        unquantized-only paths (Qwen-Image's joint Q/K/V buffers)."""
+
+        optbot_recipe_pending = True
+
+        def __init__(self):
+            self._plain = unquantized()
+
+        def create_weights(self, *args, **kwargs):
+            return self._plain.create_weights(*args, **kwargs)
+
+        def apply(self, layer, x, bias=None):
+            return self._plain.apply(layer, x, bias)
+
+    class OptbotRecipeConfig(base):
+        def get_name(self) -> str:
+            return "optbot_recipe"
+
+        def get_supported_act_dtypes(self):
+            return [torch.bfloat16, torch.float16, torch.float32]
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return 0
+
+        @staticmethod
+        def get_config_filenames():
+            return []
+
+        @classmethod
+        def from_config(cls, config):
+            return cls()
+
+        def get_quant_method(self, layer, prefix: str):
+            return RecipePending() if isinstance(layer, linear_base) else None
+
+        def get_scaled_act_names(self):
+            return []
+
+    return OptbotRecipeConfig()
 
 
 def make_call(model, kw: dict, job):
