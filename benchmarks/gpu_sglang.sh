@@ -154,11 +154,12 @@ if [[ "$what" == bench ]]; then
   # upstream SGLang in the four production modes (MODES: bench's --modes; the whole-model compile
   # recipes add about two minutes), the optimized SGLang branch (CANDIDATE: a ref in the engine
   # repository, e.g. what `optimize` delivered on this machine) in the four production modes,
-  # diffusers upstream in the same four as the reference, and the floor: one run
+  # diffusers upstream in the same four as the reference, and the floor: one run (QUANT=fp8: the
+  # upstream+fp8 rows and the FP8 floor too; torchao must be carried beside the light set)
   wl="${2:-flux2}"; cand="${3:-}"
   start=$(date +%s)
   timeout "${LIMIT:-560}" python3 -m bot bench "$wl" --engine sglang --preset full --device cuda \
-    ${cand:+--candidate "$cand"} --modes "${MODES:-eager,graph,compile,compile+graph}" --with-engine diffusers --json "$D/bench-$wl-sglang.json" 2>&1 | tee "$D/bench-$wl-sglang.txt"
+    ${QUANT:+--quant "$QUANT"} ${cand:+--candidate "$cand"} --modes "${MODES:-eager,graph,compile,compile+graph}" --with-engine diffusers --json "$D/bench-$wl-sglang.json" 2>&1 | tee "$D/bench-$wl-sglang.txt"
   rc=${PIPESTATUS[0]}
   echo "$wl sglang bench: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
   exit "$rc"
