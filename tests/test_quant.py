@@ -200,3 +200,16 @@ def test_what_an_fp8_run_learns_loads_back_as_a_store_entry(tmp_path):
     (d / "entry.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="key 'dtype'"):
         load_entry(d)
+
+
+def test_the_bench_says_how_many_of_the_quantized_layers_are_the_engines_own():
+    """`optbot bench --quant fp8` prints what each FP8 row ran; on an engine with linear layers of
+    its own (SGLang) that includes how many of them the recipe took."""
+    from bot.commands.bench import BenchResult, _quant_lines
+
+    m = torch.nn.ModuleDict({"proj": EngineLinear(64, 96), "head": torch.nn.Linear(96, 32)})
+    res = BenchResult(workload="w", preset="tiny", device="cpu", dtype="float32", shape={}, passes=1,
+                      quant={"upstream+fp8": quant.apply(m, "fp8", "cpu")})
+    (line,) = _quant_lines(res)
+    assert line.startswith("upstream+fp8: optbot emulation") and "; 2 linear layers (" in line
+    assert "; 1 of the 2 are the engine's own linear layers (SGLang's LinearBase)" in line
