@@ -32,8 +32,8 @@ it started and exits: nothing outlives the bot.
 What a fork inherits that a fresh process would not have: the preloaded modules' state (nothing
 has run but their imports) and the zygote's environment at import time. The environment is the
 one every job gets but for the per-job names (engine root in PYTHONPATH, device, cache
-directories), all read when used, not at import; numpy's global random state is reseeded in each job
-(`_fresh_random_state`), as a fresh import would seed it.
+directories), all read when used, not at import; numpy's and torch's global random states are
+reseeded in each job (`_fresh_random_state`), as fresh imports would seed them.
 """
 from __future__ import annotations
 
