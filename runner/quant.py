@@ -173,14 +173,14 @@ def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
                          f"torch.nn.Linear nor an engine linear with an unquantized quant_method (SGLang's "
                          f"LinearBase), so the fp8 recipe would leave them unquantized: {', '.join(unknown[:5])}"
                          f"{' ...' if len(unknown) > 5 else ''} (docs/fp8.md)")
-    names = [n for n, m in model.named_modules() if eligible(m)]
-    skipped = [n for n, m in model.named_modules() if linear(m) and not eligible(m)]
+    mods = dict(model.named_modules())
+    names = [n for n, m in mods.items() if eligible(m)]
+    skipped = [n for n, m in mods.items() if linear(m) and not eligible(m)]
     if not names and not skipped:
         raise QuantError(f"{type(model).__name__} has no linear layer (torch.nn.Linear or an engine linear): "
                          "nothing for the fp8 recipe to quantize")
     if not names:
         raise QuantError("no linear layer has both feature counts a multiple of 16: nothing to quantize")
-    mods = dict(model.named_modules())
     engine_layers = sum(engine_linear(mods[n]) for n in names)
     why_not = _torchao_why_not(device)
     if not why_not:
