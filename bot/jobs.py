@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.job import RESULT_KEYS, Job, open_new
+from runner.job import RESULT_KEYS, UNEXPLAINED_ERROR, Job, open_new
 from runner.zygote import CHANNEL_FD
 
 from bot import sandbox, zygote
@@ -127,7 +127,8 @@ class JobOutcome:
         """The error for a job the caller cannot go on without: `what` names it ("profile job"). A
         refusal the runner explained (a typed error: the model class, the config, the inputs, the
         quantization) is its message; anything else comes with the end of the job's log."""
-        explained = self.status == "failed" and self.result.get("error", {}).get("kind", "exception") != "exception"
+        kind = self.result.get("error", {}).get("kind", UNEXPLAINED_ERROR)
+        explained = self.status == "failed" and kind != UNEXPLAINED_ERROR
         tail = "" if explained else self.log_tail[-1500:]
         return RunnerError(f"{what} {self.reason()}; log: {self.log_path}\n{tail}".rstrip())
 

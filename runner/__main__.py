@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 from runner import channel
-from runner.job import Job
+from runner.job import UNEXPLAINED_ERROR, Job
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
             instrument()
         result = importlib.import_module(f"runner.kinds.{job.kind}").run(job)
     except Exception as e:  # noqa: BLE001 - every failure becomes a typed result for the bot
-        kind = getattr(e, "kind", "exception")
+        kind = getattr(e, "kind", UNEXPLAINED_ERROR)
         tb = traceback.format_exc()
         print(tb, file=sys.stderr)
         result = {"ok": False, "error": {"kind": kind, "message": f"{type(e).__name__}: {e}", "traceback": tb[-4000:]}}

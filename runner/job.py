@@ -57,6 +57,10 @@ def job_kinds() -> list[str]:
     return sorted(p.stem for p in kinds_dir.glob("*.py") if not p.stem.startswith("_"))
 
 
+# A failed job's `error.kind` when what raised was not a typed runner error (runner/__main__.py):
+# anything else names a refusal the runner explained, which the bot prints without the log's tail.
+UNEXPLAINED_ERROR = "exception"
+
 # What a successful result of a kind must hold, where the bot reads it. A result without these keys
 # is no valid result (the job's code, or code it ran, wrote something else to the result path): the
 # bot treats it as a crash, never as data (bot/jobs.run_job).
