@@ -32,6 +32,10 @@ def capture(device: str, engine_sha: str = "", engine_file: str = "") -> dict:
         "cpu_threads": torch.get_num_threads(),
         "engine_sha": engine_sha,
         "engine_file": engine_file,
+        # how this job's process started: runner/zygote.py notes "forked" when it ran the job in a
+        # fork of its warm interpreter; a job it exec'd (cold, or the CUDA driver was mapped by the
+        # preload) or one started without a zygote is a fresh interpreter
+        "runner_start": "fresh interpreter",
     }
     if device.startswith("cuda"):
         idx = torch.device(device).index or 0

@@ -121,7 +121,10 @@ def _run_in_process(command: list[str]) -> None:
         site.execusercustomize()
     sys.argv = [os.path.join(os.path.dirname(LAUNCHER), "__main__.py"), *command[3:]]
     _fresh_random_state()
+    from runner import env
     from runner.__main__ import main
+
+    env.note("runner_start", "forked from the warm zygote")
 
     try:
         code = main(command[3:])

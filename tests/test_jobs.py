@@ -30,6 +30,8 @@ def _bad_engine_job(tmp_path, body: str) -> Job:
 def test_probe_round_trip(tmp_path):
     out = run_job(_probe_job(tmp_path, tmp_path), tmp_path, timeout_s=120)
     assert out.ok and out.result["env"]["device_kind"] == "cpu" and out.result["env"]["torch"]
+    # every result's environment says how the job's process started (here: the warm zygote's fork)
+    assert out.result["env"]["runner_start"] == "forked from the warm zygote", out.result["env"]
 
 
 def test_segfault_becomes_crashed(tmp_path):
@@ -329,6 +331,8 @@ def test_without_preload_each_job_is_a_fresh_interpreter(tmp_path, monkeypatch):
         assert out.status == "crashed", out.reason()  # the same outcome as with the warm start
         cmd = seen.read_text().split()
         assert cmd[1:3] == ["-m", "runner"] and cmd[-1] == "3" and "runner.zygote" not in cmd, cmd
+        probe = run_job(_probe_job(tmp_path, tmp_path), tmp_path / "wp", timeout_s=120)
+        assert probe.ok and probe.result["env"]["runner_start"] == "fresh interpreter", probe.result["env"]
     finally:
         zygote.ZYGOTE.close()
     monkeypatch.setenv("OPTBOT_RUNNER_PRELOAD", "maybe")

@@ -141,7 +141,7 @@ def latency_table(results) -> tuple[list, dict[str, Measurement | None]]:
         for s in sv.speed:  # every production mode the validator timed, in its order
             label = MODE_LABELS.get(s.mode, s.mode)
             rows += [_meas_row("baseline", label, m.get(f"base_{s.mode}")),
-                     _meas_row("optimized", label, m.get(f"cand_{s.mode}"), m.get(f"base_{s.mode}"))]
+                     _meas_row("optimized", label, m.get(f"cand_{s.mode}"), m.get(f"base_{s.base_mode or s.mode}"))]
         note = "Base and optimized timed interleaved by the validator in one runner job."
         mode_notes = "; ".join(f"{MODE_LABELS.get(s.mode, s.mode)}: {s.note}" for s in sv.speed if s.note)
         if "graph" not in {s.mode for s in sv.speed}:
@@ -202,7 +202,8 @@ def _speedup(v: Verdict | None) -> str:
     modes is what a one-mode column hid); else the eager timings' ratio."""
     timed = [s for s in (v.speed if v else []) if s.speedup is not None]
     if timed:
-        return ", ".join(f"{s.mode} {s.speedup:.3f}x" + ("" if s.outcome == "faster" else f" ({s.outcome})")
+        return ", ".join(f"{s.mode} {s.speedup:.3f}x" + (f" vs the base's {s.base_mode}" if s.base_mode else "")
+                         + ("" if s.outcome == "faster" else f" ({s.outcome})")
                          for s in timed) + f" ({timed[0].device})"
     m = measurements(v) if v else {}
     b, c = m.get("base_eager"), m.get("cand_eager")

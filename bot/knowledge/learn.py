@@ -146,7 +146,8 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
              f"per step, A/A noise {eager.noise_pct}%)" if eager else "no speed measured")
     for mode, sp in w.speed.items():  # every other production mode the verdict timed
         if mode != "eager" and (sp.speedup or sp.outcome in ("failed", "n/a")):
-            speed += f", {mode} " + (f"{sp.speedup}x" if sp.speedup else f"{sp.outcome} ({(sp.note or '')[:120]})")
+            speed += f", {mode} " + (f"{sp.speedup}x" + (f" vs the base's {sp.base_mode}" if sp.base_mode else "")
+                                     if sp.speedup else f"{sp.outcome} ({(sp.note or '')[:120]})")
     reason = f"{w.reason or w.status}: {w.summary or ''}"
     worst = w.worst_output.rel_l2 if w.worst_output else None
     body = (f"# {entry.id} on {hardware} ({workload}): {w.reason or w.status}\n\n"

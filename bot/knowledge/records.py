@@ -149,6 +149,7 @@ class ModeSpeed(_Record):
     patched_process_ms: list[float] = field(default_factory=list)
     trials_per_process: int | None = None
     note: str | None = None
+    base_mode: str | None = _opt()  # the base's mode the speedup is against (outcome "enabled": the base cannot run this one)
 
 
 @dataclass
@@ -186,7 +187,7 @@ class WorkloadVerdict(_Record):
                 patched_per_pass_ms=statistics.median(c) / passes if c else None,
                 speedup=sp.get("speedup"), noise_pct=sp.get("noise_pct"), outcome=sp.get("outcome"),
                 base_process_ms=list(b), patched_process_ms=list(c), trials_per_process=sp.get("n"),
-                note=sp.get("note"))
+                note=sp.get("note"), base_mode=sp.get("base_mode") or None)
         corr = verdict.get("correctness") or {}
         ranked = [ch for ch in corr.get("checks", []) if ch.get("rel_l2") is not None]
         worst = max(ranked, key=lambda ch: ch["rel_l2"]) if ranked else None

@@ -90,5 +90,7 @@ def measurements(v) -> dict[str, Measurement | None]:
     out: dict[str, Measurement | None] = {f"{side}_{m}": None for m in MODES for side in ("base", "cand")}
     for s in v.speed:
         for side, ms in (("base", s.base_ms), ("cand", s.candidate_ms)):
+            if side == "base" and s.base_mode:  # the base could not run this mode (outcome "enabled")
+                continue
             out[f"{side}_{s.mode}"] = Measurement.of_processes(ms, s.mode, s.device, dev_name, s.n, s.passes)
     return out

@@ -245,8 +245,8 @@ def commit_message(cand: Candidate, verdict: Verdict, run_id: str, inputs: Propo
     m = measurements(verdict)
     body.append(f"Numbers (validator verdict: {verdict.status}: {verdict.reason or 'accepted'}: {verdict.summary}):")
     for s in verdict.speed or [Speed(mode="eager", device=verdict.device)]:  # every production mode timed
-        b, c = m.get(f"base_{s.mode}"), m.get(f"cand_{s.mode}")
-        body.append(f"  base      {s.mode} {_fmt_ms(b)}")
+        b, c = m.get(f"base_{s.base_mode or s.mode}"), m.get(f"cand_{s.mode}")
+        body.append(f"  base      {s.base_mode or s.mode} {_fmt_ms(b)}")
         body.append(f"  candidate {s.mode} {_fmt_ms(c)}" + (f"  ({s.outcome}: {s.note[:160]})" if s.note else ""))
         if b and c and c.median_ms:
             body.append(f"  speedup ({s.mode} median) {b.median_ms / c.median_ms:.3f}x")

@@ -120,6 +120,7 @@ def reused_verdict(ctx: RunContext, c: Candidate, known: KnownVerdict) -> Verdic
     speed = [Speed(mode=mode, device=sp.get("device") or "cuda", base_ms=list(sp.get("base_process_ms") or []),
                    candidate_ms=list(sp.get("patched_process_ms") or []), speedup=sp.get("speedup"),
                    noise_pct=sp.get("noise_pct"), outcome=sp.get("outcome") or "n/a", note=sp.get("note") or "",
+                   base_mode=sp.get("base_mode") or "",
                    n=int(sp.get("trials_per_process") or 0), passes=int(sp.get("passes") or 1))
              for mode, sp in (w.get("speed") or {}).items()]
     worst = w.get("worst_output") or {}

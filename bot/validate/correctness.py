@@ -16,6 +16,7 @@ from bot.errors import OptbotError, RunnerError
 from bot.jobs import JobOutcome, run_job
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
+from bot.validate.speed import without_graph
 from bot.validate.verdict import Correctness, OutputCheck
 from bot.workload import Shape
 
@@ -47,15 +48,11 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
         if b is None:
             raise RunnerError(f"internal: no base run for {label}")
         pairs.append({"label": label, "base": b["file"], "candidate": r["file"]})
-    # Each production mode but eager: the first shape and seed's outputs in that mode, against the
-    # base's in the same mode (compile's own rounding is on both sides; a kernel that is wrong only
-    # when compiled or replayed is not). A mode the base could not run has nothing to compare with.
     if cand.get("runs"):
-        label0 = f"{_label(cand['runs'][0]['shape'])} seed {cand['runs'][0]['seed']}"
-        bm = base.get("mode_outputs") or {}
-        for mode, file in (cand.get("mode_outputs") or {}).items():
-            if mode in bm:
-                pairs.append({"label": f"{label0} [{mode}]", "base": bm[mode], "candidate": file})
+        r0 = cand["runs"][0]
+        b0 = brun[(json.dumps(r0["shape"], sort_keys=True), r0["seed"])]
+        pairs += mode_pairs(f"{_label(r0['shape'])} seed {r0['seed']}", b0["file"], base.get("mode_outputs") or {},
+                            cand.get("mode_outputs") or {})
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
         "pairs": pairs, "bit_exact": wl.bit_exact,
         "tolerance": None if wl.bit_exact else {"rel_l2": tol.rel_l2, "atol": tol.atol, "rtol": tol.rtol}})
@@ -69,6 +66,26 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
                                        violations=c.get("violations"), nonfinite=c.get("nonfinite")))
     corr.ok = not corr.inputs_modified and all(c.ok for c in corr.checks) and bool(corr.checks)
     return corr
+
+
+def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_modes: dict[str, str]) -> list[dict]:
+    """The output pairs of each production mode but eager (the first shape and seed's outputs): the
+    candidate's in that mode against the base's in the same mode (compile's own rounding is on both
+    sides; a kernel that is wrong only when compiled or replayed is not). Where the base could not
+    run a CUDA-graph mode, against the base without the graph (eager, compile: speed.without_graph),
+    the run a user of the base makes instead and the one the speed check times such a mode against;
+    a candidate credited with a mode it "enabled" is checked in it (adversarial
+    gpu_graph_only_wrong.patch)."""
+    pairs = []
+    for mode, file in cand_modes.items():
+        if mode in base_modes:
+            pairs.append({"label": f"{label0} [{mode}]", "base": base_modes[mode], "candidate": file})
+            continue
+        ref = without_graph(mode)
+        ref_file = base_eager if ref == "eager" else base_modes.get(ref)
+        if ref != mode and ref_file:
+            pairs.append({"label": f"{label0} [{mode}; base {ref}]", "base": ref_file, "candidate": file})
+    return pairs
 
 
 def correctness_summary(corr: Correctness) -> str:

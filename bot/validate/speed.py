@@ -6,9 +6,12 @@ default there, the correctness processes' timings alone: the numbers are informa
 names (Context.modes: eager, graph, compile, compile+graph on GPU). Per side and mode the estimate
 is the median of the process medians; the A/A spread of a side's processes and the spread inside
 each process set the noise band (speed_outcome). The verdict (speed_rejection): a mode that fails
-for the candidate and not for the base rejects ("crashed under compile+graph: ..."); with speed
-gating, a mode that is slower rejects (a user who runs that mode would lose), and so does no mode
-being faster. A rejection inside a wide band is measured again (Options.retimes). Over 10x, or
+for the candidate and not for the base rejects ("crashed under compile+graph: ..."); a CUDA-graph
+mode that fails for the base and runs for the candidate is timed against the base's mode without the
+graph (graph -> eager, compile+graph -> compile: what a user of the base runs instead), and a gain
+there is the candidate's ("enabled": Qwen-Image's forward copies a pageable host tensor, so only a
+candidate that hoists it captures); with speed gating, a mode that is slower rejects (a user who runs
+that mode would lose), and so does no mode being faster or enabled. A rejection inside a wide band is measured again (Options.retimes). Over 10x, or
 under the roofline floor: implausible (held).
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from bot.jobs import JobOutcome, run_job
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
 from bot.validate.verdict import Speed
+from runner.job import parse_mode
 
 IMPLAUSIBLE_SPEEDUP = 10.0
 NOISE_FLOOR_PCT = {"cuda": 0.5, "cpu": 2.0}  # never call a difference smaller than this a change
@@ -88,6 +92,8 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
             s.candidate_ms = [_median(x) for x in cs if _median(x) is not None]
             # the base ran this mode in every process and the candidate did not: the candidate broke it
             s.outcome = "failed" if all(isinstance(x, dict) for x in bs) else "n/a"
+            if all(isinstance(x, str) for x in bs) and all(isinstance(x, dict) for x in cs):
+                _enabled(s, [r["timing"].get(without_graph(mode)) for r in runs["base"]], cs, dev)
             speeds.append(s)
             continue
         s.base_ms = [round(_median(x), 4) for x in bs]
@@ -99,6 +105,38 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
         s.note = "; ".join(notes)
         speeds.append(s)
     return speeds
+
+
+def without_graph(mode: str) -> str:
+    """The mode a user of the base runs when `mode`'s CUDA-graph capture fails for it: the same
+    step uncaptured (graph -> eager, compile+graph -> compile, compile:whole+graph -> compile:whole);
+    a mode without a graph is its own."""
+    recipe, graph = parse_mode(mode)
+    if not graph:
+        return mode
+    return "eager" if recipe is None else mode[:-len("+graph")]
+
+
+def _enabled(s: Speed, base_fallback: list, cand: list, dev: str) -> None:
+    """The candidate runs a CUDA-graph mode that fails for the base in every process: timed against
+    the base's run of the same step without the graph (without_graph). Faster beyond the noise band
+    is outcome "enabled" (a gain: speed_rejection counts it as a faster mode), with base_mode naming
+    what it was compared with; otherwise the mode stays "n/a" and the note gives the numbers: a user
+    loses nothing by the candidate capturing where the base cannot."""
+    fallback = without_graph(s.mode)
+    if fallback == s.mode or not base_fallback or not all(isinstance(x, dict) for x in base_fallback):
+        return
+    b = [round(_median(x), 4) for x in base_fallback]
+    c = [round(_median(x), 4) for x in cand]
+    speedup, noise, outcome, aside = speed_outcome(b, c, [_rel_iqr(x) for x in base_fallback],
+                                                   [_rel_iqr(x) for x in cand], dev)
+    against = f"{s.mode} runs for the candidate only; against the base's {fallback}"
+    if outcome == "faster":
+        s.base_ms, s.speedup, s.noise_pct, s.outcome, s.base_mode = b, speedup, noise, "enabled", fallback
+        s.note = "; ".join([against] + ([f"farthest from the others, set aside: {', '.join(aside)}"] if aside else [])
+                           + [s.note])
+    else:
+        s.note = f"{against}: {speedup:.3f}x, no gain beyond the {noise:.2f}% noise band; " + s.note
 
 
 def failure_note(base: list, cand: list) -> str:
@@ -123,15 +161,16 @@ def mode_failures(base: dict, cand: dict) -> list[tuple[str, str]]:
 def speed_rejection(speeds: list[Speed]) -> tuple[str, str] | None:
     """(reason, why) when the speeds reject the candidate, else None: a mode that failed for the
     candidate only ("crashed"); a mode that is slower ("slower": a user running that mode loses);
-    no mode faster ("no-change"). Modes that did not run for the base (n/a) decide nothing."""
+    no mode faster or enabled ("no-change"). Modes that did not run for the base decide nothing,
+    except one the candidate enabled with a gain (outcome "enabled"), which counts as faster."""
     failed = [s for s in speeds if s.outcome == "failed"]
     if failed:
         return "crashed", f"crashed under {failed[0].mode}: {failed[0].note}"
     slower = [s for s in speeds if s.outcome == "slower"]
     if slower:
         return "slower", "slower under " + ", ".join(f"{s.mode} ({s.speedup:.3f}x)" for s in slower)
-    measured = [s for s in speeds if s.outcome in ("faster", "no-change")]
-    if measured and not any(s.outcome == "faster" for s in measured):
+    measured = [s for s in speeds if s.outcome in ("faster", "no-change", "enabled")]
+    if measured and not any(s.outcome in ("faster", "enabled") for s in measured):
         return "no-change", "faster in no mode"
     return None
 
@@ -194,7 +233,8 @@ def speed_line(speed: list[Speed]) -> str:
         if s.speedup is None:
             parts.append(f"{s.mode}: {s.note or 'n/a'}")
         else:
-            parts.append(f"{s.mode} {s.speedup:.3f}x on {s.device} ({s.outcome}, noise {s.noise_pct:.2f}%)")
+            vs = f" vs the base's {s.base_mode}" if s.base_mode else ""
+            parts.append(f"{s.mode} {s.speedup:.3f}x{vs} on {s.device} ({s.outcome}, noise {s.noise_pct:.2f}%)")
     return "; ".join(parts)
 
 

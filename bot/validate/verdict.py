@@ -55,8 +55,11 @@ class Speed:
     candidate_ms: list[float] = field(default_factory=list)
     speedup: float | None = None  # base / candidate (mean of process medians)
     noise_pct: float | None = None  # A/A: the two base processes, and the spread within them
-    outcome: str = "n/a"  # faster | slower | no-change | failed (the candidate only) | n/a (the base too, or not timed)
+    # faster | slower | no-change | failed (the candidate only) | enabled (a graph mode the base cannot
+    # capture, faster than the base's run without the graph: base_mode) | n/a (the base too, or not timed)
+    outcome: str = "n/a"
     note: str = ""  # e.g. capture failure, "cpu: informational"
+    base_mode: str = ""  # the base's mode the speedup is against, where not this mode (outcome "enabled")
     n: int = 0  # trials per process
     passes: int = 1  # forward passes per step (per-pass = step / passes)
 

@@ -82,3 +82,21 @@ def test_halved_clocks_are_held(flux2_cuda):
     v = _validate(flux2_cuda, "gpu_slow_clocks.patch", engagement=False, iters=60)  # a phase well past the slack
     assert v.status == "held" and v.reason == "implausible", v.render()
     assert "a clock in the child runs slow" in v.implausible, v.render()
+
+
+@pytest.fixture(scope="module")
+def qwen_cuda(diffusers_engine):
+    from bot.target import resolve_target
+
+    return resolve_target("qwen-image", None, None, "tiny", "cuda")
+
+
+def test_a_mode_only_the_candidate_captures_is_checked_in_it(qwen_cuda):
+    """Qwen-Image's base cannot capture a CUDA graph (a pageable host copy in its forward); this
+    candidate hoists the copy, so its graph modes run, and scales its output inside the capture.
+    The speed check credits a mode only the candidate runs ("enabled"), so its outputs there are
+    compared with the base's without the graph: rejected on correctness, in the graph modes only."""
+    v = _validate(qwen_cuda, "gpu_graph_only_wrong.patch", engagement=False)
+    assert v.status == "rejected" and v.reason == "correctness", v.render()
+    bad = [c.label for c in v.correctness.checks if not c.ok]
+    assert bad and all(lb.endswith(("[graph; base eager]", "[compile+graph; base compile]")) for lb in bad), bad

@@ -71,3 +71,24 @@ def test_speed_rejection_rules():
     assert speed_rejection([s("eager", "faster", 1.3), s("compile+graph", "failed", None, "candidate: illegal")]) == \
         ("crashed", "crashed under compile+graph: candidate: illegal")
     assert speed_rejection([s("eager", "no-change"), s("graph", "faster", 1.1)]) is None
+    # a graph mode only the candidate captures, faster than the base without the graph: a gain
+    assert speed_rejection([s("eager", "no-change"), s("graph", "enabled", 1.03), s("compile", "no-change")]) is None
+
+
+def test_a_mode_only_the_candidate_runs_is_compared_with_the_base_without_the_graph():
+    """The pairs the compare job gets: same mode where the base ran it; where the base could not
+    capture (Qwen-Image's host copy), the candidate's graph outputs against the base's eager ones
+    and its compile+graph outputs against the base's compile ones. Without these a candidate that
+    "enables" a mode would be credited with its speed there and checked in it by nothing
+    (tests/validate/test_gpu.py runs gpu_graph_only_wrong.patch, wrong only inside a graph)."""
+    from bot.validate.correctness import mode_pairs
+
+    pairs = mode_pairs("64x64/txt8/b1 seed 7", "base/run0.pt", {"compile": "base/mode_compile.pt"},
+                       {"graph": "cand/mode_graph.pt", "compile": "cand/mode_compile.pt",
+                        "compile+graph": "cand/mode_compile_graph.pt", "compile:whole+graph": "cand/w.pt"})
+    assert pairs == [
+        {"label": "64x64/txt8/b1 seed 7 [graph; base eager]", "base": "base/run0.pt", "candidate": "cand/mode_graph.pt"},
+        {"label": "64x64/txt8/b1 seed 7 [compile]", "base": "base/mode_compile.pt", "candidate": "cand/mode_compile.pt"},
+        {"label": "64x64/txt8/b1 seed 7 [compile+graph; base compile]", "base": "base/mode_compile.pt",
+         "candidate": "cand/mode_compile_graph.pt"},
+    ]  # compile:whole+graph: the base ran no compile:whole either, so nothing to compare it with

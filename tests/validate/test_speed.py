@@ -86,3 +86,71 @@ def test_a_mode_the_engine_cannot_run_says_so_once_and_whole():
     assert failure_note([err, err], [err, err]) == f"base and candidate: {err}"
     assert failure_note([{"ms": [1.0]}, {"ms": [1.0]}], ["boom", "boom"]) == "candidate: boom"
     assert failure_note(["a"], ["b"]) == "base: a; candidate: b"
+
+
+CAPTURE_FAILED = ("CUDA graph capture failed: RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA "
+                  "graph capture unless the CPU tensor is pinned.")
+
+
+def _process(timing: dict) -> dict:
+    """One validate_step result's timing: mode -> TimingStats as JSON, or the mode's error line. The
+    samples spread as the H100 run's did (half the interquartile range 0.8% of the median)."""
+    from runner.timing import TimingStats
+
+    return {"timing": {m: t if isinstance(t, str) else
+                       TimingStats.from_samples([t * f for f in (0.985, 0.992, 1, 1.008, 1.015)], "cuda",
+                                                mode=m).to_json()
+                       for m, t in timing.items()}}
+
+
+def test_a_graph_mode_only_the_candidate_captures_counts_against_the_base_without_the_graph():
+    """qwen-image-hoist-host-copies on an H100 (benchmarks/results/h100-qwen-stack7-20261205/,
+    per-process medians): the base's forward copies a pageable host tensor, so its CUDA-graph modes
+    fail; the entry hoists the copy and captures. Eager and compile do not change, so under the old
+    rule it was rejected "faster in no mode", and replay would drop the one entry that lets the
+    stack capture. A user of the base who wants graphs runs eager (compile), so that is the
+    comparison: graph 410.6 vs eager 422.0 ms is a gain ("enabled")."""
+    from types import SimpleNamespace
+
+    from bot.validate.speed import _speeds, speed_line, speed_rejection
+
+    base = [{"eager": 503.858, "graph": CAPTURE_FAILED, "compile": 333.7438, "compile+graph": CAPTURE_FAILED},
+            {"eager": 424.1956, "graph": CAPTURE_FAILED, "compile": 329.6458, "compile+graph": CAPTURE_FAILED},
+            {"eager": 422.4095, "graph": CAPTURE_FAILED, "compile": 329.9102, "compile+graph": CAPTURE_FAILED}]
+    cand = [{"eager": 422.0194, "graph": 411.1443, "compile": 332.0251, "compile+graph": 327.8161},
+            {"eager": 421.8714, "graph": 410.6120, "compile": 331.5140, "compile+graph": 327.8393},
+            {"eager": 420.1025, "graph": 410.2122, "compile": 331.4458, "compile+graph": 329.3625}]
+    ctx = SimpleNamespace(modes=("eager", "graph", "compile", "compile+graph"), iters=10)
+    speeds = {s.mode: s for s in _speeds(ctx, {"base": [_process(t) for t in base],
+                                               "candidate": [_process(t) for t in cand]}, 2, "cuda")}
+    g = speeds["graph"]
+    assert g.outcome == "enabled" and g.base_mode == "eager", g
+    assert g.base_ms == [503.858, 424.1956, 422.4095] and 1.02 < g.speedup < 1.035, g
+    assert "graph runs for the candidate only; against the base's eager" in g.note and "base: CUDA graph" in g.note
+    assert speeds["eager"].outcome == "no-change" and speeds["compile"].outcome == "no-change"
+    assert speed_rejection(list(speeds.values())) is None
+    assert "graph 1.0" in speed_line([g]) and "x vs the base's eager on cuda (enabled" in speed_line([g])
+
+    # the same candidate capturing, but no faster than the base's eager: nothing gained, nothing lost
+    slow = [dict(t, graph=430.0) for t in cand]
+    speeds = {s.mode: s for s in _speeds(ctx, {"base": [_process(t) for t in base],
+                                               "candidate": [_process(t) for t in slow]}, 2, "cuda")}
+    assert speeds["graph"].outcome == "n/a" and speeds["graph"].speedup is None and not speeds["graph"].base_mode
+    assert "no gain beyond the" in speeds["graph"].note and "eager: 0.984x, no gain" in speeds["graph"].note
+    # compile+graph: 327.8 vs the base's compile 329.8 ms, 0.6% inside the 0.8% band: no gain either
+    assert speeds["compile+graph"].outcome == "n/a" and "against the base's compile" in speeds["compile+graph"].note
+
+    # the base captured in one process and not another: not the engine's limit, nothing enabled
+    flaky = [dict(base[0], graph=415.0)] + base[1:]
+    speeds = {s.mode: s for s in _speeds(ctx, {"base": [_process(t) for t in flaky],
+                                               "candidate": [_process(t) for t in cand]}, 2, "cuda")}
+    assert speeds["graph"].outcome == "n/a" and not speeds["graph"].base_mode
+
+
+@pytest.mark.parametrize("mode,fallback", [("graph", "eager"), ("compile+graph", "compile"),
+                                           ("compile:whole+graph", "compile:whole"), ("eager", "eager"),
+                                           ("compile:max-autotune", "compile:max-autotune")])
+def test_without_graph_is_what_a_user_runs_when_capture_fails(mode, fallback):
+    from bot.validate.speed import without_graph
+
+    assert without_graph(mode) == fallback
