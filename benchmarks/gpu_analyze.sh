@@ -10,9 +10,9 @@
 #   FINGERPRINTS=1 bash benchmarks/gpu_analyze.sh wan2.1 sd3.5-large lumina2   # the three new models
 # PROFILE_DIR=benchmarks/results/h200-20261129 reuses profile-<workload>-full.json from there
 # (measured on the same H200 kind) instead of profiling again; the analysis names its source.
-# Writes analyze-<workload>-full.{json,md,txt} under $OUT (default benchmarks/results/h200-<date>/).
+# Writes analyze-<workload>-full.{json,md,txt} under $OUT (default benchmarks/results/<gpu>-<date>/).
 set -euo pipefail
-OUT="${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

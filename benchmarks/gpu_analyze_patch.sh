@@ -5,14 +5,14 @@
 # e.g. bash benchmarks/gpu_analyze_patch.sh qwen-image benchmarks/results/h200-qwen-modes-20261204/qwen-image-stack.patch
 # Carry .whl/ (the diffusers sdist, gitpython). The pinned engine is materialized, cloned to /tmp,
 # the patch committed there, and analyzed as the fork `diffusers=/tmp/...`.
-# Writes analyze-<workload>-patched.{json,md,txt} and profile-<workload>-patched.json under $RES (default benchmarks/results/h200-<date>/),
+# Writes analyze-<workload>-patched.{json,md,txt} and profile-<workload>-patched.json under $RES (default benchmarks/results/<gpu>-<date>/),
 # and copies them to $OUT when set. MODE=compile (any production mode): `optbot profile --mode MODE` of
 # the patched engine instead (no analysis: the analyzer reads eager profiles), written as
 # profile-<workload>-patched-<mode>.{json,md,txt} (TRACE=1: and .trace.json.gz, the chrome trace: where the
 # host spends a compiled step's time).
 set -euo pipefail
 wl=$1 patch=$2; shift 2
-RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$RES"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -2,12 +2,12 @@
 # `optbot bench` on the H200 as one self-contained command (wheels from .whl/, carried):
 #   bash benchmarks/gpu_bench.sh WORKLOAD [bench options...]
 # e.g. bash benchmarks/gpu_bench.sh flux2 --candidate kernel_store/flux2-norm-modulate/patch.diff --with-engine sglang
-# Writes bench-<workload>-<tag>.json/.md/.txt under $RES (default benchmarks/results/h200-<date>/)
+# Writes bench-<workload>-<tag>.json/.md/.txt under $RES (default benchmarks/results/<gpu>-<date>/)
 # and, when $OUT is set, copies them there.
 set -uo pipefail
 wl=$1; shift
 tag="${TAG:-run}"
-RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$RES"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"

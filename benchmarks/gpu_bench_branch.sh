@@ -10,7 +10,7 @@
 # engine repository, and benches it. Without a branch by then it benches upstream and SGLang only.
 set -uo pipefail
 wl=$1; src=$2; until_epoch=$3
-RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$RES"
 export OPTBOT_HOME="${OPTBOT_HOME:-/tmp/optbot-home-b}" PYTHONUNBUFFERED=1
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac

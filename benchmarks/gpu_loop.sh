@@ -32,7 +32,7 @@ T0=$(date +%s)
 CALL_S="${CALL_S:-570}"; RESERVE_S="${RESERVE_S:-180}"
 PRESET="${PRESET:-full}"; DEVICE="${DEVICE:-cuda}"
 LOOP="${LOOP_DIR:-/tmp/optbot-loop}/$wl-$mode"
-RES="${RES:-benchmarks/results/h200-loop-$(date +%Y%m%d)/$wl-$mode}"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-loop-$(date +%Y%m%d)/$wl-$mode}"
 KIT="${KIT:-.loop-kit/kit.tgz}"
 mkdir -p "$RES"
 if [ -d .whl ] && [ ! -f /tmp/site/.optbot-wheels ]; then

@@ -11,7 +11,7 @@
 set -uo pipefail
 wl="${1:-flux2}"
 resume="${2:-}"
-OUT="${OUT:-benchmarks/results/h200-optimize-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-optimize-$(date +%Y%m%d)}"
 LIMIT="${LIMIT:-560}"
 mkdir -p "$OUT"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

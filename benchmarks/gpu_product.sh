@@ -11,7 +11,7 @@
 #      ENGINES (bench --with-engine, default sglang for flux2), RES (results folder).
 set -uo pipefail
 wl="${1:-flux2}"
-RES="${RES:-benchmarks/results/h200-product-$(date +%Y%m%d)}/$wl"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-product-$(date +%Y%m%d)}/$wl"
 mkdir -p "$RES"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac

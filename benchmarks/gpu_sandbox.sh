@@ -11,7 +11,7 @@
 # Usage on the device machine, from the repo root with .whl/ carried (as benchmarks/gpu_validate.sh):
 #   bash benchmarks/gpu_sandbox.sh
 set -uo pipefail
-OUT="${OUT:-benchmarks/results/h200-sandbox-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-sandbox-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

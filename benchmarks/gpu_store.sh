@@ -22,7 +22,7 @@
 # ROUNDS (default 1) alternating base/patched job pairs per entry; ITERS (default 10) timed steps per job.
 set -euo pipefail
 what="${1:-micro}"
-OUT="${OUT:-benchmarks/results/h200-store-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-store-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

@@ -10,12 +10,12 @@
 #      pytest -m gpu tests/validate.
 # Usage on the device machine, from the repo root with .whl/ carried (as benchmarks/h200.sh):
 #   bash benchmarks/gpu_validate.sh
-# Writes 4 files under $OUT (default benchmarks/results/h200-<date>/): validate-flux2-full.json and
+# Writes 4 files under $OUT (default benchmarks/results/<gpu>-<date>/): validate-flux2-full.json and
 # .txt (verdict, its table, wall time), gpu-adversarial.json and pytest-gpu.txt; prints them last.
 # Expected wall time: about 4-5 minutes (4 full-preset FLUX.2 processes of ~20 s build each, plus
 # about 15 tiny-preset processes for the GPU cases).
 set -uo pipefail
-OUT="${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 if [[ -d .whl ]]; then
   [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

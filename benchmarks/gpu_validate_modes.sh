@@ -4,10 +4,10 @@
 # e.g. bash benchmarks/gpu_validate_modes.sh views tests/validate/adversarial/gpu_views_under_compile.patch
 # Full preset, bf16, default modes (eager, graph, compile, compile+graph). Writes
 # validate-NAME.json and .txt (verdict, every mode's row, wall time) under $OUT (default
-# benchmarks/results/h200-<date>/).
+# benchmarks/results/<gpu>-<date>/).
 set -uo pipefail
 name=$1; patch=$2; wl=${3:-flux2}; shift 3 2>/dev/null || shift $#
-OUT="${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}"
+OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -4,14 +4,14 @@
 #   bash benchmarks/h200.sh profile bench [validate analyze sglang store ...]
 #
 # Each word is a step below (or a benchmarks/gpu_<word>.sh script). Results go to a staging folder
-# ($RES, default benchmarks/results/h200-<date>/) and, when $OUT is set (the device tool), are packed
+# ($RES, default benchmarks/results/<gpu>-<date>/) and, when $OUT is set (the device tool), are packed
 # into $OUT/results.tar.gz (the tool brings back at most 8 files). A short table is printed last.
 #
 # The machine has torch and triton but no registry access: .whl/ carries gitpython (+gitdb, smmap)
 # for the bot and the diffusers source distribution from which the engine repository is
 # materialized (the same deterministic commit as on any other machine).
 set -uo pipefail
-RES="${RES:-benchmarks/results/h200-$(date +%Y%m%d)}"
+RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-$(date +%Y%m%d)}"
 mkdir -p "$RES"
 [ -n "${OPTBOT_WHEELS_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
