@@ -78,3 +78,20 @@ def test_the_optimizations_table_shows_every_timed_mode():
     v.speed[0] = Speed("eager", "cuda", [10.0, 10.2], [10.3, 10.1], 0.99, 3.0, "no-change", n=20)
     md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "| eager 0.990x (no-change), graph 1.200x (cuda) |" in md
+
+
+def test_a_mode_the_base_cannot_run_is_shown_against_the_base_without_the_graph():
+    """A stack that captures where upstream cannot (Qwen-Image's host copy): its graph row is
+    compared with the base's eager, and every place that prints the ratio says so."""
+    r = _results()
+    sv = r.combine.stack_verdict
+    sv.speed[1] = Speed("graph", "cuda", [10.0, 10.2], [7.5, 7.6], 1.34, 0.4, "enabled",
+                        note="graph runs for the candidate only; against the base's eager; base: CUDA graph "
+                             "capture failed: RuntimeError: Cannot copy", n=20, base_mode="eager")
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "| baseline | CUDA graph | n/a |" in md  # the base has no graph number of its own
+    assert "| optimized | CUDA graph | 7.550 |" in md and "| 1.338x |" in md  # 10.1 / 7.55: against eager
+    assert "against the base's eager" in md
+    r.validate.verdicts["c1"].speed[1] = sv.speed[1]
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "graph 1.340x vs the base's eager (enabled)" in md
