@@ -324,7 +324,7 @@ def record_validation(entry: Entry, result: dict, command: str, source: str | No
     rec = ValidationRecord(command=command, recorded_at=now(), device=result["device"], source=source,
                            workloads=verdicts)
     if result["device"].startswith("cuda"):
-        bench.gpu_section().validation = rec
+        bench.gpu_section().set_validation(rec)
         if all(v.status == "accepted" for v in verdicts.values()):
             set_status(entry, "validated-gpu")
         from bot.hardware import hardware_name

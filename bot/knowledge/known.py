@@ -1,7 +1,8 @@
 """What the store already knows about an entry on this hardware: its recorded GPU verdict.
 
 `store check --device cuda --record` (or `store record-bench`) keeps, per workload, the validator's
-verdict on the entry's replayed commit in bench.json `gpu.validation`. A later run may use that
+verdict on the entry's replayed commit in bench.json `gpu.validation` (the latest recording; one
+per other GPU model in `gpu.validation_elsewhere`). A later run may use that
 verdict instead of measuring again only when everything that determined it is unchanged:
 
   the patch         sha256 of patch.diff recorded with the verdict == the file now
@@ -52,10 +53,10 @@ def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, pre
                   env: dict | None = None) -> tuple[KnownVerdict | None, str]:
     """(the recorded verdict, "") when it applies unchanged to this run, else (None, why not)."""
     gpu = entry.bench().gpu
-    rec = gpu.validation if gpu else None
+    rec = gpu.validation_on(hardware) if gpu else None
     w = rec.workloads.get(workload) if rec else None
     if not w:
-        return None, "no GPU verdict recorded"
+        return None, f"no GPU verdict recorded on {hardware}"
     renv = w.env or {}
     checks = [
         ("patch", w.patch_sha256, patch_sha256(entry)),

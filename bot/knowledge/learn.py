@@ -206,9 +206,9 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: Bench) -> None:
         return  # this run's tuned variant replaced the patch the plain replay was validated on
     w = WorkloadVerdict.from_verdict(o.verdict)
     w.patch_sha256 = patch_file_sha256(entry_dir / "patch.diff")
-    bench.gpu_section().validation = ValidationRecord(
+    bench.gpu_section().set_validation(ValidationRecord(
         command=o.command or f"optbot optimize (run {o.run_id})", run_id=o.run_id, recorded_at=now(),
-        device=o.device, workloads={o.workload: w})
+        device=o.device, workloads={o.workload: w}))
 
 
 def record_history(o: Outcome, entry_dir: Path) -> Path:

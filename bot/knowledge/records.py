@@ -2,7 +2,8 @@
 
     {"entry": ID,
      "correctness": {"cpu" | "cuda": KernelTests, "cpu_validation": ValidationRecord},
-     "gpu": {"validation": ValidationRecord, "micro": MicroRecord, "end_to_end": {...},
+     "gpu": {"validation": ValidationRecord, "validation_elsewhere": {HARDWARE: ValidationRecord},
+             "micro": MicroRecord, "end_to_end": {...},
              "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: AblationRecord}},
      "history": [HistoryRow, ...]}
 
@@ -210,6 +211,14 @@ class ValidationRecord(_Record):
     source: str | None = _opt()  # the results file record-bench read
     workloads: dict[str, WorkloadVerdict] = field(default_factory=dict)
 
+    def hardware(self) -> str:
+        """The hardware the verdicts were measured on (bot/hardware.hardware_name of their device
+        name: "h200", "h100"; "cpu" on a CPU; "cuda" where no verdict recorded its device)."""
+        from bot.hardware import hardware_name
+
+        names = [(w.env or {}).get("device_name") for w in self.workloads.values()]
+        return hardware_name(self.device or "cuda", next((n for n in names if n), ""))
+
 
 # ------------------------------------------------------------------------------------------------
 # kernel tests (correctness.cpu|cuda, gpu.micro): the runner's per-test results, kept as reported
@@ -306,11 +315,30 @@ class HistoryRow(_Record):
 
 @dataclass
 class Gpu(_Record):
-    validation: ValidationRecord | None = _opt()
+    validation: ValidationRecord | None = _opt()  # the latest recording of GPU verdicts
+    # hardware -> the latest recording on hardware other than `validation`'s, kept when a recording
+    # on another GPU replaced it (set_validation): an H100 check does not erase the H200 verdicts
+    validation_elsewhere: dict[str, ValidationRecord] = _opt(factory=dict)
     micro: MicroRecord | None = _opt()
     end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
     variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
     ablation: dict[str, AblationRecord] = _opt(factory=dict)  # workload -> leave-one-out
+
+    def set_validation(self, rec: ValidationRecord) -> None:
+        """Record `rec` as the latest GPU verdicts. The recording it replaces moves to
+        validation_elsewhere when it was made on other hardware; a recording on `rec`'s hardware,
+        there or in `validation`, is superseded, as it always was."""
+        old, hw = self.validation, rec.hardware()
+        self.validation_elsewhere.pop(hw, None)
+        if old is not None and old.hardware() != hw:
+            self.validation_elsewhere[old.hardware()] = old
+        self.validation = rec
+
+    def validation_on(self, hardware: str) -> ValidationRecord | None:
+        """The latest recording of GPU verdicts made on `hardware`, or None."""
+        if self.validation is not None and self.validation.hardware() == hardware:
+            return self.validation
+        return self.validation_elsewhere.get(hardware)
 
 
 @dataclass

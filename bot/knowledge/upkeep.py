@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from bot.hardware import hardware_name
 from bot.knowledge.check import EntryCheck, Prepared, _full_validation, record_validation, set_status
 from bot.knowledge.records import now
 from bot.knowledge.store import Entry, load_entry
@@ -86,10 +87,10 @@ def _measured_on(r: EntryCheck) -> str:
     return f"{r.device} ({name})" if name else r.device
 
 
-def _recorded(entry: Entry, device: str, workload: str):
+def _recorded(entry: Entry, device: str, workload: str, hardware: str = ""):
     bench = entry.bench()
     if device.startswith("cuda"):
-        rec = bench.gpu.validation if bench.gpu else None
+        rec = (bench.gpu.validation_on(hardware) if hardware else bench.gpu.validation) if bench.gpu else None
     else:
         rec = bench.correctness.cpu_validation if bench.correctness else None
     return (rec.workloads.get(workload) if rec else None), rec
@@ -99,9 +100,11 @@ def env_changes(entry: Entry, device: str, workload: str, verdict: dict) -> list
     """How this verdict's environment differs from the one bench.json recorded for the same device
     kind and workload ("torch 2.11.0 -> 2.12.0", "engine d93305b4891d -> 1a2b3c4d5e6f"); a
     workload with no recorded verdict on this device kind is one change too."""
-    old, _ = _recorded(entry, device, workload)
+    hw = hardware_name(device, (verdict.get("env") or {}).get("device_name", "")) if device.startswith("cuda") else ""
+    old, _ = _recorded(entry, device, workload, hw)
     if old is None:
-        return [f"no {'GPU' if device.startswith('cuda') else 'CPU'} verdict recorded for {workload}"]
+        return [f"no {'GPU' if device.startswith('cuda') else 'CPU'} verdict recorded for {workload}"
+                + (f" on {hw}" if hw else "")]
     was, now_ = old.env or {}, verdict.get("env") or {}
     out = [f"{k} {was.get(k)} -> {now_.get(k)}" for k in ENV_KEYS if was.get(k) != now_.get(k)]
     if (old.base_sha or "") != (verdict.get("base_sha") or ""):

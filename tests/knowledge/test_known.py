@@ -33,7 +33,7 @@ def test_a_recorded_verdict_applies_only_unchanged(entry):
     assert k is not None and why == "" and k.status == "accepted" and k.speedup == 1.036
     assert k.numbers["speed"]["eager"]["base_process_ms"] == [551.9, 550.2]  # the record, as JSON
     for change, word in [(dict(base_sha="c" * 40), "base"), (dict(preset="tiny"), "preset"),
-                         (dict(dtype="float32"), "dtype"), (dict(hardware="h100"), "hardware"),
+                         (dict(dtype="float32"), "dtype"), (dict(hardware="h100"), "no GPU verdict recorded on h100"),
                          (dict(env={**ENV, "triton": "3.7.0"}), "triton"), (dict(workload="qwen-image"), "no GPU verdict")]:
         k, why = ask(entry, **change)
         assert k is None and word in why, (change, why)
@@ -45,7 +45,32 @@ def test_a_recorded_verdict_applies_only_unchanged(entry):
 
 def test_no_record_means_unknown(entry):
     entry.bench_path.unlink(missing_ok=True)
-    assert ask(entry) == (None, "no GPU verdict recorded")
+    assert ask(entry) == (None, "no GPU verdict recorded on h200")
+
+
+def test_a_verdict_on_another_gpu_keeps_this_ones(entry):
+    """The device tool lends an H100 or an H200: a store check on the H100 records its verdict as
+    the latest and keeps the H200 one (gpu.validation_elsewhere), so a run on the H200 still reuses
+    its own; a later H200 recording supersedes the H200 one wherever it is, and keeps the H100's."""
+    from bot.knowledge.records import load_bench
+    from tests.knowledge.verdicts import gpu_verdict
+
+    h100 = {**ENV, "device_name": "NVIDIA H100 80GB HBM3"}
+    record_verdict(entry)  # H200, 1.036x
+    record_verdict(entry, gpu_verdict(speedup=1.02, env=h100))
+    gpu = load_bench(entry.path).gpu
+    assert gpu.validation.hardware() == "h100" and list(gpu.validation_elsewhere) == ["h200"]
+    k, why = ask(entry)
+    assert k is not None and k.speedup == 1.036, why
+    k, why = ask(entry, hardware="h100", env=h100)
+    assert k is not None and k.speedup == 1.02, why
+    record_verdict(entry, gpu_verdict(speedup=1.05))  # H200 again
+    gpu = load_bench(entry.path).gpu
+    assert gpu.validation.hardware() == "h200" and list(gpu.validation_elsewhere) == ["h100"]
+    assert ask(entry)[0].speedup == 1.05 and ask(entry, hardware="h100", env=h100)[0].speedup == 1.02
+    record_verdict(entry, gpu_verdict(speedup=1.06))  # the same hardware: superseded, nothing kept
+    gpu = load_bench(entry.path).gpu
+    assert ask(entry)[0].speedup == 1.06 and list(gpu.validation_elsewhere) == ["h100"]
 
 
 def test_the_shipped_records_are_found(entry):

@@ -29,8 +29,8 @@ def record_verdict(entry, verdict=None) -> WorkloadVerdict:
     w = WorkloadVerdict.from_verdict((verdict or gpu_verdict()).to_json())
     w.patch_sha256 = patch_sha256(entry)
     bench = load_bench(entry.path)
-    bench.gpu_section().validation = ValidationRecord(command="optbot store check --device cuda",
-                                                      recorded_at="2026-11-29T22:16:00+00:00", device="cuda",
-                                                      workloads={"flux2": w})
+    bench.gpu_section().set_validation(ValidationRecord(command="optbot store check --device cuda",
+                                                        recorded_at="2026-11-29T22:16:00+00:00", device="cuda",
+                                                        workloads={"flux2": w}))
     save_bench(entry.path, bench)
     return w
