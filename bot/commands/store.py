@@ -344,8 +344,8 @@ def record_bench_cmd(knowledge, results):
             n += int(validated and not micro)
             if micro:
                 bench = e.bench()
-                bench.gpu_section().micro = MicroRecord(source=str(results), command=data.get("command"),
-                                                        recorded_at=_now(), device=data.get("device"), tests=micro)
+                bench.gpu_section().set_micro(MicroRecord(source=str(results), command=data.get("command"),
+                                                          recorded_at=_now(), device=data.get("device"), tests=micro))
                 _save(e, bench)
                 n += 1
     elif "e2e" in data and isinstance(data["e2e"], dict):  # store bench --json (end to end)

@@ -82,7 +82,7 @@ def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
     if not hardware or hardware == "cpu" or not entry.kernel_files():
         return "op", ""
     b = read_bench(bench_file(entry.path))
-    micro = b.gpu.micro if b is not None and b.gpu is not None else None
+    micro = b.gpu.micro_on(hardware) if b is not None and b.gpu is not None else None
     rows = [r for t in (micro.tests.values() if micro else []) for r in (t.get("micro") or [])
             if hardware_name("cuda", (t.get("env") or {}).get("device_name", "")) == hardware and r.get("vs_compiled")]
     if rows and all(r["vs_compiled"] < 1.0 for r in rows):

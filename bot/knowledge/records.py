@@ -3,7 +3,7 @@
     {"entry": ID,
      "correctness": {"cpu" | "cuda": KernelTests, "cpu_validation": ValidationRecord},
      "gpu": {"validation": ValidationRecord, "validation_elsewhere": {HARDWARE: ValidationRecord},
-             "micro": MicroRecord, "end_to_end": {...},
+             "micro": MicroRecord, "micro_elsewhere": {HARDWARE: MicroRecord}, "end_to_end": {...},
              "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: AblationRecord}},
      "history": [HistoryRow, ...]}
 
@@ -239,6 +239,13 @@ class MicroRecord(_Record):
     device: str | None = None
     tests: dict[str, dict] = field(default_factory=dict)  # test_<op>.py -> micro, env, passed
 
+    def hardware(self) -> str:
+        """The hardware the microbenchmarks ran on (the tests' device name, as ValidationRecord.hardware)."""
+        from bot.hardware import hardware_name
+
+        names = [(t.get("env") or {}).get("device_name") for t in self.tests.values() if isinstance(t, dict)]
+        return hardware_name(self.device or "cuda", next((n for n in names if n), ""))
+
 
 @dataclass
 class CorrectnessRecord(_Record):
@@ -319,7 +326,8 @@ class Gpu(_Record):
     # hardware -> the latest recording on hardware other than `validation`'s, kept when a recording
     # on another GPU replaced it (set_validation): an H100 check does not erase the H200 verdicts
     validation_elsewhere: dict[str, ValidationRecord] = _opt(factory=dict)
-    micro: MicroRecord | None = _opt()
+    micro: MicroRecord | None = _opt()  # the latest kernel microbenchmarks
+    micro_elsewhere: dict[str, MicroRecord] = _opt(factory=dict)  # hardware -> as validation_elsewhere
     end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
     variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
     ablation: dict[str, AblationRecord] = _opt(factory=dict)  # workload -> leave-one-out
@@ -328,17 +336,33 @@ class Gpu(_Record):
         """Record `rec` as the latest GPU verdicts. The recording it replaces moves to
         validation_elsewhere when it was made on other hardware; a recording on `rec`'s hardware,
         there or in `validation`, is superseded, as it always was."""
-        old, hw = self.validation, rec.hardware()
-        self.validation_elsewhere.pop(hw, None)
-        if old is not None and old.hardware() != hw:
-            self.validation_elsewhere[old.hardware()] = old
-        self.validation = rec
+        self.validation = _displace(self.validation, rec, self.validation_elsewhere)
 
     def validation_on(self, hardware: str) -> ValidationRecord | None:
         """The latest recording of GPU verdicts made on `hardware`, or None."""
-        if self.validation is not None and self.validation.hardware() == hardware:
-            return self.validation
-        return self.validation_elsewhere.get(hardware)
+        return _on(self.validation, self.validation_elsewhere, hardware)
+
+    def set_micro(self, rec: MicroRecord) -> None:
+        """Record `rec` as the latest microbenchmarks, keeping other hardware's (as set_validation)."""
+        self.micro = _displace(self.micro, rec, self.micro_elsewhere)
+
+    def micro_on(self, hardware: str) -> MicroRecord | None:
+        """The latest microbenchmarks recorded on `hardware` (replay's step-aside decision), or None."""
+        return _on(self.micro, self.micro_elsewhere, hardware)
+
+
+def _displace(latest, rec, elsewhere: dict):
+    """`rec` becomes the latest; the one it replaces is kept in `elsewhere` under its hardware when
+    that is not `rec`'s, and whatever `elsewhere` held for `rec`'s hardware is superseded."""
+    hw = rec.hardware()
+    elsewhere.pop(hw, None)
+    if latest is not None and latest.hardware() != hw:
+        elsewhere[latest.hardware()] = latest
+    return rec
+
+
+def _on(latest, elsewhere: dict, hardware: str):
+    return latest if latest is not None and latest.hardware() == hardware else elsewhere.get(hardware)
 
 
 @dataclass

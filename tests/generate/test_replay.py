@@ -141,8 +141,8 @@ def _micro_bench(entry_dir, device_name: str, vs_compiled: list[float]):
     b = load_bench(entry_dir)
     rows = [{"shape": [512 * (i + 1), 36864], "dtype": "bfloat16", "speedup": 1.5, "vs_compiled": v}
             for i, v in enumerate(vs_compiled)]
-    b.gpu_section().micro = MicroRecord(source="test", device="cuda",
-                                        tests={"test_swiglu.py": {"micro": rows, "env": {"device_name": device_name}}})
+    b.gpu_section().set_micro(MicroRecord(source="test", device="cuda",
+                                          tests={"test_swiglu.py": {"micro": rows, "env": {"device_name": device_name}}}))
     save_bench(entry_dir, b)
 
 
@@ -166,6 +166,22 @@ def test_the_recorded_micro_against_inductor_decides(tmp_path, device_name, vs, 
     assert (want == "reference") == ("loses to inductor" in why)
     if want == "reference":
         assert "[512, 36864] 0.80x" in why
+
+
+def test_a_micro_on_another_gpu_keeps_this_ones_decision(tmp_path):
+    """An H100 store check records its microbenchmark as the latest; the H200's stays in
+    gpu.micro_elsewhere, so replay on the H200 still steps the kernel aside where it lost there."""
+    import shutil
+
+    from bot.generate.replay import under_compile
+    from bot.knowledge.store import load_entry
+
+    folder = tmp_path / "flux2-swiglu"
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", folder)
+    _micro_bench(folder, "NVIDIA H200", [0.8, 0.95])
+    _micro_bench(folder, "NVIDIA H100 80GB HBM3", [1.1, 1.2])
+    assert under_compile(load_entry(folder), "h200")[0] == "reference"
+    assert under_compile(load_entry(folder), "h100")[0] == "op"
 
 
 def test_a_kernel_set_aside_runs_the_reference_under_compile_only(diffusers_engine, tmp_path):
