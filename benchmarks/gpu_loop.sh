@@ -10,6 +10,9 @@
 #   leave-one-out back. Run 2 starts from what run 1 left (its knowledge branch fast-forwarded, as a
 #   person merging the knowledge PR would): known verdicts are reused, known-rejected entries
 #   skipped, searched spaces not searched again, the stack validated fresh (new seeds).
+#   On an H100 (the device tool lends one for an H200 at times) the seeded entries declared for
+#   the H200 get the H100 added to their `hardware` for the experiment (listed in $RES/env.txt):
+#   replay offers an entry only on hardware it lists, and validation decides on the lent GPU.
 # MODE empty: run 1 starts from an empty store and no lessons: without ANTHROPIC_API_KEY only the
 #   compile-region generator has anything to offer.
 #
@@ -77,10 +80,10 @@ if [ ! -d "$know/.git" ]; then
   mkdir -p "$know"
   # run 1 measures the base itself: no profile or analysis left by an earlier experiment on this machine
   rm -rf "$OPTBOT_HOME/cache/base"
-  python3 - "$know" "$mode" <<'PY'
-import json, shutil, subprocess, sys
+  python3 - "$know" "$mode" "$(bash benchmarks/gpu_tag.sh)" <<'PY' | tee -a "$RES/env.txt"
+import json, re, shutil, subprocess, sys
 from pathlib import Path
-dst, mode = Path(sys.argv[1]), sys.argv[2]
+dst, mode, hw = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 (dst / "kernel_store").mkdir(); (dst / "lessons").mkdir()
 if mode == "seeded":
     for d in sorted(Path("kernel_store").iterdir()):
@@ -90,15 +93,23 @@ if mode == "seeded":
             if b.is_file():  # the GPU knowledge goes; CPU correctness records stay
                 data = json.loads(b.read_text()); data.pop("gpu", None); data.pop("history", None)
                 b.write_text(json.dumps(data, indent=2) + "\n")
+            # the device tool lends an H100 for an H200 at times: an entry declared for the H200 is
+            # tried on the lent Hopper GPU too (validation decides), and the experiment says so
+            y = dst / "kernel_store" / d.name / "entry.yaml"
+            m = re.search(r"(?m)^hardware: \[([^\]]*)\]", y.read_text())
+            have = [x.strip() for x in m[1].split(",")] if m else []
+            if hw in ("h100", "h200") and "h200" in have and hw not in have:
+                y.write_text(y.read_text().replace(m[0], f"hardware: [{', '.join(have + [hw])}]", 1))
+                print(f"{d.name}: hardware {have} + {hw} (the lent GPU) for this experiment")
     for f in sorted(Path("lessons").glob("*.md")):
-        if "-on-h200-" not in f.name:
+        if not re.search(r"-on-(?!cpu-)[a-z0-9]+-", f.name):  # a GPU verdict's caveat (knowledge/learn.check_lesson)
             shutil.copy(f, dst / "lessons" / f.name)
 subprocess.run(["git", "init", "-q", str(dst)], check=True)
 subprocess.run(["git", "-C", str(dst), "add", "-A"], check=True)
 subprocess.run(["git", "-C", str(dst), "-c", "user.name=optbot", "-c", "user.email=optbot@localhost", "commit", "-q",
                 "--allow-empty", "-m", f"loop experiment start ({mode})"], check=True)
 PY
-  { nvidia-smi 2>/dev/null || true; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$RES/env.txt" 2>&1
+  { nvidia-smi 2>/dev/null || true; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >> "$RES/env.txt" 2>&1
 fi
 
 for run in 1 2; do
