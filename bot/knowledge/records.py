@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bot.errors import ConfigError
+from bot.hardware import hardware_name
 
 _OPTIONAL = {"optional": True}
 
@@ -212,12 +213,7 @@ class ValidationRecord(_Record):
     workloads: dict[str, WorkloadVerdict] = field(default_factory=dict)
 
     def hardware(self) -> str:
-        """The hardware the verdicts were measured on (bot/hardware.hardware_name of their device
-        name: "h200", "h100"; "cpu" on a CPU; "cuda" where no verdict recorded its device)."""
-        from bot.hardware import hardware_name
-
-        names = [(w.env or {}).get("device_name") for w in self.workloads.values()]
-        return hardware_name(self.device or "cuda", next((n for n in names if n), ""))
+        return _hardware_of(self.device, [w.env for w in self.workloads.values()])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,11 +236,7 @@ class MicroRecord(_Record):
     tests: dict[str, dict] = field(default_factory=dict)  # test_<op>.py -> micro, env, passed
 
     def hardware(self) -> str:
-        """The hardware the microbenchmarks ran on (the tests' device name, as ValidationRecord.hardware)."""
-        from bot.hardware import hardware_name
-
-        names = [(t.get("env") or {}).get("device_name") for t in self.tests.values() if isinstance(t, dict)]
-        return hardware_name(self.device or "cuda", next((n for n in names if n), ""))
+        return _hardware_of(self.device, [t.get("env") for t in self.tests.values() if isinstance(t, dict)])
 
 
 @dataclass
@@ -322,46 +314,43 @@ class HistoryRow(_Record):
 
 @dataclass
 class Gpu(_Record):
-    validation: ValidationRecord | None = _opt()  # the latest recording of GPU verdicts
-    # hardware -> the latest recording on hardware other than `validation`'s, kept when a recording
-    # on another GPU replaced it (set_validation): an H100 check does not erase the H200 verdicts
+    # the latest recordings, and per other GPU model its own latest (an H100 check keeps the H200's)
+    validation: ValidationRecord | None = _opt()
     validation_elsewhere: dict[str, ValidationRecord] = _opt(factory=dict)
-    micro: MicroRecord | None = _opt()  # the latest kernel microbenchmarks
-    micro_elsewhere: dict[str, MicroRecord] = _opt(factory=dict)  # hardware -> as validation_elsewhere
+    micro: MicroRecord | None = _opt()
+    micro_elsewhere: dict[str, MicroRecord] = _opt(factory=dict)
     end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
     variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
     ablation: dict[str, AblationRecord] = _opt(factory=dict)  # workload -> leave-one-out
 
     def set_validation(self, rec: ValidationRecord) -> None:
-        """Record `rec` as the latest GPU verdicts. The recording it replaces moves to
-        validation_elsewhere when it was made on other hardware; a recording on `rec`'s hardware,
-        there or in `validation`, is superseded, as it always was."""
         self.validation = _displace(self.validation, rec, self.validation_elsewhere)
 
     def validation_on(self, hardware: str) -> ValidationRecord | None:
-        """The latest recording of GPU verdicts made on `hardware`, or None."""
         return _on(self.validation, self.validation_elsewhere, hardware)
 
     def set_micro(self, rec: MicroRecord) -> None:
-        """Record `rec` as the latest microbenchmarks, keeping other hardware's (as set_validation)."""
         self.micro = _displace(self.micro, rec, self.micro_elsewhere)
 
-    def micro_on(self, hardware: str) -> MicroRecord | None:
-        """The latest microbenchmarks recorded on `hardware` (replay's step-aside decision), or None."""
+    def micro_on(self, hardware: str) -> MicroRecord | None:  # replay's step-aside decision reads it
         return _on(self.micro, self.micro_elsewhere, hardware)
 
 
+def _hardware_of(device: str | None, envs: list) -> str:
+    """hardware_name of the first recorded device name ("h200", "h100"; "cuda" where none)."""
+    return hardware_name(device or "cuda", next((e["device_name"] for e in envs if e and e.get("device_name")), ""))
+
+
 def _displace(latest, rec, elsewhere: dict):
-    """`rec` becomes the latest; the one it replaces is kept in `elsewhere` under its hardware when
-    that is not `rec`'s, and whatever `elsewhere` held for `rec`'s hardware is superseded."""
-    hw = rec.hardware()
-    elsewhere.pop(hw, None)
-    if latest is not None and latest.hardware() != hw:
+    """`rec` becomes the latest recording; the one it replaces moves to `elsewhere` when made on other
+    hardware, and a recording on `rec`'s hardware (latest or in `elsewhere`) is superseded."""
+    elsewhere.pop(rec.hardware(), None)
+    if latest is not None and latest.hardware() != rec.hardware():
         elsewhere[latest.hardware()] = latest
     return rec
 
 
-def _on(latest, elsewhere: dict, hardware: str):
+def _on(latest, elsewhere: dict, hardware: str):  # the latest recording made on `hardware`, or None
     return latest if latest is not None and latest.hardware() == hardware else elsewhere.get(hardware)
 
 
@@ -424,8 +413,7 @@ def load_bench(entry_dir: Path) -> Bench:
 
 
 def save_bench(entry_dir: Path, bench: Bench) -> Path:
-    f = bench_file(entry_dir)
-    f.write_text(bench.dumps())
+    (f := bench_file(entry_dir)).write_text(bench.dumps())
     return f
 
 

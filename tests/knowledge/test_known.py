@@ -88,6 +88,34 @@ def test_the_shipped_records_are_found(entry):
     assert k is None and "another patch" in why
 
 
+def test_a_rejection_from_before_the_enabled_rule_is_measured_again(tmp_path):
+    """qwen-image-hoist-host-copies' H100 verdict (2026-12-05) was rejected "faster in no mode" while
+    its graph modes ran for it and not for upstream; the rule that times such a mode against the base
+    without the graph came after. That recorded rejection is not reused; a verdict that judged the
+    mode under the rule (base_mode set) is."""
+    from bot.validate.verdict import Speed
+    from tests.knowledge.verdicts import gpu_verdict
+
+    e = get_entry("qwen-image-hoist-host-copies", SHIPPED_STORE)
+    rec = json.loads(e.bench_path.read_text())["gpu"]["validation"]["workloads"]["qwen-image"]
+    k, why = ask(e, workload="qwen-image", hardware="h100", base_sha=rec["base_sha"], env=rec["env"])
+    assert k is None and "predates the rule for a mode only the candidate runs (graph" in why, why
+
+    h100 = {**ENV, "device_name": "NVIDIA H100 80GB HBM3"}
+    capture = "base: CUDA graph capture failed: RuntimeError: Cannot copy between CPU and CUDA tensors"
+    for i, (graph, reused) in enumerate([
+            (Speed("graph", "cuda", [], [410.6, 410.2], None, None, "n/a", capture, n=10), False),
+            (Speed("graph", "cuda", [422.0, 424.2], [430.0, 431.0], 0.98, 0.8, "n/a", capture, n=10,
+                   base_mode="eager"), True)]):
+        shutil.copytree(SHIPPED_STORE / "flux2-swiglu", tmp_path / f"s{i}" / "flux2-swiglu")
+        entry = get_entry("flux2-swiglu", tmp_path / f"s{i}")
+        v = gpu_verdict(status="rejected", reason="no-change", env=h100)
+        v.speed.append(graph)
+        record_verdict(entry, v)
+        k, why = ask(entry, hardware="h100", env=h100)
+        assert (k is not None) == reused, why
+
+
 def _ablation(key: dict, rounds: int = 1) -> AblationRecord:
     """The stack's leave-one-out as the optimize learn step records it (numbers are test data)."""
     return AblationRecord(**key, run_id="run-1", command="optbot optimize flux2", mode="eager", rounds=rounds, device="cuda",
