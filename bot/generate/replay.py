@@ -26,7 +26,6 @@ from bot.analyze.opportunity import Opportunity
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
-from bot.hardware import hardware_name
 from bot.knowledge.records import bench_file, read_bench
 from bot.knowledge.review import declined
 from bot.knowledge.store import (UNDER_COMPILE_OP, UNDER_COMPILE_REFERENCE, UNUSABLE, Entry, load_store,
@@ -83,8 +82,7 @@ def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
         return "op", ""
     b = read_bench(bench_file(entry.path))
     micro = b.gpu.micro_on(hardware) if b is not None and b.gpu is not None else None
-    rows = [r for t in (micro.tests.values() if micro else []) for r in (t.get("micro") or [])
-            if hardware_name("cuda", (t.get("env") or {}).get("device_name", "")) == hardware and r.get("vs_compiled")]
+    rows = [r for t in (micro.tests.values() if micro else []) for r in (t.get("micro") or []) if r.get("vs_compiled")]
     if rows and all(r["vs_compiled"] < 1.0 for r in rows):
         shapes = ", ".join(f"{r['shape']} {r['vs_compiled']:.2f}x" for r in rows)
         return "reference", (f"its recorded microbenchmark on {hardware} loses to inductor's compile of the "
