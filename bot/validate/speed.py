@@ -11,8 +11,8 @@ mode that fails for the base and runs for the candidate is timed against the bas
 graph (graph -> eager, compile+graph -> compile: what a user of the base runs instead), and a gain
 there is the candidate's ("enabled": Qwen-Image's forward copies a pageable host tensor, so only a
 candidate that hoists it captures); with speed gating, a mode that is slower rejects (a user who runs
-that mode would lose), and so does no mode being faster or enabled. A rejection inside a wide band is measured again (Options.retimes). Over 10x, or
-under the roofline floor: implausible (held).
+that mode would lose), and so does no mode being faster or enabled. A rejection inside a wide band
+is measured again (Options.retimes). Over 10x, or under the roofline floor: implausible (held).
 """
 from __future__ import annotations
 
@@ -96,15 +96,19 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
                 _enabled(s, [r["timing"].get(without_graph(mode)) for r in runs["base"]], cs, dev)
             speeds.append(s)
             continue
-        s.base_ms = [round(_median(x), 4) for x in bs]
-        s.candidate_ms = [round(_median(x), 4) for x in cs]
-        s.speedup, s.noise_pct, s.outcome, aside = speed_outcome(
-            s.base_ms, s.candidate_ms, [_rel_iqr(x) for x in bs], [_rel_iqr(x) for x in cs], dev)
-        notes = ([f"farthest from the others, set aside: {', '.join(aside)}"] if aside else []) + (
-            ["cpu clock, informational"] if dev == "cpu" else [])
-        s.note = "; ".join(notes)
+        s.note = "; ".join(filter(None, [_compare(s, bs, cs, dev), "cpu clock, informational" if dev == "cpu" else ""]))
         speeds.append(s)
     return speeds
+
+
+def _compare(s: Speed, bs: list[dict], cs: list[dict], dev: str) -> str:
+    """s's per-process medians, speedup, noise band and outcome from the base's and the candidate's
+    timings (speed_outcome); returns the note on a process set aside, or ""."""
+    s.base_ms = [round(_median(x), 4) for x in bs]
+    s.candidate_ms = [round(_median(x), 4) for x in cs]
+    s.speedup, s.noise_pct, s.outcome, aside = speed_outcome(
+        s.base_ms, s.candidate_ms, [_rel_iqr(x) for x in bs], [_rel_iqr(x) for x in cs], dev)
+    return f"farthest from the others, set aside: {', '.join(aside)}" if aside else ""
 
 
 def without_graph(mode: str) -> str:
@@ -126,15 +130,11 @@ def _enabled(s: Speed, base_fallback: list, cand: list, dev: str) -> None:
     fallback = without_graph(s.mode)
     if fallback == s.mode or not base_fallback or not all(isinstance(x, dict) for x in base_fallback):
         return
-    b = [round(_median(x), 4) for x in base_fallback]
-    c = [round(_median(x), 4) for x in cand]
-    speedup, noise, outcome, aside = speed_outcome(b, c, [_rel_iqr(x) for x in base_fallback],
-                                                   [_rel_iqr(x) for x in cand], dev)
-    s.base_ms, s.candidate_ms, s.speedup, s.noise_pct, s.base_mode = b, c, speedup, noise, fallback
-    s.outcome = "enabled" if outcome == "faster" else "n/a"
-    s.note = "; ".join([f"{s.mode} runs for the candidate only; against the base's {fallback}"
-                        + ("" if outcome == "faster" else ": no gain beyond the noise band")]
-                       + ([f"farthest from the others, set aside: {', '.join(aside)}"] if aside else []) + [s.note])
+    failures, aside = s.note, _compare(s, base_fallback, cand, dev)
+    s.base_mode, gain = fallback, s.outcome == "faster"
+    s.outcome = "enabled" if gain else "n/a"
+    s.note = "; ".join(filter(None, [f"{s.mode} runs for the candidate only; against the base's {fallback}"
+                                     + ("" if gain else ": no gain beyond the noise band"), aside, failures]))
 
 
 def failure_note(base: list, cand: list) -> str:
