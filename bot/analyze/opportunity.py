@@ -67,6 +67,10 @@ class Opportunity:
     generator: str
     estimate: Estimate
     facts: dict = field(default_factory=dict)
+    # ids of the `quantization` opportunities whose per-token chain reads a value this one's ops compute
+    # (rank.link_quantization): under torch.compile a registered op here would keep inductor from
+    # computing that quantization in the same pass (bot/generate/replay.under_compile)
+    quantized_by: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

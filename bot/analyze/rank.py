@@ -52,6 +52,25 @@ def group(graph: Graph, cost: CostModel, findings: list[Finding]) -> list[Opport
     return opps
 
 
+def link_quantization(graph: Graph, opps: list[Opportunity]) -> None:
+    """Set each opportunity's `quantized_by`: the FP8 activation quantizations (kind `quantization`)
+    that read a value computed by one of its ops, looking through views. Only data flow counts: a
+    norm + modulation whose output an FP8 GEMM quantizes, an activation feeding one, never a name."""
+    readers: dict[int, set[str]] = defaultdict(set)  # producing op id -> quantization opportunity ids
+    for q in opps:
+        if q.kind != "quantization":
+            continue
+        own = set(q.op_ids)
+        for i in q.op_ids:
+            for v in graph.ops[i].inputs:
+                p = graph.source_op(v)
+                if p is not None and p.id not in own:
+                    readers[p.id].add(q.id)
+    for o in opps:
+        if o.kind != "quantization":
+            o.quantized_by = sorted({q for i in o.op_ids for q in readers.get(i, ())})
+
+
 def claimed_total(cost: CostModel, opps: list[Opportunity]) -> float:
     """Attributed time of the ops the opportunities touch, each op counted once (an upper bound
     of what all of them together could remove, apart from launch-bound time)."""

@@ -79,5 +79,9 @@ def markdown(a: dict) -> str:
                   f"measured on {o['estimate']['profile_device']}; basis: {o['estimate']['basis']}",
                   f"- confidence {o['confidence']:.2f}: {o['confidence_reason']}",
                   f"- examples: {', '.join(o['location']['examples']) or '-'}",
-                  f"- ops: {'; '.join(o['ops'][:10]) or '-'}", ""]
+                  f"- ops: {'; '.join(o['ops'][:10]) or '-'}"]
+        if o.get("quantized_by"):  # analyses written before the field have none
+            lines.append(f"- its output is quantized for an FP8 GEMM by {', '.join(f'`{q}`' for q in o['quantized_by'])}: "
+                         "under torch.compile a store kernel here steps aside so inductor fuses both")
+        lines.append("")
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from bot.analyze.cost import attribute
 from bot.analyze.detectors import Context, run_all
 from bot.analyze.graph import Graph
-from bot.analyze.rank import claimed_total, group
+from bot.analyze.rank import claimed_total, group, link_quantization
 
 ANALYSIS_VERSION = 1
 
@@ -17,6 +17,7 @@ def analyze(graph: Graph, profile: dict, meta: dict | None = None, profile_sourc
     ctx = Context(graph=graph, cost=cost, profile=profile)
     findings = run_all(ctx, only)
     opps = group(graph, cost, findings)
+    link_quantization(graph, opps)
     claimed = claimed_total(cost, opps)
     return {
         "version": ANALYSIS_VERSION,

@@ -13,8 +13,13 @@ Under torch.compile a store kernel is a registered op, one node inductor cannot 
 entry's recorded GPU microbenchmark on this hardware lost to the reference compiled by inductor at
 every shape (bench.json gpu.micro, `vs_compiled`), the replayed kernel files get
 `UNDER_COMPILE = "reference"`: under compile they run the torch reference ops, which inductor fuses,
-and eager and CUDA-graph runs keep the kernel. The commit body says so, and the verdict is measured
-afresh (it is not the entry patch's).
+and eager and CUDA-graph runs keep the kernel. The same where the opportunity the entry is offered
+for computes a value an FP8 GEMM's per-token quantization reads (the analyzer's `quantized_by`, a
+precision with a quantization recipe): as one opaque node the kernel writes its bf16 output and the
+quantization reads it back, where inductor, seeing the reference ops, computes the norm (or
+activation) and the quantization in one pass that writes only the float8 values and scales (for a
+[tokens, width] bf16 activation 7 bytes per element moved against 3). The commit body says so, and
+the verdict is measured afresh (it is not the entry patch's).
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ class ReplayResult:
     conflicts: list[str] = field(default_factory=list)
     candidate: Candidate | None = None
     under_compile: str = "op"  # "reference": its kernels step aside under torch.compile (module docstring)
+    under_compile_why: str = ""  # why they step aside (the variant search's commit keeps the same choice)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -75,9 +81,10 @@ def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str
     return {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
 
 
-def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
+def under_compile(entry: Entry, hardware: str | None, opportunity: Opportunity | None = None) -> tuple[str, str]:
     """("reference", why) when the entry's recorded GPU microbenchmark on `hardware` lost to the
-    reference compiled by inductor at every shape it timed; else ("op", "")."""
+    reference compiled by inductor at every shape it timed, or when the opportunity it is offered for
+    feeds an FP8 activation quantization (module docstring); else ("op", "")."""
     if not hardware or hardware == "cpu" or not entry.kernel_files():
         return "op", ""
     b = read_bench(bench_file(entry.path))
@@ -87,7 +94,16 @@ def under_compile(entry: Entry, hardware: str | None) -> tuple[str, str]:
         shapes = ", ".join(f"{r['shape']} {r['vs_compiled']:.2f}x" for r in rows)
         return "reference", (f"its recorded microbenchmark on {hardware} loses to inductor's compile of the "
                              f"reference at every shape ({shapes})")
+    if opportunity is not None and opportunity.quantized_by:
+        return "reference", (f"the output of {opportunity.id} is quantized for an FP8 GEMM "
+                             f"({', '.join(opportunity.quantized_by)}): inductor computes it and its quantization "
+                             "in one pass, which an opaque op would split")
     return "op", ""
+
+
+def aside_note(why: str) -> str:
+    """The commit body's sentence for kernels that step aside under torch.compile."""
+    return f"Under torch.compile its kernels run the torch reference ops (UNDER_COMPILE = \"reference\"), which inductor fuses: {why}."
 
 
 def _step_aside(wt: Path, entry: Entry) -> str:
@@ -131,9 +147,8 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
         if why_not:
             res.reason = f"not stepping aside under torch.compile: {why_not}; "
         else:
-            res.under_compile = "reference"
-            body += (f"\n\nUnder torch.compile its kernels run the torch reference ops (UNDER_COMPILE = "
-                     f"\"reference\"), which inductor fuses: {aside[1]}.")
+            res.under_compile, res.under_compile_why = "reference", aside[1]
+            body += "\n\n" + aside_note(aside[1])
     msg = commit_message(f"optbot: {entry.title}", body, trailers)
     sha, err = commit_all(wt, msg)
     if not sha:
@@ -158,10 +173,12 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
     retired entry that would have matched is a result "retired" with its reason (not applied)."""
     entries = load_store(store_root)
     out = []
+    by_id = {o.id: o for o in opportunities}
     for e, opp_id in match(entries, opportunities, engine, hardware, workload):
         why = declined(e, engine, workload, lessons_root)
         out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
-                   else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}", aside=under_compile(e, hardware)))
+                   else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}",
+                                    aside=under_compile(e, hardware, by_id.get(opp_id))))
     out += [ReplayResult(e.id, opp_id, "retired", e.retired.reason
                          + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
             for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)

@@ -31,7 +31,7 @@ from bot.engine import EngineCheckout
 from bot.errors import ConfigError, OptbotError
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all
-from bot.generate.replay import ReplayResult, apply_entry, under_compile
+from bot.generate.replay import ReplayResult, apply_entry, aside_note, under_compile
 from bot.hardware import hardware_name
 from bot.jobs import run_job
 from bot.knowledge.store import Entry, added_file_content, load_entry, patch_added_files
@@ -202,11 +202,14 @@ def _label(cfg: dict) -> str:
 
 def search_entry(entry_dir: Path, *, device: str, run_dir: Path, gpus: int = 1, workers: int = 2,
                  dtype: str | None = None, space: dict[str, list] | None = None, checkout: EngineCheckout | None = None,
-                 opportunity_id: str = "", choose: Callable[[VariantResult], dict | None] | None = None) -> VariantResult:
+                 opportunity_id: str = "", choose: Callable[[VariantResult], dict | None] | None = None,
+                 aside: tuple[str, str] | None = None) -> VariantResult:
     """Variant search for a kernel_store entry: its declared space (or `space`), its test module.
     With a checkout, the chosen config becomes a candidate commit (res.candidate); res.commit_note
     says what happened. `choose` defaults to choose_config (timings; nothing on CPU); tests inject a
-    choice there because a CPU run has no speed to choose by."""
+    choice there because a CPU run has no speed to choose by. `aside`: the replay's choice under
+    torch.compile for this opportunity (ReplayResult.under_compile, _why), kept by the commit; None
+    decides from the entry alone (replay.under_compile without an opportunity)."""
     test = find_test_module(entry_dir)
     where = "the space passed in"
     if space is None:
@@ -221,7 +224,7 @@ def search_entry(entry_dir: Path, *, device: str, run_dir: Path, gpus: int = 1, 
                            if res.device != "cuda" else
                            "no config chosen, no commit: no correct config was timed on every shape")
     else:
-        r = commit_config(checkout, load_entry(Path(entry_dir)), res, opportunity_id)
+        r = commit_config(checkout, load_entry(Path(entry_dir)), res, opportunity_id, aside=aside)
         res.commit_note, res.candidate = r.reason, r.candidate
     _save(res, run_dir)
     return res
@@ -310,7 +313,7 @@ def _config_text(config: dict) -> str:
 
 
 def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, opportunity_id: str = "",
-                  name: str | None = None) -> ReplayResult:
+                  name: str | None = None, aside: tuple[str, str] | None = None) -> ReplayResult:
     """The entry's patch replayed in its own worktree plus res.chosen written into the engine's copy
     of the kernel source, as one commit with the Optbot-* trailers (generator variant-search).
     Nothing is committed ("unchanged", res.kept = the entry's own config) when the entry's own
@@ -347,7 +350,7 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
                             f"variant search {entry.id}: the patch adds {len(targets) or 'no'} copies of {kfile.name}")
     # the tuned config keeps the replay's choice under torch.compile (replay.under_compile)
     r = apply_entry(checkout, entry, opportunity_id, name=name or f"variant-{entry.id}",
-                    aside=under_compile(entry, hardware_name(res.device, res.device_name)))
+                    aside=aside or under_compile(entry, hardware_name(res.device, res.device_name)))
     if r.candidate is None:
         return r
     wt = Path(r.worktree)
@@ -370,6 +373,8 @@ def commit_config(checkout: EngineCheckout, entry: Entry, res: VariantResult, op
                     + (f", entry's config {own_t['median_ms']:.4f} ms" if isinstance(own_t, dict) else "")
                     + (f", torch reference {ref:.4f} ms" if ref is not None else ""))
     body += ["", f"Config: {_config_text(config)}", "", entry.description]
+    if r.under_compile == "reference":  # the replay's note, which this amended message replaces
+        body += ["", aside_note(r.under_compile_why)]
     trailers = {**make_trailers(opportunity_id, entry.pattern, list(entry.adds_kernels), list(entry.removes_kernels),
                                 entry.id, generator="variant-search"),
                 "Optbot-Config": _label(config)}

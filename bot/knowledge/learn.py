@@ -165,7 +165,8 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
 def stepped_aside(o: Outcome, entry_dir: Path) -> bool:
     """Whether the validated commit had the entry's kernels step aside under torch.compile where
     the entry's own patch does not (bot/generate/replay.under_compile): a choice for one hardware's
-    recorded microbenchmark, so it is neither the entry's verdict nor a source the entry adopts."""
+    recorded microbenchmark or one run's quantized precision, so it is neither the entry's verdict nor
+    a source the entry adopts."""
     own = entry_dir / "patch.diff"
     return UNDER_COMPILE_REFERENCE in o.patch and not (own.is_file() and UNDER_COMPILE_REFERENCE in own.read_text())
 

@@ -214,7 +214,7 @@ def _variants(ctx: RunContext, replayed: list, opps: list[Opportunity], res: Res
         try:
             sr = search_entry(e.path, device=t.device, run_dir=ctx.run_dir / "variants" / e.id,
                               gpus=max(1, ctx.options.gpus), dtype=t.dtype, checkout=t.checkout,
-                              opportunity_id=r.opportunity_id)
+                              opportunity_id=r.opportunity_id, aside=(r.under_compile, r.under_compile_why))
         except Exception as err:  # noqa: BLE001 - a broken config space, test module or worker is this
             # entry's problem only: the plain replay stays a candidate, the run goes on
             notes.append(f"variant search {e.id}: failed: {type(err).__name__}: {err}"[:400])

@@ -451,6 +451,28 @@ def test_fp8_activation_quantization_is_found_with_its_producer(toy):
     assert all(o["estimate"]["estimated_ms"] > 0 for o in found.values())
 
 
+def test_a_value_an_fp8_gemm_quantizes_names_that_quantization(tmp_path):
+    """The norm + modulation's output is what the projections' FP8 quantization reads (data flow, through
+    views): its opportunity lists those quantization findings in `quantized_by`, the thing replay reads
+    to let inductor fuse the two under compile. Unquantized, the same block's norm is quantized by none."""
+    from tests.analyze.toy_helpers import run_toy
+
+    x = {"pixels": torch.randn(1, 8, 32)}
+    for model, fp8 in ((_fp8(_Fp8Block()), True), (_Fp8Block(), False)):
+        (tmp_path / str(fp8)).mkdir()
+        a, _ = run_toy(model, [x], tmp_path / str(fp8))
+        (norm,) = kinds(a, "fuse-norm-consumer")
+        quant = {o["detail"]: o["id"] for o in kinds(a, "quantization")}
+        if not fp8:
+            assert norm["quantized_by"] == [] and not quant
+            continue
+        # h feeds three projections: one chain is norm+quant, the other two are its shared-input repeats
+        assert norm["quantized_by"] == sorted([quant["norm+quant"], quant["shared-input"]])
+        # the GELU's output is quantized too, but no other opportunity computes it; the quantizations
+        # themselves name none (their chains read each other's values, which is not a producer outside)
+        assert all(o["quantized_by"] == [] for o in a["opportunities"] if o["kind"] == "quantization")
+
+
 class _StaticScaleFp8(nn.Module):
     """An FP8 GEMM with scales fixed at load (static quantization): no per-call quantization chain."""
 

@@ -184,6 +184,44 @@ def test_a_micro_on_another_gpu_keeps_this_ones_decision(tmp_path):
     assert under_compile(load_entry(folder), "h100")[0] == "op"
 
 
+@pytest.mark.parametrize("quantized_by, hardware, want", [
+    (["quantization-64dcf2579c"], "h200", "reference"),  # an FP8 GEMM quantizes its output: inductor fuses both
+    ([], "h200", "op"),  # unquantized (or nothing reads it for a quantization): the kernel stays
+    (["quantization-64dcf2579c"], "cpu", "op"),  # no GPU: nothing is timed, the patch stays the entry's
+])
+def test_an_output_quantized_for_an_fp8_gemm_steps_aside_under_compile(quantized_by, hardware, want):
+    """The opportunity an entry is offered for computes what an FP8 GEMM's per-token quantization reads
+    (Opportunity.quantized_by, from the analyzer's data flow): under compile the entry's kernels run the
+    reference, so inductor computes the norm + modulation and the quantization in one pass."""
+    import dataclasses
+
+    from bot.generate.replay import under_compile
+
+    e = get_entry("qwen-image-norm-modulate", SHIPPED_STORE)  # no recorded H200 microbenchmark
+    opp = dataclasses.replace(opportunity("fuse-norm-consumer", id="fuse-norm-consumer-1"), quantized_by=quantized_by)
+    choice, why = under_compile(e, hardware, opp)
+    assert choice == want, why
+    assert (want == "reference") == ("quantized for an FP8 GEMM (quantization-64dcf2579c)" in why)
+    assert under_compile(e, hardware)[0] == "op"  # without the opportunity: the entry alone decides
+
+
+def test_replay_steps_aside_where_the_matched_opportunity_is_quantized(diffusers_engine):
+    """replay() hands each entry the opportunity it matched: the norm + modulation entry's worktree has its
+    kernel switched to the reference under compile, and the commit says why."""
+    import dataclasses
+    from pathlib import Path
+
+    quantized = dataclasses.replace(opportunity("fuse-norm-consumer", id="fuse-norm-consumer-q"),
+                                    quantized_by=["quantization-q"])
+    (r,) = [r for r in replay(diffusers_engine, [quantized], "diffusers", "h200", "qwen-image")
+            if r.entry_id == "qwen-image-norm-modulate"]
+    assert r.status == "applied" and r.under_compile == "reference", r.reason
+    assert "quantized for an FP8 GEMM (quantization-q)" in r.under_compile_why
+    kernel = Path(r.worktree) / "src/diffusers/models/optbot_kernels/qwen_norm_modulate.py"
+    assert 'UNDER_COMPILE = "reference"' in kernel.read_text()
+    assert "quantized for an FP8 GEMM" in git.Repo(r.worktree).head.commit.message
+
+
 def test_a_kernel_set_aside_runs_the_reference_under_compile_only(diffusers_engine, tmp_path):
     """The replay writes UNDER_COMPILE = "reference" into the engine's copy of the kernel; compiled
     (fullgraph), the step holds no optbot op and gives the reference's numbers, while eager still

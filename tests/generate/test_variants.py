@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import git
 import pytest
 import yaml
 
@@ -206,3 +207,10 @@ def test_a_tuned_config_must_beat_the_entrys_own_by_the_margin(tmp_path, diffuse
     r = commit_config(diffusers_engine, entry, far, "opp-1", name="test-far-variant")
     assert r.candidate is not None and far.kept == "", r.reason
     assert r.candidate.trailers["Optbot-Config"] == other
+    # the replay's choice under compile for this opportunity is kept by the tuned commit (an output an
+    # FP8 GEMM quantizes: replay.under_compile); without one the entry alone decides (here: the op)
+    assert r.under_compile == "op"
+    r = commit_config(diffusers_engine, entry, far, "opp-1", name="test-far-variant-aside",
+                      aside=("reference", "test: quantized for an FP8 GEMM"))
+    assert r.candidate is not None and r.under_compile == "reference", r.reason
+    assert "test: quantized for an FP8 GEMM" in git.Repo(r.worktree).head.commit.message

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from bot.generate.replay import ReplayResult
+
 from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps import generate
@@ -17,8 +19,8 @@ def _generate_ctx(tmp_path, device, checkout=None):
 
 
 def test_variant_search_in_generate_needs_a_gpu(tmp_path):
-    replayed = [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1"),
-                SimpleNamespace(entry_id="flux2-merge-qkv", opportunity_id="o2")]  # no config_space
+    replayed = [ReplayResult("flux2-swiglu", "o1", "applied"),
+                ReplayResult("flux2-merge-qkv", "o2", "applied")]  # no config_space
     res = generate.Result("done", "")
     notes = generate._variants(_generate_ctx(tmp_path, "cpu"), replayed, [], res)
     assert res.candidates == [] and notes == ["variant search: needs a GPU to choose a config (config spaces of flux2-swiglu "
@@ -44,10 +46,12 @@ def test_variant_search_in_generate_adds_its_commit(tmp_path, monkeypatch, diffu
 
     monkeypatch.setattr(variants, "search_entry", on_cpu_with_fake_choice)
     res = generate.Result("done", "")
-    notes = generate._variants(_generate_ctx(tmp_path, "cuda", diffusers_engine),
-                               [SimpleNamespace(entry_id="flux2-swiglu", opportunity_id="o1")], [], res)
+    replayed = ReplayResult("flux2-swiglu", "o1", "applied", under_compile="reference",
+                            under_compile_why="the output of o1 is quantized for an FP8 GEMM (q1)")
+    notes = generate._variants(_generate_ctx(tmp_path, "cuda", diffusers_engine), [replayed], [], res)
     recs = res.candidates
     assert seen["gpus"] == 2 and seen["device"] == "cuda" and seen["opportunity_id"] == "o1"
+    assert seen["aside"] == ("reference", replayed.under_compile_why)  # the tuned commit keeps the replay's choice
     assert [r.id for r in recs] == ["variant-flux2-swiglu"] and recs[0].generator == "variant-search"
     assert recs[0].trailers["Optbot-Config"] == "block_n=512,num_warps=2" and recs[0].opportunity_id == "o1"
     assert "committed" in notes[0], notes
