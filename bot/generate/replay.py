@@ -81,6 +81,14 @@ def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str
     return {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
 
 
+# Kinds whose kernel computes the opportunity's last value itself (a norm's modulated output, an
+# activation, a GEMM with its activation), so the value a quantization reads is the kernel's output.
+# An entry matched to another kind (attention-waste, absorb-bias, ...) may act elsewhere than the one
+# opportunity it was matched to (FLUX.2's QKV epilogue entry and the attention output's layout copy
+# are both attention-waste), so that opportunity's data flow says nothing about its kernel's output.
+PRODUCER_KINDS = ("fuse-norm-consumer", "fuse-elementwise-chain", "fuse-gemm-epilogue")
+
+
 def under_compile(entry: Entry, hardware: str | None, opportunity: Opportunity | None = None) -> tuple[str, str]:
     """("reference", why) when the entry's recorded GPU microbenchmark on `hardware` lost to the
     reference compiled by inductor at every shape it timed, or when the opportunity it is offered for
@@ -94,7 +102,7 @@ def under_compile(entry: Entry, hardware: str | None, opportunity: Opportunity |
         shapes = ", ".join(f"{r['shape']} {r['vs_compiled']:.2f}x" for r in rows)
         return "reference", (f"its recorded microbenchmark on {hardware} loses to inductor's compile of the "
                              f"reference at every shape ({shapes})")
-    if opportunity is not None and opportunity.quantized_by:
+    if opportunity is not None and opportunity.quantized_by and opportunity.kind in PRODUCER_KINDS:
         return "reference", (f"the output of {opportunity.id} is quantized for an FP8 GEMM "
                              f"({', '.join(opportunity.quantized_by)}): inductor computes it and its quantization "
                              "in one pass, which an opaque op would split")

@@ -203,6 +203,11 @@ def test_an_output_quantized_for_an_fp8_gemm_steps_aside_under_compile(quantized
     assert choice == want, why
     assert (want == "reference") == ("quantized for an FP8 GEMM (quantization-64dcf2579c)" in why)
     assert under_compile(e, hardware)[0] == "op"  # without the opportunity: the entry alone decides
+    # an entry matched to an attention-waste opportunity whose value is quantized (FLUX.2's attention output
+    # layout copy, before to_out) may act elsewhere (the QKV epilogue's q, k, v feed attention): it stays
+    qkv = get_entry("flux2-qkv-norm-rope-epilogue", SHIPPED_STORE)
+    copy = dataclasses.replace(opportunity("attention-waste", id="attention-waste-1"), quantized_by=quantized_by)
+    assert under_compile(qkv, hardware, copy)[0] == "op"
 
 
 def test_replay_steps_aside_where_the_matched_opportunity_is_quantized(diffusers_engine):
