@@ -276,3 +276,26 @@ def test_the_qwen_stack_with_the_gelu_epilogue_validates_engaged(diffusers_engin
     v = json.loads(out.read_text())
     assert v["status"] == "accepted", v.get("reason")
     assert v["engagement"]["ok"] and not v["engagement"]["still_present"], v["engagement"]
+
+
+def test_inductor_fuses_a_norm_with_the_fp8_quantization_unless_an_op_stands_between():
+    """The premise of the FP8 step-aside (replay.PRODUCER_KINDS, docs/fp8.md), on the installed torch's
+    inductor (CPU backend here; the same script runs on a GPU): compiled from plain ops, the LayerNorm,
+    the modulation and the per-token quantization are one generated kernel; with the norm + modulation
+    as a registered op, the quantization is a kernel of its own that reads the op's output back."""
+    import importlib.util
+
+    from bot.paths import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("inductor_quant_fusion", REPO_ROOT / "benchmarks" / "inductor_quant_fusion.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.main("cpu", 64)
+
+    def quantizing(row):
+        return [k for k in row["kernels"] if "amax" in k and "clamp" in k]
+
+    (fused,) = quantizing(r["reference ops"])
+    assert "native_layer_norm" in fused and "mul" in fused and not r["reference ops"]["opaque_calls"]
+    (alone,) = quantizing(r["opaque op"])
+    assert "native_layer_norm" not in alone and r["opaque op"]["opaque_calls"] == ["torch.ops.probe.norm_mod"]
