@@ -169,17 +169,41 @@ def _mask_private(top: str) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
         for name in list(dirnames):
             path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o005) != 0o005:
+            st = _lstat(path)
+            if st is not None and stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o005) != 0o005:
                 dirnames.remove(name)
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
-                masked.append(path)
+                if _mask(path, "tmpfs", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k"):
+                    masked.append(path)
         for name in filenames:
             path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
-                _mount("/dev/null", path, None, MS_BIND)
+            st = _lstat(path)
+            if st is not None and stat.S_ISREG(st.st_mode) and not st.st_mode & 0o004:
+                _mask(path, "/dev/null", None, MS_BIND)
     return masked
+
+
+# /etc is the host's, bound live: a file listed by the walk may be gone by its lstat or its mount (a
+# package manager, a resolver replacing its file, another job's set-up). Gone, it has nothing left to
+# read, so it needs no mask; any other failure still stops the set-up (fail closed).
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _mask(path: str, src: str, fstype: str | None, flags: int, data: str | None = None) -> bool:
+    """Mount over `path`; False when it was removed meanwhile. A path removed and made again between
+    the mount and the look (a file replaced by rename) is masked again, a few times at most."""
+    for _ in range(8):
+        try:
+            _mount(src, path, fstype, flags, data)
+            return True
+        except SetupError:
+            if not os.path.lexists(path):
+                return False
+    _mount(src, path, fstype, flags, data)  # still coming and going: its error stops the set-up
+    return True
 
 
 def _build_dev(root: str) -> None:

@@ -311,7 +311,7 @@ def test_zygote_that_dies_fails_its_jobs_and_is_restarted(tmp_path):
     t.join(60)
     assert not t.is_alive() and outcome["out"].status == "crashed", outcome
     again = run_job(_probe_job(tmp_path, tmp_path), tmp_path / "wb", timeout_s=120)
-    assert again.ok, again.reason()
+    assert again.ok, again.reason() + "\n" + again.log_tail[-2000:]
 
 
 def test_without_preload_each_job_is_a_fresh_interpreter(tmp_path, monkeypatch):

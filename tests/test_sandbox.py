@@ -20,8 +20,18 @@ from bot.paths import REPO_ROOT
 from runner.job import Job
 
 SECRET = "ghp_sandboxprobe0123456789"
-SENTINEL = ".optbot-sandbox-probe"  # a file in $HOME, like ~/.git-credentials
-PRIVATE = "/etc/optbot-sandbox-probe.key"  # a root-only file in /etc, like an ssh host key
+# Each probe's files are named by its marker: the two probes may run at once (pytest-xdist), and one's
+# clean-up must not remove what the other reads, nor leave what the other must not find.
+def SENTINEL(marker: str) -> str:  # a file in $HOME, like ~/.git-credentials
+    return f".optbot-sandbox-probe-{marker}"
+
+
+def PRIVATE(marker: str) -> str:  # a root-only file in /etc, like an ssh host key
+    return f"/etc/optbot-sandbox-probe-{marker}.key"
+
+
+def PWNED(marker: str) -> str:  # what the probe tries to write, in optbot's tree, $HOME, ...
+    return f"pwned-by-probe-{marker}"
 
 PROBE = '''
 import json, os, socket, subprocess, sys
@@ -96,11 +106,11 @@ def _probe_job(tmp_path: Path, server_port: int, marker: str) -> tuple[Job, Path
     engine = tmp_path / "eng"
     (engine / "probeengine").mkdir(parents=True)
     (engine / "probeengine" / "__init__.py").write_text("")
-    targets = [str(REPO_ROOT / "pwned-by-probe"), str(home / "pwned-by-probe"), str(base / "pwned-by-probe"),
-               str(engine / "pwned-by-probe"), "/usr/pwned-by-probe"]
+    pwned = PWNED(marker)
+    targets = [str(REPO_ROOT / pwned), str(home / pwned), str(base / pwned), str(engine / pwned), f"/usr/{pwned}"]
     (engine / "probeengine" / "model.py").write_text(PROBE.format(
         secret=SECRET, port=server_port, targets=targets, base_output=str(base / "outputs.pt"),
-        sentinel=str(home / SENTINEL), repo=str(REPO_ROOT), marker=marker, private=PRIVATE))
+        sentinel=str(home / SENTINEL(marker)), repo=str(REPO_ROOT), marker=marker, private=PRIVATE(marker)))
     job = Job(kind="step", workload={"presets": {"tiny": {"config": {}}}, "family": "flux2"}, preset="tiny",
               device="cpu", dtype="float32", engine_root=str(engine), engine_sha="probe", model_class="probeengine.model.M",
               shapes=[])
@@ -127,8 +137,8 @@ def _run_probe(tmp_path, marker: str, sandbox: str = "on") -> dict:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    (Path.home() / SENTINEL).write_text(SECRET)
-    private = Path(PRIVATE)
+    (Path.home() / SENTINEL(marker)).write_text(SECRET)
+    private = Path(PRIVATE(marker))
     if os.access("/etc", os.W_OK):
         private.write_text(SECRET)
         private.chmod(0o600)
@@ -142,7 +152,7 @@ def _run_probe(tmp_path, marker: str, sandbox: str = "on") -> dict:
                                   "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=400)
     finally:
         server.close()
-        (Path.home() / SENTINEL).unlink(missing_ok=True)
+        (Path.home() / SENTINEL(marker)).unlink(missing_ok=True)
         if os.access("/etc", os.W_OK):
             private.unlink(missing_ok=True)
     assert (work / "probe.json").exists(), bot.stdout + bot.stderr  # the engine module ran, in the child
@@ -157,7 +167,7 @@ def test_generated_code_reaches_no_secret_and_writes_nowhere(tmp_path):
         assert found["parent environ"] is None, found
         assert found["secret in some environ"] == [] and found["secret in own environment"] == [], found
         assert found["writes"] == [], found
-        assert not (REPO_ROOT / "pwned-by-probe").exists() and not (Path.home() / "pwned-by-probe").exists()
+        assert not (REPO_ROOT / PWNED(marker)).exists() and not (Path.home() / PWNED(marker)).exists()
         assert found["base output"] is None, found
         assert found["home file"] is None, found  # only the interpreter's own tree under $HOME is visible
         assert found["root-only files"] == [], found
@@ -169,7 +179,7 @@ def test_generated_code_reaches_no_secret_and_writes_nowhere(tmp_path):
         assert int(found["CapEff"], 16) == 0, found
         assert _leftover(marker) == []  # the session-leader grandchild died with the job
     finally:
-        for p in (REPO_ROOT / "pwned-by-probe", Path.home() / "pwned-by-probe"):
+        for p in (REPO_ROOT / PWNED(marker), Path.home() / PWNED(marker)):
             p.unlink(missing_ok=True)
         for pid in _leftover(marker):
             os.kill(int(pid), 9)
@@ -186,16 +196,16 @@ def test_without_the_sandbox_the_same_probe_succeeds(tmp_path):
         # which never held the secret: bot/jobs.child_env)
         assert found["secret in some environ"], found
         assert SECRET not in (found["parent environ"] or ""), found
-        assert str(REPO_ROOT / "pwned-by-probe") in found["writes"], found
+        assert str(REPO_ROOT / PWNED(marker)) in found["writes"], found
         assert found["base output"] == "the reference the candidate must not see"
         assert found["home file"] == SECRET
         if os.geteuid() == 0:
-            assert PRIVATE in found["root-only files"], found
+            assert PRIVATE(marker) in found["root-only files"], found
         assert found["connected"] is True
         assert _leftover(marker)  # a session of its own outlives the job without the pid namespace
     finally:
-        (REPO_ROOT / "pwned-by-probe").unlink(missing_ok=True)
-        (Path.home() / "pwned-by-probe").unlink(missing_ok=True)
+        (REPO_ROOT / PWNED(marker)).unlink(missing_ok=True)
+        (Path.home() / PWNED(marker)).unlink(missing_ok=True)
         for pid in _leftover(marker):
             os.kill(int(pid), 9)
 
@@ -246,3 +256,50 @@ def test_a_symlink_left_in_scratch_does_not_redirect_the_bot(tmp_path):
     (scratch / "next").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OptbotError, match="is a symlink inside a directory a runner child could write"):
         run_job(job, scratch / "next" / "timing", timeout_s=120)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.access("/etc", os.W_OK),
+                    reason="the sandbox is Linux namespaces; the churn needs a writable /etc (root)")
+def test_a_root_only_file_that_comes_and_goes_in_etc_does_not_stop_a_job():
+    """The sandbox masks /etc's root-only files at set-up (runner/sandbox._mask_private: lists /etc,
+    then binds /dev/null over each). A file removed between the listing and the bind (a package
+    manager, a resolver rewriting its file, another job's test fixture) must not fail the set-up:
+    once a job's set-up failed that way in the suite (exit 125, the zygote test) while the probe above
+    removed its key from /etc. Here a thread keeps creating and removing root-only files in /etc while
+    sandboxed processes start: every one starts."""
+    import tempfile
+    import threading
+    import time
+
+    from bot import sandbox
+
+    stop = threading.Event()
+    names = [f"/etc/optbot-churn-{os.getpid()}-{i}.key" for i in range(8)]
+
+    def churn():
+        while not stop.is_set():
+            for n in names:
+                fd = os.open(n, os.O_CREAT | os.O_WRONLY, 0o600)
+                os.close(fd)
+            for n in names:
+                os.unlink(n)
+
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    codes = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(codes) < 12 and time.monotonic() < deadline:
+            with tempfile.TemporaryDirectory(prefix="optbot-churn-") as tmp, \
+                    tempfile.TemporaryDirectory(prefix="optbot-root-", dir=sandbox.optbot_home()) as root:
+                cmd = sandbox._launcher(Path(root), tmp, sandbox._system_and_python(), [tmp], [], ()) + \
+                    [sys.executable, "-I", "-c", "pass"]
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                   env={"PATH": os.environ.get("PATH", "")})
+                codes.append((p.returncode, p.stderr.strip()[-300:]))
+    finally:
+        stop.set()
+        t.join(10)
+        for n in names:
+            Path(n).unlink(missing_ok=True)
+    assert len(codes) >= 5 and all(rc == 0 for rc, _ in codes), codes
