@@ -13,9 +13,9 @@ Under torch.compile a store kernel is a registered op, one node inductor cannot 
 entry's recorded GPU microbenchmark on this hardware lost to the reference compiled by inductor at
 every shape (bench.json gpu.micro, `vs_compiled`), the replayed kernel files get
 `UNDER_COMPILE = "reference"`: under compile they run the torch reference ops, which inductor fuses,
-and eager and CUDA-graph runs keep the kernel. The same where the opportunity the entry is offered
-for computes a value an FP8 GEMM's per-token quantization reads (the analyzer's `quantized_by`, a
-precision with a quantization recipe): as one opaque node the kernel writes its bf16 output and the
+and eager and CUDA-graph runs keep the kernel. The same where, at a place the entry acts on
+(entry_places), its kernel computes a value an FP8 GEMM's per-token quantization reads (the
+analyzer's `quantized_by`, a precision with a quantization recipe): as one opaque node the kernel writes its bf16 output and the
 quantization reads it back, where inductor, seeing the reference ops, computes the norm (or
 activation) and the quantization in one pass that writes only the float8 values and scales (for a
 [tokens, width] bf16 activation 7 bytes per element moved against 3). The commit body says so, and
@@ -23,6 +23,7 @@ the verdict is measured afresh (it is not the entry patch's).
 """
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -83,16 +84,28 @@ def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str
 
 # Kinds whose kernel computes the opportunity's last value itself (a norm's modulated output, an
 # activation, a GEMM with its activation), so the value a quantization reads is the kernel's output.
-# An entry matched to another kind (attention-waste, absorb-bias, ...) may act elsewhere than the one
-# opportunity it was matched to (FLUX.2's QKV epilogue entry and the attention output's layout copy
-# are both attention-waste), so that opportunity's data flow says nothing about its kernel's output.
+# For another kind (attention-waste, absorb-bias, ...) an opportunity's data flow says nothing about
+# the kernel's output (FLUX.2's QKV epilogue entry and the attention output's layout copy are both
+# attention-waste; the copy's output is quantized for to_out, the kernel's q, k, v go to attention).
 PRODUCER_KINDS = ("fuse-norm-consumer", "fuse-elementwise-chain", "fuse-gemm-epilogue")
 
 
-def under_compile(entry: Entry, hardware: str | None, opportunity: Opportunity | None = None) -> tuple[str, str]:
+def entry_places(entry: Entry, opportunities: list[Opportunity], matched: str = "") -> list[Opportunity]:
+    """The opportunities an entry acts on: those of its kind at the modules its declared removed kernels
+    scope (`KERNEL@GLOB`: "aten::silu@*gate_fn" names every SwiGLU gate), else the one it was matched
+    to. Replay matches an entry to the first opportunity of its kind, which need not be where its
+    kernel runs (FLUX.2's first chain is the modulation MLP's, flux2-swiglu's the gates')."""
+    globs = [r.partition("@")[2] for r in entry.removes_kernels if "@" in r]
+    if globs:
+        return [o for o in opportunities
+                if o.kind == entry.pattern and any(fnmatch.fnmatchcase(o.location.module_pattern, g) for g in globs)]
+    return [o for o in opportunities if o.id == matched]
+
+
+def under_compile(entry: Entry, hardware: str | None, places: list[Opportunity] = ()) -> tuple[str, str]:
     """("reference", why) when the entry's recorded GPU microbenchmark on `hardware` lost to the
-    reference compiled by inductor at every shape it timed, or when the opportunity it is offered for
-    feeds an FP8 activation quantization (module docstring); else ("op", "")."""
+    reference compiled by inductor at every shape it timed, or when at one of its places (entry_places)
+    its kernel's output feeds an FP8 activation quantization (module docstring); else ("op", "")."""
     if not hardware or hardware == "cpu" or not entry.kernel_files():
         return "op", ""
     b = read_bench(bench_file(entry.path))
@@ -102,10 +115,11 @@ def under_compile(entry: Entry, hardware: str | None, opportunity: Opportunity |
         shapes = ", ".join(f"{r['shape']} {r['vs_compiled']:.2f}x" for r in rows)
         return "reference", (f"its recorded microbenchmark on {hardware} loses to inductor's compile of the "
                              f"reference at every shape ({shapes})")
-    if opportunity is not None and opportunity.quantized_by and opportunity.kind in PRODUCER_KINDS:
-        return "reference", (f"the output of {opportunity.id} is quantized for an FP8 GEMM "
-                             f"({', '.join(opportunity.quantized_by)}): inductor computes it and its quantization "
-                             "in one pass, which an opaque op would split")
+    quantized = [o for o in places if o.quantized_by and o.kind in PRODUCER_KINDS]
+    if quantized:
+        where = "; ".join(f"{o.location.module_pattern} ({o.id}) by {', '.join(o.quantized_by)}" for o in quantized)
+        return "reference", (f"its output is quantized for an FP8 GEMM at {where}: inductor computes it and its "
+                             "quantization in one pass, which an opaque op would split")
     return "op", ""
 
 
@@ -181,12 +195,11 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
     retired entry that would have matched is a result "retired" with its reason (not applied)."""
     entries = load_store(store_root)
     out = []
-    by_id = {o.id: o for o in opportunities}
     for e, opp_id in match(entries, opportunities, engine, hardware, workload):
         why = declined(e, engine, workload, lessons_root)
         out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
                    else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}",
-                                    aside=under_compile(e, hardware, by_id.get(opp_id))))
+                                    aside=under_compile(e, hardware, entry_places(e, opportunities, opp_id))))
     out += [ReplayResult(e.id, opp_id, "retired", e.retired.reason
                          + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
             for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)

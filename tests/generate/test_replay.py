@@ -184,44 +184,65 @@ def test_a_micro_on_another_gpu_keeps_this_ones_decision(tmp_path):
     assert under_compile(load_entry(folder), "h100")[0] == "op"
 
 
+def _opp(kind: str, pattern: str, quantized_by: list[str], id: str):
+    import dataclasses
+
+    return dataclasses.replace(opportunity(kind, module=pattern, id=id), quantized_by=quantized_by)
+
+
 @pytest.mark.parametrize("quantized_by, hardware, want", [
     (["quantization-64dcf2579c"], "h200", "reference"),  # an FP8 GEMM quantizes its output: inductor fuses both
     ([], "h200", "op"),  # unquantized (or nothing reads it for a quantization): the kernel stays
     (["quantization-64dcf2579c"], "cpu", "op"),  # no GPU: nothing is timed, the patch stays the entry's
 ])
 def test_an_output_quantized_for_an_fp8_gemm_steps_aside_under_compile(quantized_by, hardware, want):
-    """The opportunity an entry is offered for computes what an FP8 GEMM's per-token quantization reads
+    """At a place the entry acts on, its kernel computes what an FP8 GEMM's per-token quantization reads
     (Opportunity.quantized_by, from the analyzer's data flow): under compile the entry's kernels run the
     reference, so inductor computes the norm + modulation and the quantization in one pass."""
-    import dataclasses
-
-    from bot.generate.replay import under_compile
+    from bot.generate.replay import entry_places, under_compile
 
     e = get_entry("qwen-image-norm-modulate", SHIPPED_STORE)  # no recorded H200 microbenchmark
-    opp = dataclasses.replace(opportunity("fuse-norm-consumer", id="fuse-norm-consumer-1"), quantized_by=quantized_by)
-    choice, why = under_compile(e, hardware, opp)
+    norm = _opp("fuse-norm-consumer", "transformer_blocks.*.img_norm2", quantized_by, "fuse-norm-consumer-1")
+    choice, why = under_compile(e, hardware, entry_places(e, [norm], norm.id))
     assert choice == want, why
-    assert (want == "reference") == ("quantized for an FP8 GEMM (quantization-64dcf2579c)" in why)
-    assert under_compile(e, hardware)[0] == "op"  # without the opportunity: the entry alone decides
-    # an entry matched to an attention-waste opportunity whose value is quantized (FLUX.2's attention output
-    # layout copy, before to_out) may act elsewhere (the QKV epilogue's q, k, v feed attention): it stays
+    assert (want == "reference") == ("quantized for an FP8 GEMM at transformer_blocks.*.img_norm2" in why)
+    assert under_compile(e, hardware)[0] == "op"  # no places: the entry alone decides
+    # an entry of another kind (attention-waste) whose place's value is quantized (FLUX.2's attention output
+    # layout copy, before to_out) says nothing of its kernel's output (q, k, v feed attention): it stays
     qkv = get_entry("flux2-qkv-norm-rope-epilogue", SHIPPED_STORE)
-    copy = dataclasses.replace(opportunity("attention-waste", id="attention-waste-1"), quantized_by=quantized_by)
-    assert under_compile(qkv, hardware, copy)[0] == "op"
+    copy = _opp("attention-waste", "single_transformer_blocks.*.attn", quantized_by, "attention-waste-1")
+    assert under_compile(qkv, hardware, entry_places(qkv, [copy], copy.id))[0] == "op"
 
 
-def test_replay_steps_aside_where_the_matched_opportunity_is_quantized(diffusers_engine):
-    """replay() hands each entry the opportunity it matched: the norm + modulation entry's worktree has its
-    kernel switched to the reference under compile, and the commit says why."""
-    import dataclasses
+def test_an_entrys_places_are_where_its_declared_kernels_go():
+    """flux2-swiglu declares `aten::silu@*gate_fn`: its places are every SwiGLU gate, not the first
+    elementwise chain replay matched it to (FLUX.2's modulation MLP); a quantized gate steps it aside.
+    An entry that scopes no removed kernel by module has the matched opportunity as its one place."""
+    from bot.generate.replay import entry_places, under_compile
+
+    opps = [_opp("fuse-elementwise-chain", "double_stream_modulation_img.linear", [], "chain-mod"),
+            _opp("fuse-elementwise-chain", "transformer_blocks.*.ff.act_fn.gate_fn", ["quantization-ff"], "chain-ff"),
+            _opp("fuse-elementwise-chain", "single_transformer_blocks.*.attn.mlp_act_fn.gate_fn", [], "chain-single"),
+            _opp("fuse-norm-consumer", "transformer_blocks.*.norm1", ["quantization-n1"], "norm-1")]
+    swiglu = get_entry("flux2-swiglu", SHIPPED_STORE)
+    assert [o.id for o in entry_places(swiglu, opps, "chain-mod")] == ["chain-ff", "chain-single"]
+    choice, why = under_compile(swiglu, "h200", entry_places(swiglu, opps, "chain-mod"))
+    assert choice == "reference" and "transformer_blocks.*.ff.act_fn.gate_fn (chain-ff) by quantization-ff" in why
+    mask = get_entry("qwen-image-drop-all-ones-mask", SHIPPED_STORE)  # removes nothing by module
+    assert [o.id for o in entry_places(mask, opps, "norm-1")] == ["norm-1"]
+
+
+def test_replay_steps_aside_where_an_entrys_place_is_quantized(diffusers_engine):
+    """replay() hands each entry its places: the norm + modulation entry's worktree has its kernel
+    switched to the reference under compile, and the commit says why."""
     from pathlib import Path
 
-    quantized = dataclasses.replace(opportunity("fuse-norm-consumer", id="fuse-norm-consumer-q"),
-                                    quantized_by=["quantization-q"])
+    quantized = _opp("fuse-norm-consumer", "transformer_blocks.*.img_norm2", ["quantization-q"], "fuse-norm-consumer-q")
     (r,) = [r for r in replay(diffusers_engine, [quantized], "diffusers", "h200", "qwen-image")
             if r.entry_id == "qwen-image-norm-modulate"]
     assert r.status == "applied" and r.under_compile == "reference", r.reason
-    assert "quantized for an FP8 GEMM (quantization-q)" in r.under_compile_why
+    assert ("quantized for an FP8 GEMM at transformer_blocks.*.img_norm2 (fuse-norm-consumer-q) by quantization-q"
+            in r.under_compile_why)
     kernel = Path(r.worktree) / "src/diffusers/models/optbot_kernels/qwen_norm_modulate.py"
     assert 'UNDER_COMPILE = "reference"' in kernel.read_text()
     assert "quantized for an FP8 GEMM" in git.Repo(r.worktree).head.commit.message
