@@ -299,6 +299,7 @@ def test_the_qwen_stack_with_the_gelu_epilogue_validates_engaged(diffusers_engin
     assert v["engagement"]["ok"] and not v["engagement"]["still_present"], v["engagement"]
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # torch's own import
 def test_inductor_fuses_a_norm_with_the_fp8_quantization_unless_an_op_stands_between():
     """The premise of the FP8 step-aside (replay.PRODUCER_KINDS, docs/fp8.md), on the installed torch's
     inductor (CPU backend here; the same script runs on a GPU): compiled from plain ops, the LayerNorm,
