@@ -130,14 +130,18 @@ def aside_note(why: str) -> str:
 
 def _step_aside(wt: Path, entry: Entry) -> str:
     """Write UNDER_COMPILE = "reference" into the entry's kernel files in the worktree; "" when
-    done, else why not (a kernel file without the switch)."""
+    done, else why not (a kernel file without the switch). A file that already steps aside (a
+    template generator's kernel always does, docs/generate.md) is left as it is."""
     names = {k.name for k in entry.kernel_files()}
     files = [wt / f for f in patch_added_files(entry.patch_path.read_text()) if Path(f).name in names]
+    todo = []
     for f in files:
         text = f.read_text()
-        if text.count(UNDER_COMPILE_OP) != 1:
+        if text.count(UNDER_COMPILE_OP) == 1:
+            todo.append(f)
+        elif not (text.count(UNDER_COMPILE_REFERENCE) == 1 and UNDER_COMPILE_OP not in text):
             return f"{f.name} has no single `{UNDER_COMPILE_OP}` line"
-    for f in files:
+    for f in todo:
         f.write_text(f.read_text().replace(UNDER_COMPILE_OP, UNDER_COMPILE_REFERENCE))
     return "" if files else "the patch adds none of the entry's kernel files"
 

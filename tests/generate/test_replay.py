@@ -321,3 +321,23 @@ def test_inductor_fuses_a_norm_with_the_fp8_quantization_unless_an_op_stands_bet
     assert "native_layer_norm" in fused and "mul" in fused and not r["reference ops"]["opaque_calls"]
     (alone,) = quantizing(r["opaque op"])
     assert "native_layer_norm" not in alone and r["opaque op"]["opaque_calls"] == ["torch.ops.probe.norm_mod"]
+
+
+@pytest.mark.parametrize("switch, stepped", [('UNDER_COMPILE = "reference"', True), ("UNDER_COMPILE_GONE = 1", False)])
+def test_a_kernel_file_already_aside_is_kept_and_one_without_the_switch_keeps_the_op(diffusers_engine, tmp_path,
+                                                                                      switch, stepped):
+    """A kernel file that already steps aside (as the template generator writes them) needs no edit: the
+    replay is aside with no complaint. One without the switch cannot be set aside: the replay keeps the
+    op and says why."""
+    import shutil
+
+    from bot.knowledge.store import load_entry
+
+    folder = tmp_path / "flux2-swiglu"
+    shutil.copytree(SHIPPED_STORE / "flux2-swiglu", folder)
+    for f in [folder / "patch.diff", *folder.glob("*.py")]:
+        f.write_text(f.read_text().replace('UNDER_COMPILE = "op"', switch))
+    r = apply_entry(diffusers_engine, load_entry(folder), name=f"aside-{stepped}", aside=("reference", "test"))
+    assert r.status == "applied", r.reason
+    assert (r.under_compile == "reference") == stepped, r.reason
+    assert ("not stepping aside" in r.reason) != stepped
