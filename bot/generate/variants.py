@@ -208,8 +208,8 @@ def search_entry(entry_dir: Path, *, device: str, run_dir: Path, gpus: int = 1, 
     With a checkout, the chosen config becomes a candidate commit (res.candidate); res.commit_note
     says what happened. `choose` defaults to choose_config (timings; nothing on CPU); tests inject a
     choice there because a CPU run has no speed to choose by. `aside`: the replay's choice under
-    torch.compile for this opportunity (ReplayResult.under_compile, _why), kept by the commit; None
-    decides from the entry alone (replay.under_compile without an opportunity)."""
+    torch.compile for this run (ReplayResult.under_compile, _why), kept by the commit; None decides
+    from the entry alone (replay.under_compile without the analysis's places: `store tune`)."""
     test = find_test_module(entry_dir)
     where = "the space passed in"
     if space is None:
