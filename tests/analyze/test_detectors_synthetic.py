@@ -492,3 +492,34 @@ def test_no_quantization_finding_without_fp8_or_a_per_token_chain(toy):
     assert kinds(a, "quantization") == []  # unquantized: nothing
     a, _ = toy(_StaticScaleFp8(), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
     assert kinds(a, "quantization") == []  # the scale is a buffer: the chain does not close on the input
+
+
+def _torchao_fp8(model):
+    """The FP8 recipe as torchao applies it on a GPU (Float8DynamicActivationFloat8WeightConfig, PerRow),
+    built with torchao's own constructors: its quantize_ refuses float8 on the CPU, its Float8Tensor and
+    linear run there. torchao computes the per-row scale in one op of its own (torchao::choose_scale_float8)."""
+    ao = pytest.importorskip("torchao.quantization")
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor, QuantizeTensorToFloat8Kwargs
+
+    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    act_g, w_g = cfg.granularity
+    act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
+                                       hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
+    model = model.to(torch.bfloat16)
+    for lin in [m for m in model.modules() if isinstance(m, nn.Linear)]:
+        lin.weight = nn.Parameter(Float8Tensor.from_hp(lin.weight.detach(), float8_dtype=cfg.weight_dtype, granularity=w_g,
+                                                       mm_config=cfg.mm_config, kernel_preference=cfg.kernel_preference,
+                                                       act_quant_kwargs=act), requires_grad=False)
+    return model
+
+
+def test_torchaos_quantization_is_found_too(toy):
+    """On the GPU the recipe is torchao's, whose scale is one op (choose_scale_float8: abs, amax and the
+    division inside, decomposed by inductor) rather than the emulation's abs -> amax -> divide: the
+    same findings, and the norm's output is still the one the projections quantize."""
+    a, g = toy(_torchao_fp8(_Fp8Block()), [{"pixels": torch.randn(1, 8, 32, dtype=torch.bfloat16)}])
+    assert any(o.op == "torchao::choose_scale_float8" for o in g.ops)  # else this test no longer tests torchao's form
+    found = {o["detail"]: o for o in kinds(a, "quantization")}
+    assert set(found) == {"norm+quant", "shared-input", "quant", "activation+quant"}, [o["summary"] for o in a["opportunities"]]
+    (norm,) = kinds(a, "fuse-norm-consumer")
+    assert norm["quantized_by"] == sorted([found["norm+quant"]["id"], found["shared-input"]["id"]])

@@ -16,7 +16,9 @@ Two findings:
 
 Recognized by data flow only: the float8 value feeding the GEMM's first operand and the float32
 scale feeding its third, each walked back through pointwise, cast and reduction ops to one source
-value, the x both paths start from. A chain that does not close on one x is not a finding.
+value, the x both paths start from. A chain that does not close on one x is not a finding. torchao's
+recipe (what runs on the GPU) makes the scale in one op of its own, `torchao::choose_scale_float8`
+(abs, amax and the division inside), which counts as the row reduction when it gives one scale per row.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ from bot.analyze.opportunity import Finding
 KIND = "quantization"
 ACTIVATIONS = ("gelu", "silu", "relu", "sigmoid", "tanh")
 MAX_STEPS = 12  # ops on one path; the recipes take 3-5
+# torchao (0.18) computes a float8 scale in one registered op: abs -> amax over the block (one row
+# with PerRow) -> divide by the format's max, as CompositeImplicitAutograd, so inductor decomposes and
+# fuses it; the dispatcher, and so the captured graph, sees the one op (torchao::choose_scale_float8)
+TORCHAO_SCALE_OPS = ("choose_scale_float8",)
 
 
 def _step_back(g: Graph, v: int) -> tuple[Op | None, int]:
@@ -48,6 +54,9 @@ def _scale_path(g: Graph, scale: int, rows: int) -> tuple[list[int], int] | None
         if p is None or not p.outputs:
             return None
         k = kind(p)
+        if p.name in TORCHAO_SCALE_OPS and g.numel(p.outputs[0]) == rows:
+            ops.append(p.id)  # abs, amax over the row and the division in one op of torchao's
+            return ops, g.root(p.inputs[0])
         if k == "reduction" and p.name in ("amax", "max"):
             ops.append(p.id)
             src, _ = _step_back(g, p.inputs[0])
