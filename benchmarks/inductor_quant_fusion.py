@@ -2,7 +2,7 @@
 kernel, and does an opaque op in front of the quantization split them? (replay's FP8 step-aside,
 docs/fp8.md.) One Qwen-Image-sized place: LayerNorm without affine, x * (1 + scale) + shift, then a
 linear under optbot's FP8 recipe (runner/quant.apply: torchao on a CUDA GPU with compute capability
->= 8.9, the emulation elsewhere), compiled twice: the reference ops, and the same norm + modulation
+>= 8.9, the emulation elsewhere; on the CPU also torchao's own Float8Tensor, built directly), compiled twice: the reference ops, and the same norm + modulation
 as a registered op inductor cannot look into. Prints the kernels inductor generated for each (from
 its output code) and, on CUDA, inductor's bytes-accessed metric and the compiled step's time.
 
@@ -47,39 +47,73 @@ class Place(nn.Module):
         return self.p(h)
 
 
+def _torchao_on_cpu(m: nn.Module) -> str:
+    """torchao's recipe built with its own constructors (its quantize_ refuses float8 on the CPU; its
+    Float8Tensor and linear run there), as the FP8 entries' tests do: the GPU's recipe form, whose
+    scale is one op (torchao::choose_scale_float8) that inductor decomposes."""
+    import torchao
+    import torchao.quantization as ao
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor, QuantizeTensorToFloat8Kwargs
+
+    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    act_g, w_g = cfg.granularity
+    act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
+                                       hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
+    m.p.weight = nn.Parameter(Float8Tensor.from_hp(m.p.weight.detach(), float8_dtype=cfg.weight_dtype, granularity=w_g,
+                                                   mm_config=cfg.mm_config, kernel_preference=cfg.kernel_preference,
+                                                   act_quant_kwargs=act), requires_grad=False)
+    return f"torchao {torchao.__version__} Float8Tensor (PerRow), built directly on the CPU"
+
+
+def _recipes(device: str) -> list[str]:
+    """On a GPU the recipe runner/quant.apply picks (torchao there); on the CPU the emulation, and
+    torchao's form too when torchao imports."""
+    if device == "cuda":
+        return ["apply"]
+    try:
+        import torchao.quantization  # noqa: F401
+    except ImportError:
+        return ["apply"]
+    return ["apply", "torchao"]
+
+
 def main(device: str = "cpu", tokens: int = 4096) -> dict:
     from torch._inductor import metrics
     from torch._inductor.utils import run_and_get_code  # the compiled module's source, as inductor's tests read it
 
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-           "tokens": tokens, "width": D, "dtype": str(dtype).removeprefix("torch.")}
-    for opaque in (False, True):
-        torch._dynamo.reset()
-        m = Place(opaque).to(device, dtype)
-        out["recipe"] = quant.apply(m, "fp8", device)["implementation"]
-        x = torch.randn(1, tokens, D, device=device, dtype=dtype)
-        shift, scale = (torch.randn(1, 1, D, device=device, dtype=dtype) for _ in range(2))
-        metrics.reset()
-        c = torch.compile(m)
-        with torch.no_grad():
-            _, sources = run_and_get_code(c, x, shift, scale)
-            text = "\n".join(sources)
-            row = {"kernels": sorted(set(re.findall(r"\b(?:triton_[a-z]+_fused_[A-Za-z0-9_]+|cpp_fused_[A-Za-z0-9_]+)", text))),
-                   "opaque_calls": sorted(set(re.findall(r"torch\.ops\.probe\.[a-z_]+", text)))}
-            if device == "cuda":
-                row["inductor_bytes_accessed_MB"] = round(metrics.num_bytes_accessed / 1e6, 1)
-                for _ in range(5):
-                    c(x, shift, scale)
-                torch.cuda.synchronize()
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                for _ in range(50):
-                    c(x, shift, scale)
-                t1.record()
-                torch.cuda.synchronize()
-                row["ms_per_call"] = round(t0.elapsed_time(t1) / 50, 4)
-        out["opaque op" if opaque else "reference ops"] = row
+           "tokens": tokens, "width": D, "recipes": {}}
+    for recipe in _recipes(device):
+        # the emulation computes in float32 on the CPU; torchao's form and the GPU in bf16
+        dtype = torch.bfloat16 if device == "cuda" or recipe == "torchao" else torch.float32
+        rows = {"dtype": str(dtype).removeprefix("torch.")}
+        for opaque in (False, True):
+            torch._dynamo.reset()
+            m = Place(opaque).to(device, dtype)
+            name = _torchao_on_cpu(m) if recipe == "torchao" else quant.apply(m, "fp8", device)["implementation"]
+            x = torch.randn(1, tokens, D, device=device, dtype=dtype)
+            shift, scale = (torch.randn(1, 1, D, device=device, dtype=dtype) for _ in range(2))
+            metrics.reset()
+            c = torch.compile(m)
+            with torch.no_grad():
+                _, sources = run_and_get_code(c, x, shift, scale)
+                text = "\n".join(sources)
+                row = {"kernels": sorted(set(re.findall(r"\b(?:triton_[a-z]+_fused_[A-Za-z0-9_]+|cpp_fused_[A-Za-z0-9_]+)", text))),
+                       "opaque_calls": sorted(set(re.findall(r"torch\.ops\.probe\.[a-z_]+", text)))}
+                if device == "cuda":
+                    row["inductor_bytes_accessed_MB"] = round(metrics.num_bytes_accessed / 1e6, 1)
+                    for _ in range(5):
+                        c(x, shift, scale)
+                    torch.cuda.synchronize()
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record()
+                    for _ in range(50):
+                        c(x, shift, scale)
+                    t1.record()
+                    torch.cuda.synchronize()
+                    row["ms_per_call"] = round(t0.elapsed_time(t1) / 50, 4)
+            rows["opaque op" if opaque else "reference ops"] = row
+        out["recipes"][name] = rows
     return out
 
 
