@@ -47,24 +47,6 @@ class Place(nn.Module):
         return self.p(h)
 
 
-def _torchao_on_cpu(m: nn.Module) -> str:
-    """torchao's recipe built with its own constructors (its quantize_ refuses float8 on the CPU; its
-    Float8Tensor and linear run there), as the FP8 entries' tests do: the GPU's recipe form, whose
-    scale is one op (torchao::choose_scale_float8) that inductor decomposes."""
-    import torchao
-    import torchao.quantization as ao
-    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor, QuantizeTensorToFloat8Kwargs
-
-    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
-    act_g, w_g = cfg.granularity
-    act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
-                                       hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
-    m.p.weight = nn.Parameter(Float8Tensor.from_hp(m.p.weight.detach(), float8_dtype=cfg.weight_dtype, granularity=w_g,
-                                                   mm_config=cfg.mm_config, kernel_preference=cfg.kernel_preference,
-                                                   act_quant_kwargs=act), requires_grad=False)
-    return f"torchao {torchao.__version__} Float8Tensor (PerRow), built directly on the CPU"
-
-
 def _recipes(device: str) -> list[str]:
     """On a GPU the recipe runner/quant.apply picks (torchao there); on the CPU the emulation, and
     torchao's form too when torchao imports."""
@@ -90,7 +72,8 @@ def main(device: str = "cpu", tokens: int = 4096) -> dict:
         for opaque in (False, True):
             torch._dynamo.reset()
             m = Place(opaque).to(device, dtype)
-            name = _torchao_on_cpu(m) if recipe == "torchao" else quant.apply(m, "fp8", device)["implementation"]
+            # torchao's form on the CPU: its Float8Tensor built directly (quantize_ refuses the CPU)
+            name = quant.torchao_weights(m) if recipe == "torchao" else quant.apply(m, "fp8", device)["implementation"]
             x = torch.randn(1, tokens, D, device=device, dtype=dtype)
             shift, scale = (torch.randn(1, 1, D, device=device, dtype=dtype) for _ in range(2))
             metrics.reset()

@@ -495,21 +495,14 @@ def test_no_quantization_finding_without_fp8_or_a_per_token_chain(toy):
 
 
 def _torchao_fp8(model):
-    """The FP8 recipe as torchao applies it on a GPU (Float8DynamicActivationFloat8WeightConfig, PerRow),
-    built with torchao's own constructors: its quantize_ refuses float8 on the CPU, its Float8Tensor and
-    linear run there. torchao computes the per-row scale in one op of its own (torchao::choose_scale_float8)."""
-    ao = pytest.importorskip("torchao.quantization")
-    from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor, QuantizeTensorToFloat8Kwargs
+    """The FP8 recipe as torchao applies it on a GPU, built with torchao's own constructors
+    (runner/quant.torchao_weights). torchao computes the per-row scale in one op of its own
+    (torchao::choose_scale_float8)."""
+    pytest.importorskip("torchao.quantization")
+    from runner import quant
 
-    cfg = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
-    act_g, w_g = cfg.granularity
-    act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
-                                       hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
     model = model.to(torch.bfloat16)
-    for lin in [m for m in model.modules() if isinstance(m, nn.Linear)]:
-        lin.weight = nn.Parameter(Float8Tensor.from_hp(lin.weight.detach(), float8_dtype=cfg.weight_dtype, granularity=w_g,
-                                                       mm_config=cfg.mm_config, kernel_preference=cfg.kernel_preference,
-                                                       act_quant_kwargs=act), requires_grad=False)
+    quant.torchao_weights(model)
     return model
 
 
