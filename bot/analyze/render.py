@@ -82,6 +82,6 @@ def markdown(a: dict) -> str:
                   f"- ops: {'; '.join(o['ops'][:10]) or '-'}"]
         if o.get("quantized_by"):  # analyses written before the field have none
             lines.append(f"- its output is quantized for an FP8 GEMM by {', '.join(f'`{q}`' for q in o['quantized_by'])}: "
-                         "under torch.compile a store kernel here steps aside so inductor fuses both")
+                         "under torch.compile a kernel that writes it unquantized keeps inductor from fusing the two")
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ profile and the analysis are reused when everything that determines them is unch
 - the machine and software, from this run's fresh baseline: GPU name, driver, CUDA, torch, triton,
   Python, numpy, and the engine's own environment record (sgl_kernel stand-in, SGLang setup);
 - optbot's measuring and analyzing code: every file of bot/analyze/ and the runner's profiler,
-  graph capture and their jobs, by content;
+  graph capture, their jobs and the quantization recipe (runner/quant.py), by content;
 - the profile's timed steps.
 
 Only on a GPU (where the time is scarce and the key's software fields exist), never with
@@ -34,8 +34,9 @@ from bot.paths import REPO_ROOT, optbot_home
 ENV_KEYS = ("device_kind", "device_name", "driver", "cuda", "torch", "triton", "python", "numpy", "capability",
             "sm_count", "sgl_kernel", "sglang_setup", "engine_sha")
 FILES = ("profile.full.json", "graph.json", "analysis.full.json")
+# runner/quant.py: an FP8 run's graph and profile are those of the model the recipe made
 CODE = ("bot/analyze", "runner/graph_capture.py", "runner/profiler.py", "runner/kinds/graph.py",
-        "runner/kinds/profile.py", "runner/harness.py")
+        "runner/kinds/profile.py", "runner/harness.py", "runner/quant.py")
 
 
 @dataclass(frozen=True)
