@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.steps.baseline import Measurement, measurements
-from bot.validate.verdict import Verdict
+from bot.validate.verdict import Verdict, vs_base
 
 # ------------------------------------------------------------------------------------------------
 # blocks
@@ -202,7 +202,7 @@ def _speedup(v: Verdict | None) -> str:
     modes is what a one-mode column hid); else the eager timings' ratio."""
     timed = [s for s in (v.speed if v else []) if s.speedup is not None]
     if timed:
-        return ", ".join(f"{s.mode} {s.speedup:.3f}x" + (f" vs the base's {s.base_mode}" if s.base_mode else "")
+        return ", ".join(f"{s.mode} {s.speedup:.3f}x" + vs_base(s.base_mode)
                          + ("" if s.outcome == "faster" else f" ({s.outcome})")
                          for s in timed) + f" ({timed[0].device})"
     m = measurements(v) if v else {}

@@ -28,6 +28,7 @@ from bot.knowledge.review import entry_patch
 from bot.knowledge.store import UNDER_COMPILE_REFERENCE
 from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, bench_file,
                                    load_bench, now, patch_file_sha256, read_bench, record_search, save_bench)
+from bot.validate.verdict import vs_base
 
 
 @dataclass
@@ -146,7 +147,7 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
              f"per step, A/A noise {eager.noise_pct}%)" if eager else "no speed measured")
     for mode, sp in w.speed.items():  # every other production mode the verdict timed
         if mode != "eager" and (sp.speedup or sp.outcome in ("failed", "n/a")):
-            speed += f", {mode} " + (f"{sp.speedup}x" + (f" vs the base's {sp.base_mode}" if sp.base_mode else "")
+            speed += f", {mode} " + (f"{sp.speedup}x" + vs_base(sp.base_mode)
                                      if sp.speedup else f"{sp.outcome} ({(sp.note or '')[:120]})")
     reason = f"{w.reason or w.status}: {w.summary or ''}"
     worst = w.worst_output.rel_l2 if w.worst_output else None

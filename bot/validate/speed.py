@@ -22,7 +22,7 @@ from pathlib import Path
 from bot.jobs import JobOutcome, run_job
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
-from bot.validate.verdict import Speed
+from bot.validate.verdict import Speed, vs_base
 from runner.job import parse_mode
 
 IMPLAUSIBLE_SPEEDUP = 10.0
@@ -231,8 +231,7 @@ def speed_line(speed: list[Speed]) -> str:
         if s.speedup is None:
             parts.append(f"{s.mode}: {s.note or 'n/a'}")
         else:
-            vs = f" vs the base's {s.base_mode}" if s.base_mode else ""
-            parts.append(f"{s.mode} {s.speedup:.3f}x{vs} on {s.device} ({s.outcome}, noise {s.noise_pct:.2f}%)")
+            parts.append(f"{s.mode} {s.speedup:.3f}x{vs_base(s.base_mode)} on {s.device} ({s.outcome}, noise {s.noise_pct:.2f}%)")
     return "; ".join(parts)
 
 

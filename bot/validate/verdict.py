@@ -64,6 +64,12 @@ class Speed:
     passes: int = 1  # forward passes per step (per-pass = step / passes)
 
 
+def vs_base(base_mode: str | None) -> str:
+    """The words every report, summary and lesson puts after a speedup against another mode of the
+    base (outcome "enabled": ' vs the base's eager'); "" for a speedup against the same mode."""
+    return f" vs the base's {base_mode}" if base_mode else ""
+
+
 @dataclass
 class Engagement:
     ok: bool
