@@ -91,7 +91,7 @@ def make_step(built: Built, job: Job, shape: dict, seed: int) -> tuple[Callable[
     # The adapter turns each pass's inputs into a call of its engine's forward (for SGLang: RoPE
     # tables and timestep scaling prepared here, once, as its pipeline does before the loop).
     with torch.inference_mode():
-        calls = [built.adapter.make_call(built.model, kw, job) for kw in passes]
+        calls = built.adapter.make_calls(built.model, passes, job)
 
     def step() -> dict:
         with torch.inference_mode():

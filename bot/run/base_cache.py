@@ -11,7 +11,8 @@ profile and the analysis are reused when everything that determines them is unch
 - the machine and software, from this run's fresh baseline: GPU name, driver, CUDA, torch, triton,
   Python, numpy, and the engine's own environment record (sgl_kernel stand-in, SGLang setup);
 - optbot's measuring and analyzing code: every file of bot/analyze/ and the runner's profiler,
-  graph capture, their jobs and the quantization recipe (runner/quant.py), by content;
+  graph capture, their jobs, the quantization recipe (runner/quant.py), the inputs and the engine
+  adapters that call the model (runner/inputs.py, runner/engines/), by content;
 - the profile's timed steps.
 
 Only on a GPU (where the time is scarce and the key's software fields exist), never with
@@ -34,9 +35,11 @@ from bot.paths import REPO_ROOT, optbot_home
 ENV_KEYS = ("device_kind", "device_name", "driver", "cuda", "torch", "triton", "python", "numpy", "capability",
             "sm_count", "sgl_kernel", "sglang_setup", "engine_sha")
 FILES = ("profile.full.json", "graph.json", "analysis.full.json")
-# runner/quant.py: an FP8 run's graph and profile are those of the model the recipe made
+# runner/quant.py: an FP8 run's graph and profile are those of the model the recipe made; runner/inputs.py
+# and runner/engines/: what the model is called with (an SGLang step shares one timestep between its CFG
+# passes, and with it the second pass's modulation, since 2026-12-05)
 CODE = ("bot/analyze", "runner/graph_capture.py", "runner/profiler.py", "runner/kinds/graph.py",
-        "runner/kinds/profile.py", "runner/harness.py", "runner/quant.py")
+        "runner/kinds/profile.py", "runner/harness.py", "runner/quant.py", "runner/inputs.py", "runner/engines")
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ needs its own set-up"). Each adapter is a module here with three functions:
   prepare(job)                          once per process, before the engine is imported: global
                                         state the engine needs, import-time stand-ins
   build_model(cls, job, preset, dtype)  -> nn.Module with the seeded (or real) weights, on job.device
-  make_call(model, kw, job)             -> a zero-argument callable running ONE forward pass on the
-                                        workload's inputs `kw` (runner/inputs.py) and returning its
-                                        output tensor
+  make_calls(model, passes, job)        -> one zero-argument callable per pass of a step, each
+                                        running ONE forward pass on that pass's workload inputs
+                                        (runner/inputs.py) and returning its output tensor; all of a
+                                        step's passes at once, as an engine's pipeline prepares them
+                                        (what the passes share, they share in the engine's call too)
 
 The workload's declared inputs stay the single source of the seeded inputs, in the base (diffusers) calling
 convention, so every engine gets the same latents and prompts and their outputs can be compared;

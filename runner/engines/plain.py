@@ -17,5 +17,5 @@ def build_model(cls, job, preset: dict, dtype):
     return _build_seeded(cls, preset["config"], job.device, dtype, job.weight_seed, preset.get("weights", "seeded"))
 
 
-def make_call(model, kw: dict, job):
-    return lambda: model(**kw)[0]
+def make_calls(model, passes: list[dict], job) -> list:
+    return [(lambda kw=kw: model(**kw)[0]) for kw in passes]

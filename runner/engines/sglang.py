@@ -23,7 +23,8 @@ build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_a
   packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
   have a CPU path through ``sgl_kernel``'s CPU kernels run their ``forward_native`` instead, and
   the Triton-only ``fuse_scale_shift_kernel`` falls back to SGLang's own torch version.
-make_call: the workload's (diffusers-convention) inputs become SGLang's: timestep x 1000, RoPE tables
+make_calls: the workload's (diffusers-convention) inputs become SGLang's: timestep x 1000 (one tensor
+  for the passes of a step, as SGLang's pipeline hands every CFG branch the same one), RoPE tables
   (``freqs_cis``) computed once by the model's own rotary module as SGLang's pipeline does before
   its denoising loop, Qwen-Image's all-ones text mask dropped as SGLang's pipeline drops it; each
   forward runs inside ``set_forward_context(current_timestep=0, attn_metadata=None)``.
@@ -307,21 +308,35 @@ def _recipe_config(job):
     return OptbotRecipeConfig()
 
 
-def make_call(model, kw: dict, job):
+def make_calls(model, passes: list[dict], job) -> list:
     from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
 
     family = model_key(job)
-    sk = _flux2_kwargs(model, kw) if family == "flux2" else _qwen_image_kwargs(model, kw)
+    # SGLang's denoising stage expands the step's timestep once and hands that one tensor to every
+    # CFG branch (denoising.py, _predict_noise_with_cfg); its Qwen-Image reuses the first branch's
+    # block modulation for the second by the timestep's identity (_QwenModulationCacheKey). So the
+    # passes that share a timestep here share its scaled tensor too: one per source tensor.
+    scaled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def call():
-        with set_forward_context(current_timestep=0, attn_metadata=None):
-            out = model(**sk)
-        return out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+    def timestep(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in scaled:
+            scaled[id(t)] = (t, t * 1000)  # SGLang takes the scheduler's timestep (diffusers scales inside)
+        return scaled[id(t)][1]
 
-    return call
+    def one(kw: dict):
+        sk = (_flux2_kwargs if family == "flux2" else _qwen_image_kwargs)(model, kw, timestep(kw["timestep"]))
+
+        def call():
+            with set_forward_context(current_timestep=0, attn_metadata=None):
+                out = model(**sk)
+            return out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+
+        return call
+
+    return [one(kw) for kw in passes]
 
 
-def _flux2_kwargs(model, kw: dict) -> dict:
+def _flux2_kwargs(model, kw: dict, timestep: torch.Tensor) -> dict:
     # RoPE as SGLang's Flux2 pipeline builds it: text positions first, then image, as (cos, sin).
     txt_cos, txt_sin = model.rotary_emb(kw["txt_ids"])
     img_cos, img_sin = model.rotary_emb(kw["img_ids"])
@@ -329,7 +344,7 @@ def _flux2_kwargs(model, kw: dict) -> dict:
     out = dict(
         hidden_states=kw["hidden_states"],
         encoder_hidden_states=kw["encoder_hidden_states"],
-        timestep=kw["timestep"] * 1000,  # SGLang takes the scheduler's timestep (diffusers scales inside)
+        timestep=timestep,
         freqs_cis=(torch.cat([txt_cos, img_cos], 0).to(device), torch.cat([txt_sin, img_sin], 0).to(device)),
     )
     if kw.get("guidance") is not None:
@@ -337,7 +352,7 @@ def _flux2_kwargs(model, kw: dict) -> dict:
     return out
 
 
-def _qwen_image_kwargs(model, kw: dict) -> dict:
+def _qwen_image_kwargs(model, kw: dict, timestep: torch.Tensor) -> dict:
     hs, ehs = kw["hidden_states"], kw["encoder_hidden_states"]
     b, t = ehs.shape[0], ehs.shape[1]
     img_shapes = [[tuple(s) for s in ([kw["img_shapes"][i]] if isinstance(kw["img_shapes"][i], tuple)
@@ -359,7 +374,7 @@ def _qwen_image_kwargs(model, kw: dict) -> dict:
         hidden_states=hs,
         encoder_hidden_states=ehs,
         encoder_hidden_states_mask=mask,
-        timestep=kw["timestep"] * 1000,  # SGLang divides by 1000 inside; diffusers takes t in [0, 1]
+        timestep=timestep,  # SGLang divides by 1000 inside; diffusers takes t in [0, 1]
         img_shapes=img_shapes,
         txt_seq_lens=txt_seq_lens,
         freqs_cis=(img_cache, txt_cache),

@@ -55,6 +55,11 @@ def test_profile_sglang_dit_through_the_cli(sglang_engine, tmp_path, wl):
     if wl == "qwen-image":
         # SGLang's fused text-stream projection, seeded from the base add_q/k/v_proj names
         assert "to_added_qkv" in env["sglang_packed_params"]
+        # SGLang's pipeline hands both CFG passes one timestep tensor, and its blocks reuse the first
+        # pass's modulation by that identity: one modulation GEMM per block per step, as in production
+        # (with a timestep per pass the cache missed and the step did the work twice)
+        mod = [k for k in p["kernels"] if k["module"].endswith((".img_mod.1", ".txt_mod.1")) and k["op"] == "aten::linear"]
+        assert mod and all(k["calls"] == 1 for k in mod), [(k["module"], k["calls"]) for k in mod]
     wt = Path(env["engine_file"]).parents[6]
     assert subprocess.run(["git", "status", "--porcelain"], cwd=wt, capture_output=True, text=True).stdout == ""
 
