@@ -52,6 +52,7 @@ Method (docs/analyze.md says more):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import re
@@ -130,6 +131,43 @@ class Probe:
     kwargs: dict
     mask_pos: tuple  # ("arg", index) or ("kw", name)
     signature: str
+    sdp: tuple | None = None  # sdp_state() at the call: a later timing of it picks the backend it picked
+
+
+# SDPA's backend switches, by torch's names (torch.nn.attention._backend_names)
+_SDP_SWITCHES = ("cudnn", "flash", "mem_efficient", "math")
+
+
+def sdp_state() -> tuple:
+    """(which SDPA backends are enabled, their priority order) right now. A layer may set its own
+    around its call (`sdpa_kernel(..., set_priority=True)`: SGLang's per-layer `allow_cudnn_sdp`
+    over its process-wide `enable_cudnn_sdp(False)`), so the engine's pick depends on this state at
+    the call, not on the process's state when the call is timed again."""
+    flags = tuple(bool(getattr(torch._C, f"_get_{n}_sdp_enabled")()) for n in _SDP_SWITCHES)
+    get_order = getattr(torch._C, "_get_sdp_priority_order", None)
+    return flags, (tuple(int(b) for b in get_order()) if get_order else ())
+
+
+@contextlib.contextmanager
+def sdp_as(state: tuple | None):
+    """SDPA's backend switches and priority set to `state` (sdp_state()) inside, restored after."""
+    if state is None:
+        yield
+        return
+    before = sdp_state()
+
+    def put(st):
+        flags, order = st
+        for n, on in zip(_SDP_SWITCHES, flags):
+            getattr(torch._C, f"_set_sdp_use_{n}")(on)
+        if order and hasattr(torch._C, "_set_sdp_priority_order"):
+            torch._C._set_sdp_priority_order(list(order))
+
+    put(state)
+    try:
+        yield
+    finally:
+        put(before)
 
 
 @dataclass
@@ -146,6 +184,7 @@ class Recorder:
     # each backend at the workload's shapes (runner/kinds/graph.py); its calls counted
     sdpa_calls: dict[str, Probe] = field(default_factory=dict)
     sdpa_counts: dict[str, int] = field(default_factory=dict)
+    sdp_default: tuple = field(default_factory=sdp_state)  # the process's SDPA switches at capture start
     pass_idx: int = -1
     inputs: list[dict] = field(default_factory=list)
     suspended: int = 0  # > 0 while the recorder itself runs ops (digests), which are not the step's
@@ -405,13 +444,16 @@ class Recorder:
         shapes = tuple(tuple(t.shape) for t in args[:3] if isinstance(t, torch.Tensor))
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         mask = mask if isinstance(mask, torch.Tensor) else None
+        state = sdp_state()
+        # calls made under different backend switches pick differently: separate signatures
+        tag = "" if state == self.sdp_default else f" sdp{state}"
         sig = (f"sdpa{shapes}{dtype_short(args[0].dtype)}"
                f"{'' if mask is None else ' mask' + str(tuple(mask.shape))}"
-               f"{sorted((k, v) for k, v in scalars.items() if v is not None)}")
+               f"{sorted((k, v) for k, v in scalars.items() if v is not None)}{tag}")
         rec["sdpa"] = sig
         self.sdpa_counts[sig] = self.sdpa_counts.get(sig, 0) + 1
         if sig not in self.sdpa_calls:
-            self.sdpa_calls[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), ("", 0), sig)
+            self.sdpa_calls[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), ("", 0), sig, state)
 
     def _check_mask(self, rec, func, args, kwargs, arg_names) -> None:
         pos, mask = None, None
@@ -442,7 +484,7 @@ class Recorder:
             shapes = tuple(tuple(t.shape) for t in args if isinstance(t, torch.Tensor))
             sig = f"{rec['op']}{shapes}{mask.dtype}"
             if sig not in self.probes:
-                self.probes[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), pos, sig)
+                self.probes[sig] = Probe(rec["id"], func, tuple(args), dict(kwargs), pos, sig, sdp_state())
             rec["mask"]["probe"] = sig
 
     def _host_deps(self, has_inputs: bool, scalars: dict) -> int:

@@ -11,8 +11,8 @@ prepare(job), once per process, before the engine is imported:
   - stand-ins for packages the import chain reaches but that cannot be there (runner/engines/
     sglang_standins.py): the compiled ``sgl_kernel`` on CUDA, ``torchvision`` where it is absent
     (a CPU machine: PyPI has no CPU build of it); each is recorded in the environment block;
-  - the global server args (``set_global_server_args``: attention backend torch_sdpa,
-    kv_gather_degree 1) and the model-parallel groups with tp = sp = 1
+  - the global server args (``set_global_server_args``: the attention backend (``attention_backend``
+    below), kv_gather_degree 1) and the model-parallel groups with tp = sp = 1
     (``maybe_init_distributed_environment_and_model_parallel``; gloo on CPU).
 build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_arch(hf)``,
   ``out_channels`` set explicitly, ``cls(config=cfg, hf_config=hf)`` (for a quantized precision
@@ -43,7 +43,18 @@ from runner.engines import sglang_standins
 from runner.weights import build_model as _build_seeded
 from runner.weights import seeded_tensor
 
-ATTENTION_BACKEND = "torch_sdpa"  # the backend SGLang's FLUX.2 uses closest to diffusers (its own note)
+SDPA = "torch_sdpa"
+ATTENTION_NOTE = ("{ran} in place of {prod}, SGLang's own choice on this GPU (its kernels come from the compiled "
+                  "sgl_kernel, stood in for here): attention is timed on torch SDPA's kernels, not production's, "
+                  "and no speedup of attention measured here is a production one")
+# Production SGLang on Hopper runs FlashAttention 3 (sglang-kernel 0.4.10, built for the torch 2.14.1 that
+# sglang 0.5.23 pins; it cannot load on the GPU box's torch). Its stand-in is torch SDPA with cuDNN's kernel
+# first: at these models' shapes (non-causal, head dim 128, ~4.6k tokens) the fastest attention torch has,
+# the same class of kernel as FA3. Without it SDPA runs its flash (FA2) kernel, about twice as slow there
+# (H200, FLUX.2: 1.58 against 0.81 ms a layer), and every SGLang number carried that ~40-50 ms per step.
+FA3_NOTE = ("torch SDPA with cuDNN's kernel first on {n} attention layers, standing in for production's "
+            "FlashAttention 3 (sglang-kernel's, built for torch 2.14.1: not loadable here); an attention "
+            "change is measured against this stand-in, not against FA3")
 
 # SGLang's DiTs this adapter sets up, by class name: each needs its own arch config and input
 # translation (SGLang's pipelines build RoPE tables and scale timesteps before the model).
@@ -114,14 +125,45 @@ def prepare(job) -> None:
     from sglang.multimodal_gen.runtime.distributed import parallel_state
     from sglang.multimodal_gen.runtime.server_args import server_args as sa
 
-    sa.set_global_server_args(_server_args(sa.ServerArgs))
+    ran, prod = attention_backend(is_cuda, "sgl_kernel" in notes)
+    sa.set_global_server_args(_server_args(sa.ServerArgs, ran))
     parallel_state.maybe_init_distributed_environment_and_model_parallel(tp_size=1, sp_size=1)
-    envmod.note("sglang_setup", {"attention_backend": ATTENTION_BACKEND, "tp_size": 1, "sp_size": 1,
-                                 "distributed_backend": torch.distributed.get_backend()})
+    envmod.note("sglang_setup", {"attention_backend": ran or prod, "attention_backend_production": prod,
+                                 "tp_size": 1, "sp_size": 1, "distributed_backend": torch.distributed.get_backend()})
+    _prepared["fa3_stand_in"] = (ran or prod) != prod and prod == "fa"
+    if (ran or prod) != prod and not _prepared["fa3_stand_in"]:
+        envmod.note("sglang_attention", ATTENTION_NOTE.format(ran=ran, prod=prod))
     _prepared["done"] = True
 
 
-def _server_args(server_args_cls):
+def production_attention(is_cuda: bool) -> str:
+    """The attention backend SGLang itself picks for a DiT when its server is started without
+    --attention-backend (platforms/cuda.py ``get_attn_backend_cls_str``): FlashAttention 3 ("fa") on
+    Hopper and Ampere, cuDNN SDPA with FA behind it on Blackwell, torch SDPA on SM12x and the CPU."""
+    if not is_cuda:
+        return SDPA
+    try:
+        from sglang.multimodal_gen.runtime.platforms import current_platform
+
+        name = current_platform._resolve_default_attn_backend().name.lower()
+        return "cudnn_sdpa (fa behind it)" if name == "fa" and current_platform.is_blackwell() else name
+    except Exception as e:  # a record, never a reason to stop the job
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def attention_backend(is_cuda: bool, sgl_kernel_stood_in: bool) -> tuple[str | None, str]:
+    """(the backend to set, None = SGLang's own choice; the one production runs here).
+
+    With the real sgl_kernel (a team's SGLang install) SGLang chooses, as in production. Where
+    sgl_kernel is stood in (the GPU box) its FlashAttention 3 kernels are not there, so attention
+    runs on torch SDPA, and the environment says that it is not production's (ATTENTION_NOTE)."""
+    prod = production_attention(is_cuda)
+    if not is_cuda:
+        return SDPA, prod
+    return (SDPA if sgl_kernel_stood_in else None), prod
+
+
+def _server_args(server_args_cls, attention: str | None):
     """A real ServerArgs holding every field's default, without running its __post_init__ (which
     resolves a model path, configures the server's loggers and needs uvicorn): the model reads
     only fields from it."""
@@ -137,7 +179,7 @@ def _server_args(server_args_cls):
             value = None  # model_path: there is no checkpoint
         object.__setattr__(args, f.name, value)
     args.model_path = "optbot-seeded-weights"
-    args.attention_backend = ATTENTION_BACKEND
+    args.attention_backend = attention
     args.kv_gather_degree = 1
     return args
 
@@ -172,7 +214,29 @@ def build_model(cls, job, preset: dict, dtype):
     if not job.device.startswith("cuda"):
         routed = _route_cpu_ops_to_native(model)
         envmod.note("sglang_cpu_patches", routed)
+    elif _prepared.get("fa3_stand_in"):
+        envmod.note("sglang_attention", FA3_NOTE.format(n=cudnn_first(model)))
     return model
+
+
+def cudnn_first(model) -> int:
+    """Every SGLang attention layer of the model (and its torch-SDPA implementation) asks SDPA for
+    cuDNN's kernel first: SGLang's own per-layer switch (``allow_cudnn_sdp``, which its platform's
+    process-wide ``enable_cudnn_sdp(False)`` leaves to each model). Objects in the child only; the
+    engine's files are not touched. Returns how many layers were set."""
+    n = 0
+    for m in model.modules():
+        if not hasattr(m, "allow_cudnn_sdp"):
+            continue
+        m.allow_cudnn_sdp = True
+        kwargs = getattr(m, "_attn_impl_ctor_kwargs", None)
+        if isinstance(kwargs, dict):
+            kwargs["allow_cudnn_sdp"] = True  # an implementation built later gets it too
+        impl = getattr(m, "attn_impl", None)
+        if impl is not None and hasattr(impl, "allow_cudnn_sdp"):
+            impl.allow_cudnn_sdp = True
+        n += 1
+    return n
 
 
 def _seed_packed_params(model, weight_seed: int, device, dtype) -> list[str]:

@@ -26,6 +26,10 @@ it SGLang's RoPE takes its own torch fallback (``apply_flashinfer_rope_qk_inplac
 rotary_embedding/utils.py: about a dozen elementwise ops per q/k pair) where a production install
 runs FlashInfer's one in-place kernel. The note says so, so that no result passes that path off as
 SGLang's production speed (docs/sglang.md).
+
+Attention is the fourth thing that differs from production, and not a package stand-in: SGLang's
+FlashAttention 3 comes from the compiled sgl_kernel, so where that is stood in the adapter runs
+torch SDPA with cuDNN's kernel first in its place (runner/engines/sglang.py, ``FA3_NOTE``).
 """
 from __future__ import annotations
 

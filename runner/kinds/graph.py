@@ -20,7 +20,7 @@ import torch
 
 from runner import env as envmod
 from runner import inputs
-from runner.graph_capture import capture
+from runner.graph_capture import capture, sdp_as
 from runner.harness import prepare_first_step
 from runner.timing import time_interleaved
 
@@ -65,7 +65,8 @@ SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
 
 def _backends(p, device: str, iters: int) -> dict:
-    """One SDPA call timed as the engine runs it (its default pick) and under each backend alone,
+    """One SDPA call timed as the engine runs it (its pick under the backend switches in force at its
+    call, which a layer may set itself) and under each backend alone,
     at the workload's shapes on the job's device. A backend that cannot take the call says why."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -75,7 +76,11 @@ def _backends(p, device: str, iters: int) -> dict:
                 return p.func(*p.args, **p.kwargs)
         return fn
 
-    fns = {"default": lambda: p.func(*p.args, **p.kwargs)}
+    def as_called():
+        with sdp_as(p.sdp):  # the backend switches in force at the engine's call
+            return p.func(*p.args, **p.kwargs)
+
+    fns = {"default": as_called}
     out = {"op_id": p.op_id, "signature": p.signature, "device": "cuda" if device.startswith("cuda") else "cpu",
            "backends": {}}
     with torch.inference_mode():
@@ -114,7 +119,7 @@ def _probe(p, device: str, iters: int) -> dict:
     else:
         args_wo, kwargs_wo = list(args), {k: v for k, v in kwargs.items() if k != p.mask_pos[1]}
     fns = {"with_mask": lambda: p.func(*args, **kwargs), "without_mask": lambda: p.func(*args_wo, **kwargs_wo)}
-    with torch.inference_mode():
+    with torch.inference_mode(), sdp_as(p.sdp):
         a, b = fns["with_mask"](), fns["without_mask"]()
         a = a[0] if isinstance(a, (tuple, list)) else a
         b = b[0] if isinstance(b, (tuple, list)) else b

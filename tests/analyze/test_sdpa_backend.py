@@ -87,3 +87,53 @@ def test_a_slower_default_pick_is_a_measured_finding():
     bad = copy.deepcopy(raw)
     bad["sdpa_backends"][0]["backends"]["cudnn_attention"]["max_abs_diff"] = 10.0
     assert _findings(bad)[0] == []
+
+
+class OneLayerPicksItsOwn(nn.Module):
+    """Two attentions of one shape; the second chooses its SDPA backends around its call, as SGLang's
+    layers do with `allow_cudnn_sdp` (sdpa_kernel(..., set_priority=True)) over the process-wide switch."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, pixels, words=None, tau=None):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = self.qkv(pixels).view(1, -1, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v)
+        with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+            b = nn.functional.scaled_dot_product_attention(q, k, v)
+        return (a + b).sum()
+
+
+def test_a_call_is_timed_under_the_backend_switches_in_force_at_it():
+    from runner.graph_capture import sdp_as, sdp_state
+
+    m = OneLayerPicksItsOwn().eval()
+    x = torch.randn(1, 64, 32)
+
+    def step():
+        with torch.inference_mode():
+            return m(pixels=x)
+
+    step()
+    before = sdp_state()
+    rec = capture(m, step, str(HERE), ROLES)
+    assert sdp_state() == before
+    plain, own = sorted(rec.sdpa_calls.values(), key=lambda p: p.signature)
+    assert rec.sdpa_counts[plain.signature] == rec.sdpa_counts[own.signature] == 1
+    assert plain.sdp == before and own.signature.endswith(f" sdp{own.sdp}")
+    flags, order = own.sdp
+    assert flags == (False, True, False, True)  # cudnn, flash, mem_efficient, math: only the layer's two
+    assert order[:2] == (int(torch.nn.attention.SDPBackend.MATH), int(torch.nn.attention.SDPBackend.FLASH_ATTENTION))
+    # the graph job's "default" timing runs the call under those switches, then puts the process's back
+    seen = []
+    func = own.func
+    own.func = lambda *a, **kw: (seen.append(sdp_state()), func(*a, **kw))[1]
+    out = _backends(own, "cpu", 2)
+    assert out["default"]["n"] == 2 and seen[0] == own.sdp  # the first call is the default's reference
+    assert sdp_state() == before
+    with sdp_as(own.sdp):
+        assert sdp_state() == own.sdp
+    assert sdp_state() == before

@@ -3,6 +3,7 @@
 diffusers' outputs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -45,6 +46,8 @@ def test_profile_sglang_dit_through_the_cli(sglang_engine, tmp_path, wl):
     assert env["engine_sha"] == sglang_engine.base_sha
     assert "/python/sglang/multimodal_gen/runtime/models/dits/" in env["engine_file"]
     assert env["sglang_setup"]["attention_backend"] == "torch_sdpa" and env["sglang_setup"]["tp_size"] == 1
+    # on the CPU torch SDPA is SGLang's own choice too: nothing stands in for its attention
+    assert env["sglang_setup"]["attention_backend_production"] == "torch_sdpa" and "sglang_attention" not in env
     # every CPU monkeypatch is reported, and none touched the engine tree
     assert any("forward_native" in x for x in env["sglang_cpu_patches"])
     assert "sgl_kernel" not in env  # the sgl_kernel stand-in is for CUDA only
@@ -64,14 +67,18 @@ def test_profile_sglang_dit_through_the_cli(sglang_engine, tmp_path, wl):
     assert subprocess.run(["git", "status", "--porcelain"], cwd=wt, capture_output=True, text=True).stdout == ""
 
 
-def _step_outputs(wl: str, engine: str, out_dir: Path, dtype: str = "float32") -> dict:
+def _step_job(wl: str, engine: str, out_dir: Path, dtype: str = "float32") -> Job:
     t = resolve_target(wl, engine, None, "tiny", "cpu")
     wt = base_worktree(t)
     s = t.workload.preset("tiny").shapes
-    job = Job(kind="step", workload=t.workload.to_json(), preset="tiny", device="cpu", dtype=dtype,
-              engine_root=t.engine_root(wt), engine_sha=t.checkout.base_sha, model_class=t.model_class,
-              shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}],
-              seeds=[3], weight_seed=5, iters=0, out_dir=str(out_dir))
+    return Job(kind="step", workload=t.workload.to_json(), preset="tiny", device="cpu", dtype=dtype,
+               engine_root=t.engine_root(wt), engine_sha=t.checkout.base_sha, model_class=t.model_class,
+               shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}],
+               seeds=[3], weight_seed=5, iters=0, out_dir=str(out_dir))
+
+
+def _step_outputs(wl: str, engine: str, out_dir: Path, dtype: str = "float32") -> dict:
+    job = _step_job(wl, engine, out_dir, dtype)
     o = run_job(job, out_dir, timeout_s=900, name=f"step-{engine}")
     assert o.ok, o.reason() + "\n" + o.log_tail
     return torch.load(o.result["outputs"][0]["file"])
@@ -157,3 +164,53 @@ def test_sglang_in_fp8_computes_what_diffusers_does_in_fp8(sglang_engine, diffus
     assert r.returncode == 0, r.stderr[-3000:]
     q = json.loads(out.read_text())["env"]["quant"]
     assert q["left_unquantized"] == [] and "are the engine's own linear layers" in q["engine_linear_layers"]
+
+
+CUDNN_FIRST = """
+import dataclasses, json, sys
+from runner import harness
+from runner.engines import sglang
+from runner.job import Job
+job = Job(**json.loads(sys.argv[1]))
+sys.path.insert(0, job.engine_root)  # as the runner's main does before building
+built = harness.build(job)
+layers = [m for m in built.model.modules() if hasattr(m, "attn_impl")]
+before = [m.allow_cudnn_sdp for m in layers]
+n = sglang.cudnn_first(built.model)
+print(json.dumps({"n": n, "layers": len(layers), "before": any(before),
+                  "layer_set": all(m.allow_cudnn_sdp for m in layers),
+                  "impls": sorted({type(m.attn_impl).__name__ for m in layers}),
+                  "impl_set": all(m.attn_impl.allow_cudnn_sdp for m in layers),
+                  "later_impls_set": all(m._attn_impl_ctor_kwargs["allow_cudnn_sdp"] for m in layers)}))
+"""
+
+
+@pytest.mark.parametrize("wl", ["flux2", "qwen-image"])
+def test_the_fa3_stand_in_reaches_every_attention_layer(sglang_engine, tmp_path, wl):
+    """On the GPU box SGLang's FlashAttention 3 cannot load, and its stand-in is torch SDPA with
+    cuDNN first (runner/engines/sglang.py FA3_NOTE). SGLang leaves that switch to each attention
+    layer and its implementation; `cudnn_first` must reach every one of the real DiT's (here built
+    on the CPU, where the switch changes nothing: it acts on CUDA tensors only)."""
+    job = _step_job(wl, "sglang", tmp_path)
+    r = subprocess.run([sys.executable, "-c", CUDNN_FIRST, json.dumps(dataclasses.asdict(job))],
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["layers"] > 0 and got["n"] == got["layers"] and not got["before"]
+    assert got["layer_set"] and got["impl_set"] and got["later_impls_set"] and got["impls"] == ["SDPAImpl"]
+
+
+@pytest.mark.gpu
+def test_on_hopper_sglangs_attention_is_a_recorded_stand_in_for_fa3(sglang_engine, tmp_path):
+    """On a GPU whose SGLang default is FlashAttention 3 and where sgl_kernel is stood in, the
+    result says what ran in its place, on how many layers."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU (SGLang's default there is FA3)")
+    out = tmp_path / "p.json"
+    r = optbot("profile", "flux2", "--engine", "sglang", "--preset", "tiny", "--device", "cuda", "--iters", "1",
+               "--json", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = json.loads(out.read_text())["env"]
+    assert env["sglang_setup"]["attention_backend_production"] == "fa"
+    assert env["sglang_attention"].startswith("torch SDPA with cuDNN's kernel first on ")
