@@ -92,8 +92,7 @@ def test_the_shipped_workloads_pass(diffusers):
     them: no false error."""
     inputs = {"flux2": ["hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids", "return_dict",
                         "guidance"],
-              "qwen-image": ["hidden_states", "encoder_hidden_states", "timestep", "img_shapes", "return_dict",
-                             "encoder_hidden_states_mask"]}
+              "qwen-image": ["hidden_states", "encoder_hidden_states", "timestep", "img_shapes", "return_dict"]}
     for name, names in inputs.items():
         wl = yaml.safe_load((ROOT / "workloads" / f"{name}.yaml").read_text())
         sig = read_signature(diffusers, "src", wl["engines"]["diffusers"]["model_class"])

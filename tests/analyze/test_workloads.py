@@ -78,10 +78,9 @@ def test_qwen_image_tiny(diffusers_engine, cli_runner, tmp_path):
     cfg = _find(a, "cfg-invariant-cache", op="img_mod")
     assert cfg and cfg[0]["location"]["instances"] == 3
     assert "prompt" not in cfg[0]["facts"]["depends_on"] and "timestep" in cfg[0]["facts"]["depends_on"]
-    # the all-ones text mask
-    mask = _find(a, "attention-waste", "mask-masks-nothing")
-    assert mask and mask[0]["location"]["module_pattern"] == "transformer_blocks.*.attn"
-    assert mask[0]["facts"]["probe_max_abs_diff"] == 0.0  # dropping it changes nothing
+    # no text mask reaches the model (the pipelines drop an all-ones one), so none is found to drop;
+    # tests/analyze/test_detectors_synthetic.py finds one where a model is given it
+    assert not _find(a, "attention-waste", "mask-masks-nothing")
     # norm-and-modulation chains
     nm = _find(a, "fuse-norm-consumer")
     assert {"transformer_blocks.*.img_norm1", "transformer_blocks.*.img_norm2", "transformer_blocks.*.txt_norm1",

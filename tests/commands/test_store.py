@@ -25,10 +25,10 @@ def test_store_list_and_show(cli_runner):
 def test_store_check_patch_only(cli_runner, diffusers_engine, tmp_path):
     out = tmp_path / "check.json"
     r = cli_runner.invoke(cli, ["store", "check", "--no-kernels", "--json", str(out), "--knowledge-path", str(ROOT),
-                                "flux2-swiglu", "qwen-image-drop-all-ones-mask"])
+                                "flux2-swiglu", "qwen-image-cfg-modulation-cache"])
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
-    assert data["ok"] and [e["entry_id"] for e in data["entries"]] == ["flux2-swiglu", "qwen-image-drop-all-ones-mask"]
+    assert data["ok"] and [e["entry_id"] for e in data["entries"]] == ["flux2-swiglu", "qwen-image-cfg-modulation-cache"]
     names = [c["name"] for c in data["entries"][0]["checks"]]
     assert names == ["schema", "sources", "patch"]
 

@@ -18,9 +18,10 @@ from tests.fakes import opportunity
 OPPS = [opportunity(kind, id=oid) for oid, kind in (("opp-3", "fuse-elementwise-chain"), ("opp-1", "attention-waste"),
                                                     ("opp-2", "attention-waste"), ("opp-9", "launch-bound"),
                                                     ("opp-4", "absorb-bias"), ("opp-5", "hoist-constant"))]
-QWEN_SEEDS = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
-              "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue",
-              "qwen-image-norm-modulate")
+# the Qwen-Image entries in use (drop-all-ones-mask is retired: it dropped an all-ones text mask no
+# pipeline passes)
+QWEN_SEEDS = ("qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias", "qwen-image-qkv-norm-rope-epilogue",
+              "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue", "qwen-image-norm-modulate")
 
 
 def test_match_by_kind_engine_hardware_workload():
@@ -35,8 +36,10 @@ def test_match_by_kind_engine_hardware_workload():
     assert match(load_store(SHIPPED_STORE), OPPS, "sglang", "cpu", "flux2", unusable=True) == []
     assert match(load_store(SHIPPED_STORE), OPPS, "sglang", "h200", "qwen-image", unusable=True) == []
     assert {(e.id, o) for e, o in match(load_store(SHIPPED_STORE), OPPS, "diffusers", "h200", "qwen-image")} == {
-        ("qwen-image-drop-all-ones-mask", "opp-1"), ("qwen-image-qkv-norm-rope-epilogue", "opp-1"),
-        ("qwen-image-absorb-bias", "opp-4"), ("qwen-image-hoist-host-copies", "opp-5")}
+        ("qwen-image-qkv-norm-rope-epilogue", "opp-1"), ("qwen-image-absorb-bias", "opp-4"),
+        ("qwen-image-hoist-host-copies", "opp-5")}
+    assert {(e.id, o) for e, o in match(load_store(SHIPPED_STORE), OPPS, "diffusers", "h200", "qwen-image",
+                                        unusable=True)} == {("qwen-image-drop-all-ones-mask", "opp-1")}
 
 
 def test_replay_commits_candidates_with_trailers(diffusers_engine):
@@ -230,8 +233,8 @@ def test_an_entrys_places_are_where_its_declared_kernels_go():
     assert [o.id for o in entry_places(swiglu, opps, "chain-mod")] == ["chain-ff", "chain-single"]
     choice, why = under_compile(swiglu, "h200", entry_places(swiglu, opps, "chain-mod"))
     assert choice == "reference" and "transformer_blocks.*.ff.act_fn.gate_fn (chain-ff) by quantization-ff" in why
-    mask = get_entry("qwen-image-drop-all-ones-mask", SHIPPED_STORE)  # removes nothing by module
-    assert [o.id for o in entry_places(mask, opps, "norm-1")] == ["norm-1"]
+    cache = get_entry("qwen-image-cfg-modulation-cache", SHIPPED_STORE)  # removes nothing by module
+    assert [o.id for o in entry_places(cache, opps, "norm-1")] == ["norm-1"]
 
 
 def test_replay_steps_aside_where_an_entrys_place_is_quantized(diffusers_engine):

@@ -38,9 +38,8 @@ USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE and e
 # The stacks that apply together (tests/generate/test_replay.py): flux2-qkv-norm-rope-epilogue conflicts
 # with flux2-merge-qkv and flux2-qk-rmsnorm-rope (it supersedes them; its entry.yaml), so FLUX.2 has two.
 # An FP8 entry's stack runs at float32+fp8 (the recipe applied: its path engages only there).
-QWEN_BF16 = ("qwen-image-drop-all-ones-mask", "qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias",
-             "qwen-image-qkv-norm-rope-epilogue", "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue",
-             "qwen-image-norm-modulate")
+QWEN_BF16 = ("qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias", "qwen-image-qkv-norm-rope-epilogue",
+             "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue", "qwen-image-norm-modulate")
 STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"), "float32"),
           ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate"), "float32"),
           ("qwen-image", QWEN_BF16, "float32"),

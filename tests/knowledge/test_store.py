@@ -42,7 +42,10 @@ def test_kernel_sources_are_the_files_the_patch_adds():
 
 def test_find_entries_by_pattern_engine_hardware():
     found = {e.id for e in find_entries("attention-waste", "diffusers", "h200", STORE_DIR)}
-    assert found >= {"flux2-qk-rmsnorm-rope", "qwen-image-drop-all-ones-mask"}
+    assert found >= {"flux2-qk-rmsnorm-rope", "qwen-image-qkv-norm-rope-epilogue"}
+    assert "qwen-image-drop-all-ones-mask" not in found  # retired
+    assert "qwen-image-drop-all-ones-mask" in {e.id for e in find_entries("attention-waste", "diffusers", "h200",
+                                                                          STORE_DIR, include_rejected=True)}
     # replay matches by engine: the SGLang entry is SGLang's alone, and only on the GPU it targets;
     # retired (measured against an attention path production does not run), it is found only when asked
     assert find_entries("attention-waste", "sglang", "h200", STORE_DIR) == []
@@ -53,7 +56,7 @@ def test_find_entries_by_pattern_engine_hardware():
     assert find_entries("attention-waste", "diffusers", "mi300", STORE_DIR) == []
     # None asks nothing about a condition (the agent's read_store without a pattern)
     assert {e.id for e in find_entries(None, "diffusers", None, STORE_DIR)} == \
-        {e.id for e in load_store(STORE_DIR) if e.engine.name == "diffusers"}
+        {e.id for e in load_store(STORE_DIR) if e.engine.name == "diffusers" and e.status not in ("rejected", "retired")}
 
 
 def _copy_entry(tmp_path: Path, entry_id: str = "flux2-swiglu") -> Path:

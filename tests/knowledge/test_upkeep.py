@@ -16,7 +16,7 @@ from bot.knowledge.upkeep import Staging, act, decide, env_changes, retire
 from bot.validate.verdict import Speed
 from tests.knowledge.verdicts import ENV, gpu_verdict, record_verdict
 
-TUNABLE, PLAIN = "flux2-swiglu", "qwen-image-drop-all-ones-mask"  # with and without a config_space
+TUNABLE, PLAIN = "flux2-swiglu", "qwen-image-cfg-modulation-cache"  # with and without a config_space
 TIP = "e" * 40
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # shard; they apply together, so the stack is both (one stack validation per run). FLUX.2's two
 # quickest that conflict took 428 s for this module's fixture, its Triton epilogue interpreted.
 WL = "qwen-image"
-ENTRIES = ("qwen-image-drop-all-ones-mask", "qwen-image-linear-gelu-epilogue")
+ENTRIES = ("qwen-image-cfg-modulation-cache", "qwen-image-linear-gelu-epilogue")
 # replay only: the two store entries are the candidates this is about; compile-region (tested in
 # tests/generate/test_compile_region.py) would add an inductor build to every validation process
 OPT = ["optimize", WL, "--device", "cpu", "--iters", "2", "--generators", "replay"]
