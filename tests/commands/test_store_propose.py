@@ -16,7 +16,7 @@ from bot.knowledge.location import SHIPPED_STORE
 from tests.repos import FIXED_DATE, init_repo
 
 GONE = "flux2-swiglu"  # its patch rewrites Flux2SwiGLU.forward, which main changes below
-KEPT = "qwen-image-drop-all-ones-mask"  # touches the Qwen-Image transformer only
+KEPT = "qwen-image-cfg-modulation-cache"  # touches the Qwen-Image transformer only
 FLUX2 = "src/diffusers/models/transformers/transformer_flux2.py"
 
 
