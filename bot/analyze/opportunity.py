@@ -71,6 +71,9 @@ class Opportunity:
     # (rank.link_quantization): under torch.compile a registered op here would keep inductor from
     # computing that quantization in the same pass (bot/generate/replay.under_compile)
     quantized_by: list[str] = field(default_factory=list)
+    # the stand-in some of its ops run on ("flashinfer: ..."; rank.mark_stand_ins): code that runs only
+    # because the box lacks what production has. Reported, never optimized: a gain over it is not one
+    stand_in: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)

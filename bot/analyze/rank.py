@@ -78,3 +78,24 @@ def claimed_total(cost: CostModel, opps: list[Opportunity]) -> float:
     return cost.ms(ids)
 
 
+
+
+def mark_stand_ins(graph: Graph, opps: list[Opportunity], code: dict[str, list[str]]) -> None:
+    """Set `stand_in` on each opportunity one of whose ops the engine ran from stand-in code: the runner's
+    environment record `stand_in_code` ({what stands in: ["engine/file.py:first-last", ...]}, e.g. SGLang's
+    torch RoPE fallback where FlashInfer is absent, runner/engines/sglang.py)."""
+    ranges = []
+    for name, spans in (code or {}).items():
+        for span in spans:
+            path, _, lines = span.rpartition(":")
+            first, _, last = lines.partition("-")
+            ranges.append((name, path, int(first), int(last or first)))
+    if not ranges:
+        return
+    for o in opps:
+        for i in o.op_ids:
+            path, _, line = graph.ops[i].src.rpartition(":")
+            hit = next((name for name, p, a, b in ranges if p == path and line.isdigit() and a <= int(line) <= b), None)
+            if hit:
+                o.stand_in = f"{hit}: {graph.ops[i].op} at {graph.ops[i].src}"
+                break

@@ -48,7 +48,7 @@ def print_terminal(a: dict, top: int = 25, console=None) -> None:
         t.add_column(col, justify="right" if col in ("#", "gain ms", "% step", "conf") else "left", overflow="fold")
     for i, o in enumerate(a["opportunities"][:top], 1):
         t.add_row(str(i), f"{o['kind']}\n{o['detail']}", _loc(o), o["summary"], f"{o['gain_ms']:.4f}",
-                  f"{o['gain_pct']:.2f}", f"{o['confidence']:.2f}", o["generator"])
+                  f"{o['gain_pct']:.2f}", f"{o['confidence']:.2f}", _generator(o))
     c.print(t)
     if len(a["opportunities"]) > top:
         c.print(f"... {len(a['opportunities']) - top} more in the JSON/markdown report")
@@ -60,7 +60,11 @@ def _print_plain(a: dict, top: int) -> None:
     print(f"{'#':>3} {'kind':<22} {'detail':<24} {'location':<46} {'gain ms':>10} {'% step':>7} {'conf':>5} generator")
     for i, o in enumerate(a["opportunities"][:top], 1):
         print(f"{i:>3} {o['kind']:<22} {o['detail']:<24} {o['location']['module_pattern'][:46]:<46} "
-              f"{o['gain_ms']:>10.4f} {o['gain_pct']:>7.2f} {o['confidence']:>5.2f} {o['generator']}")
+              f"{o['gain_ms']:>10.4f} {o['gain_pct']:>7.2f} {o['confidence']:>5.2f} {_generator(o)}")
+
+
+def _generator(o: dict) -> str:
+    return f"none: stand-in ({o['stand_in'].split(':')[0]})" if o.get("stand_in") else o["generator"]
 
 
 def markdown(a: dict) -> str:
@@ -70,7 +74,7 @@ def markdown(a: dict) -> str:
     for i, o in enumerate(a["opportunities"], 1):
         loc = _loc(o).replace("\n", "<br>")
         lines.append(f"| {i} | {o['kind']} ({o['detail']}) | {loc} | {o['summary']} | {o['gain_ms']:.4f} | "
-                     f"{o['gain_pct']:.2f} | {o['confidence']:.2f} | {o['generator']} |")
+                     f"{o['gain_pct']:.2f} | {o['confidence']:.2f} | {_generator(o)} |")
     lines += ["", "## Details", ""]
     for i, o in enumerate(a["opportunities"], 1):
         lines += [f"### {i}. {o['kind']} · {o['location']['module_pattern']} · `{o['id']}`", "",
@@ -80,6 +84,9 @@ def markdown(a: dict) -> str:
                   f"- confidence {o['confidence']:.2f}: {o['confidence_reason']}",
                   f"- examples: {', '.join(o['location']['examples']) or '-'}",
                   f"- ops: {'; '.join(o['ops'][:10]) or '-'}"]
+        if o.get("stand_in"):
+            lines.append(f"- not optimized: its ops run on a stand-in for what production runs ({o['stand_in']}); "
+                         "a gain over it would not be a production gain")
         if o.get("quantized_by"):  # analyses written before the field have none
             lines.append(f"- its output is quantized for an FP8 GEMM by {', '.join(f'`{q}`' for q in o['quantized_by'])}: "
                          "under torch.compile a kernel that writes it unquantized keeps inductor from fusing the two")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from bot.analyze.cost import attribute
 from bot.analyze.detectors import Context, run_all
 from bot.analyze.graph import Graph
-from bot.analyze.rank import claimed_total, group, link_quantization
+from bot.analyze.rank import claimed_total, group, link_quantization, mark_stand_ins
 
 ANALYSIS_VERSION = 1
 
@@ -18,6 +18,7 @@ def analyze(graph: Graph, profile: dict, meta: dict | None = None, profile_sourc
     findings = run_all(ctx, only)
     opps = group(graph, cost, findings)
     link_quantization(graph, opps)
+    mark_stand_ins(graph, opps, (profile.get("env") or {}).get("stand_in_code") or {})
     claimed = claimed_total(cost, opps)
     return {
         "version": ANALYSIS_VERSION,

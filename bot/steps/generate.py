@@ -78,12 +78,22 @@ def _complete(ctx: RunContext, c: Candidate, n: int, opps: list[Opportunity]) ->
                                estimated_gain_ms=c.estimated_gain_ms if c.estimated_gain_ms is not None else gain)
 
 
+def on_production_paths(opps: list[Opportunity]) -> tuple[list[Opportunity], list[str]]:
+    """The opportunities a generator may work on, and a note for each left out because its ops run
+    on a stand-in (Opportunity.stand_in): a candidate there would be measured against code production
+    does not run."""
+    keep = [o for o in opps if not o.stand_in]
+    return keep, [f"{o.id} ({o.kind} at {o.location.module_pattern}, {o.gain_ms:.1f} ms): not generated for: "
+                  f"its ops run on a stand-in ({o.stand_in})" for o in opps if o.stand_in]
+
+
 def run(ctx: RunContext) -> Result:
     ana = ctx.results.analyze
-    opps = ana.opportunities if ana else []
+    opps, left_out = on_production_paths(ana.opportunities if ana else [])
     if not opps:
-        return Result("skipped", f"nothing to generate from: {ana.reason if ana else 'no opportunities'}")
-    t, gens, res = ctx.target, set(ctx.options.generators), Result("done", "")
+        why = "every opportunity runs on a stand-in" if left_out else (ana.reason if ana else "no opportunities")
+        return Result("skipped", f"nothing to generate from: {why}", notes=left_out)
+    t, gens, res = ctx.target, set(ctx.options.generators), Result("done", "", notes=list(left_out))
     replayed = _replay(ctx, opps, res) if "replay" in gens else []
     if "replay" not in gens:
         res.notes.append("store replay: not selected (--generators)")

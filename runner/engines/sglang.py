@@ -31,10 +31,12 @@ make_calls: the workload's (diffusers-convention) inputs become SGLang's: timest
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
 import socket
+from pathlib import Path
 
 import torch
 
@@ -47,6 +49,15 @@ SDPA = "torch_sdpa"
 ATTENTION_NOTE = ("{ran} in place of {prod}, SGLang's own choice on this GPU (its kernels come from the compiled "
                   "sgl_kernel, stood in for here): attention is timed on torch SDPA's kernels, not production's, "
                   "and no speedup of attention measured here is a production one")
+# Code that runs here only because of a stand-in, by engine file and function: its line span goes into the
+# environment record (`stand_in_code`), and the analyzer reports the opportunities on it without optimizing
+# them (bot/analyze/rank.mark_stand_ins): a gain over code production does not run is not a gain.
+STAND_IN_CODE = {
+    # without FlashInfer, SGLang's RoPE takes its torch fallback inside this function (sglang_standins)
+    "flashinfer": ("sglang/multimodal_gen/runtime/layers/rotary_embedding/utils.py", "apply_flashinfer_rope_qk_inplace"),
+    # torch SDPA standing in for FlashAttention 3 (FA3_NOTE)
+    "attention": ("sglang/multimodal_gen/runtime/layers/attention/backends/sdpa.py", "SDPAImpl.forward"),
+}
 # Production SGLang on Hopper runs FlashAttention 3 (sglang-kernel 0.4.10, built for the torch 2.14.1 that
 # sglang 0.5.23 pins; it cannot load on the GPU box's torch). Its stand-in is torch SDPA with cuDNN's kernel
 # first: at these models' shapes (non-causal, head dim 128, ~4.6k tokens) the fastest attention torch has,
@@ -135,7 +146,27 @@ def prepare(job) -> None:
     _prepared["fa3_stand_in"] = ran != prod and prod == "fa"
     if ran != prod and prod != "fa":
         envmod.note("sglang_attention", ATTENTION_NOTE.format(ran=ran, prod=prod))
+    standing = [k for k in ("flashinfer",) if k in notes] + (["attention"] if ran != prod else [])
+    spans = {k: code_span(job.engine_root, *STAND_IN_CODE[k]) for k in standing}
+    if spans:  # a name this engine does not have is said, not guessed
+        envmod.note("stand_in_code", {k: [s] if s else [] for k, s in spans.items()})
     _prepared["done"] = True
+
+
+def code_span(engine_root: str, rel: str, qualname: str) -> str | None:
+    """``"rel:first-last"``, the lines of ``qualname`` (``func`` or ``Class.method``) in the engine's
+    file, read from its source (a fork may have moved it); None where the file or the name is not there."""
+    f = Path(engine_root, rel)
+    if not f.is_file():
+        return None
+    body, node = ast.parse(f.read_text()).body, None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return f"{rel}:{node.lineno}-{node.end_lineno}"
 
 
 def production_attention(is_cuda: bool) -> str:

@@ -214,3 +214,5 @@ def test_on_hopper_sglangs_attention_is_a_recorded_stand_in_for_fa3(sglang_engin
     env = json.loads(out.read_text())["env"]
     assert env["sglang_setup"]["attention_backend_production"] == "fa"
     assert env["sglang_attention"].startswith("torch SDPA with cuDNN's kernel first on ")
+    # the analyzer leaves the code that runs only for the stand-ins alone (bot/analyze/rank.mark_stand_ins)
+    assert set(env["stand_in_code"]) >= {"attention"} and all(env["stand_in_code"].values())

@@ -88,3 +88,17 @@ def test_flashinfer_absence_is_reported_never_stood_in():
     assert "CUDA ['flashinfer', 'sgl_kernel'" in r.stdout
     assert f"NOTE {st.FLASHINFER_NOTE}" in r.stdout and "torch fallback" in st.FLASHINFER_NOTE
     assert "IMPORT FAILS" in r.stdout
+
+
+def test_the_stand_in_code_optbot_records_is_in_sglangs_source(sglang_engine):
+    """The spans the adapter records for the analyzer (runner/engines/sglang.py STAND_IN_CODE) resolve
+    in the materialized SGLang and start at the function they name."""
+    from runner.engines.sglang import STAND_IN_CODE, code_span
+
+    root = sglang_engine.repo_path / "python"
+    for what, (rel, qualname) in STAND_IN_CODE.items():
+        span = code_span(str(root), rel, qualname)
+        assert span and span.startswith(rel + ":"), (what, span)
+        first, last = map(int, span.rpartition(":")[2].split("-"))
+        lines = (root / rel).read_text().splitlines()
+        assert lines[first - 1].lstrip().startswith(f"def {qualname.split('.')[-1]}(") and last > first
