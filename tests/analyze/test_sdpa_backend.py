@@ -28,8 +28,9 @@ class TwoAttentions(nn.Module):
         return (a + b).sum()
 
 
-def _graph_with_backends():
-    m = TwoAttentions().eval()
+def _capture(m: nn.Module):
+    """The graph capture's recorder of one warm step of `m` on a [1, 64, 32] input."""
+    m.eval()
     x = torch.randn(1, 64, 32)
 
     def step():
@@ -37,7 +38,11 @@ def _graph_with_backends():
             return m(pixels=x)
 
     step()
-    rec = capture(m, step, str(HERE), ROLES)
+    return capture(m, step, str(HERE), ROLES)
+
+
+def _graph_with_backends():
+    rec = _capture(TwoAttentions())
     raw = rec.to_json()
     raw.update(device="cpu", probes=[], sdpa_backends=[dict(_backends(p, "cpu", 3), calls=rec.sdpa_counts[s])
                                                        for s, p in rec.sdpa_calls.items()])
@@ -89,13 +94,9 @@ def test_a_slower_default_pick_is_a_measured_finding():
     assert _findings(bad)[0] == []
 
 
-class OneLayerPicksItsOwn(nn.Module):
+class OneLayerPicksItsOwn(TwoAttentions):
     """Two attentions of one shape; the second chooses its SDPA backends around its call, as SGLang's
     layers do with `allow_cudnn_sdp` (sdpa_kernel(..., set_priority=True)) over the process-wide switch."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(32, 96)
 
     def forward(self, pixels, words=None, tau=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -110,16 +111,8 @@ class OneLayerPicksItsOwn(nn.Module):
 def test_a_call_is_timed_under_the_backend_switches_in_force_at_it():
     from runner.graph_capture import sdp_as, sdp_state
 
-    m = OneLayerPicksItsOwn().eval()
-    x = torch.randn(1, 64, 32)
-
-    def step():
-        with torch.inference_mode():
-            return m(pixels=x)
-
-    step()
     before = sdp_state()
-    rec = capture(m, step, str(HERE), ROLES)
+    rec = _capture(OneLayerPicksItsOwn())
     assert sdp_state() == before
     plain, own = sorted(rec.sdpa_calls.values(), key=lambda p: p.signature)
     assert rec.sdpa_counts[plain.signature] == rec.sdpa_counts[own.signature] == 1
