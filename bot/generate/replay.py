@@ -191,16 +191,47 @@ def apply_entry(checkout: EngineCheckout, entry: Entry, opportunity_id: str = ""
     return res
 
 
+def on_stand_in_code(patch_text: str, code: dict[str, list[str]]) -> str:
+    """The stand-in whose code (the runner's `stand_in_code` spans, "engine/file.py:first-last") a
+    patch changes, as "NAME (file:line)", or "": lines the patch removes or replaces, by the old
+    file's numbers (a pure insertion counts at the line it follows)."""
+    spans = []
+    for name, ss in (code or {}).items():
+        for s in ss:
+            path, _, lines = s.rpartition(":")
+            first, _, last = lines.partition("-")
+            spans.append((name, path, int(first), int(last or first)))
+    path, line = "", 0
+    for text in patch_text.splitlines():
+        if text.startswith("--- "):
+            path = text[4:].strip().removeprefix("a/")
+        elif text.startswith("@@ "):
+            line = int(text.split()[1].lstrip("-").split(",")[0])
+        elif text.startswith(("-", "+")) and not text.startswith(("---", "+++")):
+            at = line if text.startswith("-") else line - 1
+            for name, p, a, b in spans:
+                if (path == p or path.endswith("/" + p)) and a <= at <= b:
+                    return f"{name} ({p}:{at})"
+            line += text.startswith("-")
+        elif text.startswith(" "):
+            line += 1
+    return ""
+
+
 def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: str, hardware: str | None,
            workload: str | None = None, store_root: Path | None = None,
-           lessons_root: Path | None = None) -> list[ReplayResult]:
+           lessons_root: Path | None = None, stand_in_code: dict | None = None) -> list[ReplayResult]:
     """The generator: every matching entry becomes a candidate commit, a recorded conflict, or a
-    skip that names the review caveat (in `lessons_root`) that declined its unchanged patch; a
-    retired entry that would have matched is a result "retired" with its reason (not applied)."""
+    skip that names the review caveat (in `lessons_root`) that declined its unchanged patch, or the
+    stand-in code it would change (`stand_in_code`, the run's environment record: measured against
+    code production does not run, its gain would not be one); a retired entry that would have matched
+    is a result "retired" with its reason (not applied)."""
     entries = load_store(store_root)
     out = []
     for e, opp_id in match(entries, opportunities, engine, hardware, workload):
-        why = declined(e, engine, workload, lessons_root)
+        hit = on_stand_in_code(e.patch_path.read_text(), stand_in_code or {})
+        why = (f"its patch changes code that runs here only for a stand-in: {hit}" if hit
+               else declined(e, engine, workload, lessons_root))
         out.append(ReplayResult(e.id, opp_id, "skipped", why) if why
                    else apply_entry(checkout, e, opp_id, name=f"replay-{e.id}",
                                     aside=under_compile(e, hardware, entry_places(e, opportunities, opp_id))))
