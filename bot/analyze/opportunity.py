@@ -81,3 +81,21 @@ class Opportunity:
 
 def stable_id(kind: str, pattern: str, signature: str) -> str:
     return kind + "-" + hashlib.sha1(f"{kind}|{pattern}|{signature}".encode()).hexdigest()[:10]
+
+
+def stand_in_spans(code: dict[str, list[str]] | None) -> list[tuple[str, str, int, int]]:
+    """The runner's `stand_in_code` record ({what stands in: ["engine/file.py:first-last", ...]},
+    runner/engines/sglang.py) as (name, file, first, last) spans."""
+    out = []
+    for name, spans in (code or {}).items():
+        for span in spans:
+            path, _, lines = span.rpartition(":")
+            first, _, last = lines.partition("-")
+            out.append((name, path, int(first), int(last or first)))
+    return out
+
+
+def stand_in_at(spans: list[tuple[str, str, int, int]], path: str, line: int) -> tuple[str, str, int, int] | None:
+    """The stand-in span holding `path:line`, or None. `path` may be the span's file or a longer path
+    ending in it (a patch names files from the repository root, the record from the import root)."""
+    return next((s for s in spans if (path == s[1] or path.endswith("/" + s[1])) and s[2] <= line <= s[3]), None)

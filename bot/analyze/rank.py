@@ -6,7 +6,8 @@ from collections import defaultdict
 
 from bot.analyze.cost import CostModel
 from bot.analyze.graph import Graph, module_pattern
-from bot.analyze.opportunity import Estimate, Finding, Location, Opportunity, stable_id
+from bot.analyze.opportunity import (Estimate, Finding, Location, Opportunity, stable_id, stand_in_at,
+                                     stand_in_spans)
 
 
 def group(graph: Graph, cost: CostModel, findings: list[Finding]) -> list[Opportunity]:
@@ -84,18 +85,13 @@ def mark_stand_ins(graph: Graph, opps: list[Opportunity], code: dict[str, list[s
     """Set `stand_in` on each opportunity one of whose ops the engine ran from stand-in code: the runner's
     environment record `stand_in_code` ({what stands in: ["engine/file.py:first-last", ...]}, e.g. SGLang's
     torch RoPE fallback where FlashInfer is absent, runner/engines/sglang.py)."""
-    ranges = []
-    for name, spans in (code or {}).items():
-        for span in spans:
-            path, _, lines = span.rpartition(":")
-            first, _, last = lines.partition("-")
-            ranges.append((name, path, int(first), int(last or first)))
-    if not ranges:
+    spans = stand_in_spans(code)
+    if not spans:
         return
     for o in opps:
         for i in o.op_ids:
             path, _, line = graph.ops[i].src.rpartition(":")
-            hit = next((name for name, p, a, b in ranges if p == path and line.isdigit() and a <= int(line) <= b), None)
+            hit = stand_in_at(spans, path, int(line)) if line.isdigit() else None
             if hit:
-                o.stand_in = f"{hit}: {graph.ops[i].op} at {graph.ops[i].src}"
+                o.stand_in = f"{hit[0]}: {graph.ops[i].op} at {graph.ops[i].src}"
                 break

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from bot.analyze.opportunity import Opportunity
+from bot.analyze.opportunity import Opportunity, stand_in_at, stand_in_spans
 from bot.engine import EngineCheckout, add_worktree
 from bot.generate.candidate import Candidate, commit_message, make_trailers
 from bot.generate.commits import commit_all, run_git
@@ -195,12 +195,7 @@ def on_stand_in_code(patch_text: str, code: dict[str, list[str]]) -> str:
     """The stand-in whose code (the runner's `stand_in_code` spans, "engine/file.py:first-last") a
     patch changes, as "NAME (file:line)", or "": lines the patch removes or replaces, by the old
     file's numbers (a pure insertion counts at the line it follows)."""
-    spans = []
-    for name, ss in (code or {}).items():
-        for s in ss:
-            path, _, lines = s.rpartition(":")
-            first, _, last = lines.partition("-")
-            spans.append((name, path, int(first), int(last or first)))
+    spans = stand_in_spans(code)
     path, line = "", 0
     for text in patch_text.splitlines():
         if text.startswith("--- "):
@@ -209,9 +204,9 @@ def on_stand_in_code(patch_text: str, code: dict[str, list[str]]) -> str:
             line = int(text.split()[1].lstrip("-").split(",")[0])
         elif text.startswith(("-", "+")) and not text.startswith(("---", "+++")):
             at = line if text.startswith("-") else line - 1
-            for name, p, a, b in spans:
-                if (path == p or path.endswith("/" + p)) and a <= at <= b:
-                    return f"{name} ({p}:{at})"
+            hit = stand_in_at(spans, path, at)
+            if hit:
+                return f"{hit[0]} ({hit[1]}:{at})"
             line += text.startswith("-")
         elif text.startswith(" "):
             line += 1
