@@ -59,7 +59,11 @@ if [[ "$what" == download ]]; then
   # Two halves for two calls to one warm machine (docs/sglang.md): the wheel, and the rest.
   rm -rf .whl-sgl-a .whl-sgl-b && mkdir -p .whl-sgl-a .whl-sgl-b
   cp "$WHL"/sglang-0.5.23-*.whl .whl-sgl-a/
-  find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' ! -name 'diffusers-*' -exec cp {} .whl-sgl-b/ \;
+  # jedi (4.9 MB) and parso stay behind: IPython 9 imports jedi only for completion
+  # (IPython/core/completer.py `_get_jedi`), and without them the tree, .whl-sgl-b and .sgl-engine
+  # fit one call's 64 MiB (68.3 MiB with them on 2026-12-05)
+  find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' ! -name 'diffusers-*' ! -name 'jedi-*' ! -name 'parso-*' \
+    -exec cp {} .whl-sgl-b/ \;
   cp "$WHL"/diffusers-0.42.1.tar.gz .whl-sgl-b/
   # CuTe-DSL: the meta wheel only holds a .pth that puts nvidia_cutlass_dsl/dsl_packages on
   # sys.path, which an install into a --target folder never runs: the run below names that folder
