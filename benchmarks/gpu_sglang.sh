@@ -21,7 +21,8 @@
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
-#   4. the bench of what optimize delivered, on the same warm machine (its branch lives there):
+#   4. its GPU tests: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
+#   5. the bench of what optimize delivered, on the same warm machine (its branch lives there):
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh bench flux2 optbot/flux2/<sglang-sha12>
 #
 # Each workload runs `optbot profile WL --engine sglang --preset full --device cuda`. A workload that
@@ -152,6 +153,14 @@ if [[ "$what" == optimize ]]; then
     bash benchmarks/collect_run.sh "$run" "$D" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize"
   fi
   exit "$rc"
+fi
+
+if [[ "$what" == pytest ]]; then
+  # the GPU tests of SGLang in this same environment, e.g.
+  #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
+  shift
+  python3 -m pytest -o addopts="" -q -m gpu "$@" 2>&1 | tee "$D/pytest-gpu.txt"
+  exit "${PIPESTATUS[0]}"
 fi
 
 if [[ "$what" == bench ]]; then
