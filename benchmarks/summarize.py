@@ -6,6 +6,7 @@ Every number printed comes from the JSON files, which the commands in their "com
 """
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,12 @@ from pathlib import Path
 def main(folder: str) -> None:
     d = Path(folder)
     def results(prefix):
-        return sorted(f for f in d.glob(f"{prefix}-*.json") if ".job." not in f.name and ".result." not in f.name)
+        # large results are stored gzipped (benchmarks/results/README.md)
+        found = [*d.glob(f"{prefix}-*.json"), *d.glob(f"{prefix}-*.json.gz")]
+        return sorted(f for f in found if ".job." not in f.name and ".result." not in f.name)
+
+    def load(f: Path) -> dict:
+        return json.loads(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_text())
 
     profiles = results("profile")
     if profiles:
@@ -22,7 +28,7 @@ def main(folder: str) -> None:
         print("| workload | device | step ms | per pass ms | gemm | attention | norm | elementwise | copy | launches | idle ms | compute floor ms |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for f in profiles:
-            p = json.loads(f.read_text())
+            p = load(f)
             c = p["categories"]
             idle = p.get("idle_ms")
             print(f"| {p['meta']['workload']} ({p['meta']['preset']}) | {p['env']['device_name']} | {p['total_ms']:.1f} | "
@@ -31,7 +37,7 @@ def main(folder: str) -> None:
                   f"{'-' if idle is None else f'{idle:.1f}'} | {p['roofline']['compute_floor_ms']:.1f} |")
         print()
     for f in results("bench"):
-        b = json.loads(f.read_text())
+        b = load(f)
         print(f"## Bench: {b['workload']} ({b['preset']}, {b['dtype']}, {b['env'].get('device_name')})\n")
         print("| variant | mode | step ms | min–max | N | per pass ms | vs upstream eager | outputs | notes |")
         print("|---|---|---:|---|---:|---:|---:|---|---|")
