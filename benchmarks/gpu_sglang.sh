@@ -54,6 +54,9 @@ if [[ "$what" == download ]]; then
     matplotlib-inline==0.2.2 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 \
     stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4 traitlets==5.16.1 \
     gitpython gitdb smmap
+  # torchao for QUANT=fp8 (issue 16: the FP8 recipe's float8 weights; 3.4 MB)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" \
+    --platform manylinux_2_24_x86_64 -d "$WHL" torchao==0.18.0
   # diffusers' source distribution: the diffusers engine (bench's reference rows) is made from it,
   # and its src/ also serves cache_dit's `import diffusers`, so the 6 MB wheel stays behind
   python3 -m pip download -q --no-deps --no-binary=:all: -d "$WHL" diffusers==0.42.1
