@@ -74,8 +74,10 @@ def build(job: Job) -> Built:
             raise
         raise HarnessError("config-rejected", f"{cls.__name__} rejected the preset's config: {e}") from None
     if recipe:  # after the weights: a deployment quantizes the loaded model
+        # an engine with an FP8 path of its own deploys it (the adapter's `quantize`), else the recipe
+        own = getattr(adapter, "quantize", None)
         try:
-            envmod.note("quant", quant.apply(model, recipe, job.device))
+            envmod.note("quant", own(model, recipe, job) if own else quant.apply(model, recipe, job.device))
         except quant.QuantError as e:
             raise HarnessError("quant", str(e)) from None
     return Built(model, src, job.device, dtype, adapter)

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from runner import env as envmod
-from runner.engines import sglang_standins
+from runner.engines import sglang_fp8, sglang_standins
 from runner.weights import build_model as _build_seeded
 from runner.weights import seeded_tensor
 
@@ -232,7 +232,9 @@ def build_model(cls, job, preset: dict, dtype):
     # update_model_arch ran: set it again.
     cfg.arch_config.out_channels = hf["out_channels"]
 
-    quant_config = _recipe_config(job)
+    from runner.job import split_precision
+
+    quant_config = sglang_fp8.config(cls) if split_precision(job.dtype)[1] else None
 
     def construct(**_):
         if quant_config is None:
@@ -244,8 +246,10 @@ def build_model(cls, job, preset: dict, dtype):
     if fused:
         envmod.note("sglang_packed_params", f"{len(fused)} fused params seeded from their base names "
                                             f"(e.g. {fused[0]})")
+    if quant_config is not None:
+        sglang_fp8.load_weights(model)
     if not job.device.startswith("cuda"):
-        routed = _route_cpu_ops_to_native(model)
+        routed = _route_cpu_ops_to_native(model) + (_fp8_cpu_fallbacks() if quant_config is not None else [])
         envmod.note("sglang_cpu_patches", routed)
     elif _prepared.get("fa3_stand_in"):
         envmod.note("sglang_attention", FA3_NOTE.format(n=cudnn_first(model)))
@@ -331,6 +335,35 @@ def _route_cpu_ops_to_native(model) -> list[str]:
     return sorted(routed)
 
 
+def _fp8_cpu_fallbacks() -> list[str]:
+    """CPU only, FP8: SGLang's per-tensor FP8 quantization has no CPU kernel (its Triton
+    `static_quant_fp8` needs a GPU driver; `sgl_per_tensor_quant_fp8`, used at load time, is imported on
+    CUDA only): torch versions of the same arithmetic, x / scale clamped to +-448, to e4m3."""
+    import sglang.kernels.ops.quantization.fp8_kernel as fk
+    import sglang.srt.layers.quantization.fp8_utils as fu
+
+    def per_tensor(input, output, scale, is_static=False):
+        if not is_static:
+            scale.copy_((input.abs().amax().float() / sglang_fp8.E4M3_MAX).clamp(min=1e-12).reshape(scale.shape))
+        output.copy_((input.float() / scale.float()).clamp(-sglang_fp8.E4M3_MAX, sglang_fp8.E4M3_MAX)
+                     .to(output.dtype))
+
+    orig = fu.static_quant_fp8
+    if getattr(orig, "_optbot_cpu_fallback", False):
+        return ["fp8_kernel.sgl_per_tensor_quant_fp8 -> torch", "fp8_utils.static_quant_fp8 -> torch (CPU tensors)"]
+
+    def static_quant(x, x_s, repeat_scale=False):
+        if x.is_cuda:
+            return orig(x, x_s, repeat_scale)
+        q = (x.float() / x_s.float()).clamp(-sglang_fp8.E4M3_MAX, sglang_fp8.E4M3_MAX).to(torch.float8_e4m3fn)
+        return q, (x_s.reshape(1, 1).expand(x.numel() // x.shape[-1], 1).contiguous() if repeat_scale else x_s)
+
+    static_quant._optbot_cpu_fallback = True
+    fk.sgl_per_tensor_quant_fp8 = per_tensor
+    fu.static_quant_fp8 = static_quant
+    return ["fp8_kernel.sgl_per_tensor_quant_fp8 -> torch", "fp8_utils.static_quant_fp8 -> torch (CPU tensors)"]
+
+
 # --------------------------------------------------------------------------------------------
 # inputs: the workload's kwargs (diffusers convention) -> SGLang's forward
 
@@ -343,66 +376,28 @@ def model_key(job) -> str:
     return MODELS[name]
 
 
-def _recipe_config(job):
-    """For a quantized precision (runner/job.split_precision): a QuantizationConfig of SGLang's own
-    kind, so that the DiT is built as a quantized model. SGLang's DiTs decide paths at construction
-    from `quant_config is None` (Qwen-Image: the packed text Q/K/V weight split into three
-    F.linear calls, Q/K/V products written into joint buffers with torch.mm, both reading the
-    unquantized weight itself); a recipe applied after an unquantized build would not reach those
-    products. Every linear layer gets `RecipePending`, SGLang's unquantized product, which
-    runner/quant.py replaces with the recipe right after the weights load, as for its own layers.
-    None for an unquantized precision. Not SGLang's own FP8 path (docs/fp8.md)."""
-    from runner.job import split_precision
+def quantize(model, recipe: str, job) -> dict:
+    """The harness's quantization step for this engine (runner/harness.build): SGLang's own FP8 path,
+    already built into the model by build_model (runner/engines/sglang_fp8.py); its input scales
+    are calibrated on the first step's inputs (make_calls). Returns the environment block's note."""
+    from runner.quant import QuantError
 
-    if not split_precision(job.dtype)[1]:
-        return None
-    base = _import("sglang.multimodal_gen.runtime.layers.quantization.configs.base_config.QuantizationConfig")
-    unquantized = _import("sglang.multimodal_gen.runtime.layers.linear.UnquantizedLinearMethod")
-    method_base = _import("sglang.multimodal_gen.runtime.layers.linear.LinearMethodBase")
-    linear_base = _import("sglang.multimodal_gen.runtime.layers.linear.LinearBase")
-
-    class RecipePending(method_base):
-        """SGLang's unquantized weights and product until runner/quant.py applies the run's recipe.
-        Not a subclass of UnquantizedLinearMethod: SGLang tests for that class to take its
-        unquantized-only paths (Qwen-Image's joint Q/K/V buffers)."""
-
-        optbot_recipe_pending = True
-
-        def __init__(self):
-            self._plain = unquantized()
-
-        def create_weights(self, *args, **kwargs):
-            return self._plain.create_weights(*args, **kwargs)
-
-        def apply(self, layer, x, bias=None):
-            return self._plain.apply(layer, x, bias)
-
-    class OptbotRecipeConfig(base):
-        def get_name(self) -> str:
-            return "optbot_recipe"
-
-        def get_supported_act_dtypes(self):
-            return [torch.bfloat16, torch.float16, torch.float32]
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return 0
-
-        @staticmethod
-        def get_config_filenames():
-            return []
-
-        @classmethod
-        def from_config(cls, config):
-            return cls()
-
-        def get_quant_method(self, layer, prefix: str):
-            return RecipePending() if isinstance(layer, linear_base) else None
-
-        def get_scaled_act_names(self):
-            return []
-
-    return OptbotRecipeConfig()
+    if recipe != "fp8":
+        raise QuantError(f"the sglang engine deploys only the fp8 recipe (its own ModelOpt FP8), not {recipe!r}")
+    layers = sglang_fp8.fp8_layers(model)
+    if not layers:
+        raise QuantError(f"{type(model).__name__} was built with SGLang's ModelOpt FP8 config but no layer took "
+                         "its FP8 method: nothing is quantized")
+    plain = sorted(n for n, m in model.named_modules()
+                   if n and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
+                   and m.weight.dtype != torch.float8_e4m3fn and "embed" not in type(m).__name__.lower())
+    return {"recipe": recipe, "implementation": sglang_fp8.IMPLEMENTATION,
+            "form": "e4m3 weights, one scale per checkpoint tensor; e4m3 inputs, one static scale per tensor; "
+                    "attention unchanged",
+            "linear_layers": len(layers),
+            "left_unquantized": plain[:20] + (["..."] if len(plain) > 20 else []),
+            "left_unquantized_why": "SGLang builds these without its quantization config (a ModelOpt FP8 "
+                                    "checkpoint keeps them in bfloat16)"}
 
 
 def make_calls(model, passes: list[dict], job) -> list:
@@ -430,7 +425,10 @@ def make_calls(model, passes: list[dict], job) -> list:
 
         return call
 
-    return [one(kw) for kw in passes]
+    calls = [one(kw) for kw in passes]
+    if getattr(model, "optbot_fp8_calibrated", True) is False:  # once per model, as a checkpoint's scales are
+        envmod.note("quant_calibration", sglang_fp8.calibrate(model, lambda: [c() for c in calls]))
+    return calls
 
 
 def _flux2_kwargs(model, kw: dict, timestep: torch.Tensor) -> dict:

@@ -41,7 +41,9 @@ import types
 
 import torch
 
-SGL_KERNEL_NOTE = "optbot stand-in (torch rmsnorm, fused_add_rmsnorm; any other kernel raises)"
+SGL_KERNEL_NOTE = ("optbot stand-in (torch rmsnorm, fused_add_rmsnorm; fp8_scaled_mm as torch._scaled_mm with "
+                   "row-wise scales, cuBLASLt's FP8 GEMM where production runs sgl_kernel's CUTLASS one; "
+                   "any other kernel raises)")
 TORCHVISION_NOTE = "optbot import-only stand-in (torchvision absent; calls raise)"
 FLASHINFER_NOTE = ("absent, no stand-in: SGLang's RoPE runs its own torch fallback (about a dozen ops per q/k "
                    "pair) where production runs FlashInfer's in-place kernel")
@@ -133,10 +135,25 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     input.copy_(rmsnorm(residual, weight, eps))
 
 
+def fp8_scaled_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scales_a: torch.Tensor, scales_b: torch.Tensor,
+                  out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """e4m3 A [M, K] times e4m3 B [K, N] (column-major), A scaled per row (or one scalar, broadcast:
+    SGLang's ModelOpt FP8 passes its static per-tensor input scale), B per column; out_dtype out.
+    The kernel's contract (sgl_kernel's CUTLASS sm90 GEMM, called by SGLang's FP8 linear on Hopper)
+    on torch._scaled_mm, which takes row-wise scales only as [M, 1] and [1, N]; fast accumulation as
+    SGLang's own torch path sets it."""
+    m, n = mat_a.shape[0], mat_b.shape[1]
+    sa = scales_a.float().reshape(-1)
+    sa = (sa.expand(m) if sa.numel() == 1 else sa).reshape(m, 1).contiguous()
+    sb = scales_b.float().reshape(1, n).contiguous()
+    return torch._scaled_mm(mat_a, mat_b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, bias=bias,
+                            use_fast_accum=mat_a.is_cuda)
+
+
 def install_sgl_kernel() -> None:
     _install_package("sgl_kernel", "the compiled sgl_kernel package is absent; optbot's stand-in "
-                     "provides only rmsnorm and fused_add_rmsnorm",
-                     {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm,
+                     "provides only rmsnorm, fused_add_rmsnorm and fp8_scaled_mm",
+                     {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "fp8_scaled_mm": fp8_scaled_mm,
                       "__version__": "0.0.0+optbot.standin"})
 
 
