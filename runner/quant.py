@@ -17,18 +17,10 @@ in the model's dtype.
     numbers of the two are never mixed up.
 Eligible: both feature counts multiples of 16 (what `_scaled_mm` takes; torchao skips the rest too).
 
-Which layers are linear: `nn.Linear`, and an engine's own linear layers where they follow SGLang's
-protocol (`LinearBase`: a 2-D `weight` [out, in] and the product through
-`quant_method.apply(layer, x, bias)`, unquantized). torchao's recipe replaces their weight with its
-float8 tensor as it does an `nn.Linear`'s (their `F.linear` then runs the FP8 product); the emulation
-gives them a `quant_method` of its own. SGLang's FLUX.2 and Qwen-Image DiTs hold 36 and 45 of those
-beside 5 and 3 `nn.Linear`s (tiny preset, built as quantized): before they were taken, an "FP8"
-SGLang run quantized only the embedders. Any other module with a 2-D weight parameter that is not an embedding is
-refused by name: a result labelled FP8 never leaves a linear layer of unknown kind in its dtype.
-SGLang's DiTs choose some paths at construction from `quant_config is None` (Qwen-Image computes
-its packed text Q/K/V from the unquantized weight itself when built without one), so for a
-quantized precision the SGLang adapter builds them as quantized models whose layers wait for this
-recipe (runner/engines/sglang.py `_recipe_config`).
+Which layers are linear: `nn.Linear`. Any other module with a 2-D weight parameter that is not an
+embedding is refused by name: a result labelled FP8 never leaves a linear layer of unknown kind in
+its dtype. An engine with an FP8 path of its own deploys that instead of this recipe (the adapter's
+`quantize`, runner/harness.build): SGLang runs its ModelOpt FP8 (runner/engines/sglang_fp8.py).
 """
 from __future__ import annotations
 
@@ -44,19 +36,8 @@ class QuantError(Exception):
     pass
 
 
-def engine_linear(module: torch.nn.Module) -> bool:
-    """An engine's own unquantized linear layer in SGLang's protocol (LinearBase): its method is
-    SGLang's unquantized one, or the adapter's stand-in for it in a model built as quantized
-    (`optbot_recipe_pending`, runner/engines/sglang.py)."""
-    qm = getattr(module, "quant_method", None)
-    w = getattr(module, "weight", None)
-    unquantized = type(qm).__name__ == "UnquantizedLinearMethod" or getattr(qm, "optbot_recipe_pending", False)
-    return (not isinstance(module, torch.nn.Linear) and callable(getattr(qm, "apply", None)) and unquantized
-            and isinstance(w, torch.Tensor) and w.dim() == 2)
-
-
 def linear(module: torch.nn.Module) -> bool:
-    return isinstance(module, torch.nn.Linear) or engine_linear(module)
+    return isinstance(module, torch.nn.Linear)
 
 
 def eligible(module: torch.nn.Module) -> bool:
@@ -95,13 +76,6 @@ def _keep_fp8_weight(layer: torch.nn.Module) -> None:
     layer.register_buffer("w_scale", s.reshape(1, -1).contiguous(), persistent=False)
     layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
                                       requires_grad=False)
-
-
-class Fp8LinearMethod:
-    """The emulated recipe as an engine linear's quant_method (SGLang's protocol)."""
-
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return _fp8_product(x, layer.w8, layer.w_scale, bias)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,19 +163,17 @@ def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
         raise QuantError(f"unknown quantization recipe {recipe!r}; one of {list(RECIPES)}")
     unknown = _unknown_linear_like(model)
     if unknown:
-        raise QuantError(f"{len(unknown)} layer(s) of {type(model).__name__} hold a 2-D weight but are neither "
-                         f"torch.nn.Linear nor an engine linear with an unquantized quant_method (SGLang's "
-                         f"LinearBase), so the fp8 recipe would leave them unquantized: {', '.join(unknown[:5])}"
+        raise QuantError(f"{len(unknown)} layer(s) of {type(model).__name__} hold a 2-D weight but are not "
+                         f"torch.nn.Linear, so the fp8 recipe would leave them unquantized: {', '.join(unknown[:5])}"
                          f"{' ...' if len(unknown) > 5 else ''} (docs/fp8.md)")
     mods = dict(model.named_modules())
     names = [n for n, m in mods.items() if eligible(m)]
     skipped = [n for n, m in mods.items() if linear(m) and not eligible(m)]
     if not names and not skipped:
-        raise QuantError(f"{type(model).__name__} has no linear layer (torch.nn.Linear or an engine linear): "
+        raise QuantError(f"{type(model).__name__} has no linear layer (torch.nn.Linear): "
                          "nothing for the fp8 recipe to quantize")
     if not names:
         raise QuantError("no linear layer has both feature counts a multiple of 16: nothing to quantize")
-    engine_layers = sum(engine_linear(mods[n]) for n in names)
     why_not = _torchao_why_not(device)
     if not why_not:
         import torchao
@@ -211,20 +183,11 @@ def apply(model: torch.nn.Module, recipe: str, device: str) -> dict:
                   filter_fn=lambda m, fqn: eligible(m))
         impl = f"torchao {torchao.__version__} Float8DynamicActivationFloat8WeightConfig(PerRow)"
     else:
-        method = Fp8LinearMethod()
         with torch.no_grad():
             for n in names:
-                if engine_linear(mods[n]):
-                    _keep_fp8_weight(mods[n])
-                    mods[n].quant_method = method
-                else:
-                    Fp8Linear.from_linear(mods[n])
+                Fp8Linear.from_linear(mods[n])
         impl = f"optbot emulation of that recipe (torchao not used: {why_not})"
     note = {"recipe": recipe, "implementation": impl, "form": "e4m3 weights, per-channel scales made at load; "
             "e4m3 activations, per-token scales per call; torch._scaled_mm; attention unchanged",
             "linear_layers": len(names), "left_unquantized": skipped[:20] + (["..."] if len(skipped) > 20 else [])}
-    if engine_layers:
-        note["engine_linear_layers"] = (
-            f"{engine_layers} of the {len(names)} are the engine's own linear layers (SGLang's LinearBase), "
-            "taken by the same recipe; not the engine's own FP8 path (docs/fp8.md)")
     return note

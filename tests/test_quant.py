@@ -74,7 +74,7 @@ def test_refusals_name_what_is_wrong():
         quant.apply(_model(torch.float32, 0), "int4", "cpu")
     with pytest.raises(quant.QuantError, match="no linear layer has both feature counts a multiple of 16"):
         quant.apply(torch.nn.Sequential(torch.nn.Linear(10, 20)), "fp8", "cpu")
-    with pytest.raises(quant.QuantError, match=r"Sequential has no linear layer \(torch.nn.Linear or an engine linear\)"):
+    with pytest.raises(quant.QuantError, match=r"Sequential has no linear layer \(torch.nn.Linear\)"):
         quant.apply(torch.nn.Sequential(torch.nn.Conv1d(16, 16, 1)), "fp8", "cpu")
 
 
@@ -101,37 +101,12 @@ class EngineLinear(torch.nn.Module):
         return self.quant_method.apply(self, x, bias), (self.bias if self.skip_bias_add else None)
 
 
-def test_an_engines_own_linear_layers_take_the_recipe():
-    """SGLang's DiTs compute their projections in layers of their own, not nn.Linear: the recipe
-    takes them too (an FP8 SGLang run quantized only its nn.Linear embedders before), and the note
-    says how many."""
-    m = torch.nn.ModuleDict({"proj": EngineLinear(64, 96), "head": torch.nn.Linear(96, 32), "odd": EngineLinear(64, 10)})
-    w, b = m["proj"].weight.detach().clone(), m["proj"].bias.detach().clone()
-    x = 3.0 * torch.randn(2, 37, 64, generator=torch.Generator().manual_seed(7))
-    note = quant.apply(m, "fp8", "cpu")
-    assert note["linear_layers"] == 2 and note["left_unquantized"] == ["odd"]
-    assert note["engine_linear_layers"].startswith("1 of the 2 are the engine's own linear layers")
-    proj = m["proj"]
-    assert isinstance(proj.quant_method, quant.Fp8LinearMethod) and proj.w8.dtype == torch.float8_e4m3fn
-    assert proj.weight.numel() == 0  # the unquantized values are gone, as from an nn.Linear
-    out, out_bias = proj(x)
-    assert out_bias is None and out.shape == (2, 37, 96)
-    torch.testing.assert_close(out, quant.reference_linear(x, w, b), atol=1e-5, rtol=1e-5)
-    exact = torch.nn.functional.linear(x, w, b)
-    assert 1e-4 < ((out - exact).norm() / exact.norm()).item() < 0.1
-    assert isinstance(m["odd"].quant_method, UnquantizedLinearMethod)  # 10 outputs: left as it was
-
-
 def test_a_linear_layer_of_unknown_kind_is_refused_by_name():
-    """A module with a 2-D weight that the recipe cannot take (here: an engine linear whose method
-    is already something else) stops the run: a result labelled FP8 with unquantized linears in it
-    would be a false label. Embeddings are not linear layers."""
-
-    class OtherMethod(UnquantizedLinearMethod):
-        pass
-
+    """A module with a 2-D weight that the recipe cannot take (here: an engine's own linear layer, as
+    SGLang's; that engine deploys its own FP8 path instead, runner/engines/sglang_fp8.py) stops the
+    run: a result labelled FP8 with unquantized linears in it would be a false label. Embeddings are
+    not linear layers."""
     odd = EngineLinear(64, 96)
-    odd.quant_method = OtherMethod()
     m = torch.nn.ModuleDict({"a": torch.nn.Linear(64, 96), "emb": torch.nn.Embedding(10, 64), "blocks": torch.nn.ModuleList([odd])})
     with pytest.raises(quant.QuantError, match=r"1 layer\(s\) of ModuleDict hold a 2-D weight .*EngineLinear \(blocks.0\)"):
         quant.apply(m, "fp8", "cpu")
@@ -202,14 +177,18 @@ def test_what_an_fp8_run_learns_loads_back_as_a_store_entry(tmp_path):
         load_entry(d)
 
 
-def test_the_bench_says_how_many_of_the_quantized_layers_are_the_engines_own():
-    """`optbot bench --quant fp8` prints what each FP8 row ran; on an engine with linear layers of
-    its own (SGLang) that includes how many of them the recipe took."""
+def test_the_bench_says_what_each_fp8_row_ran_and_what_it_left_unquantized():
+    """`optbot bench --quant fp8` prints what each FP8 row ran, its reach, and why layers stayed in
+    their dtype (SGLang's own FP8 leaves the embedders and modulations in bfloat16, as its checkpoints do)."""
     from bot.commands.bench import BenchResult, _quant_lines
 
-    m = torch.nn.ModuleDict({"proj": EngineLinear(64, 96), "head": torch.nn.Linear(96, 32)})
+    m = torch.nn.ModuleDict({"proj": torch.nn.Linear(64, 96), "head": torch.nn.Linear(96, 32), "odd": torch.nn.Linear(64, 10)})
+    note = quant.apply(m, "fp8", "cpu")
     res = BenchResult(workload="w", preset="tiny", device="cpu", dtype="float32", shape={}, passes=1,
-                      quant={"upstream+fp8": quant.apply(m, "fp8", "cpu")})
-    (line,) = _quant_lines(res)
-    assert line.startswith("upstream+fp8: optbot emulation") and "; 2 linear layers (" in line
-    assert "; 1 of the 2 are the engine's own linear layers (SGLang's LinearBase)" in line
+                      quant={"upstream+fp8": note, "sglang+fp8": {**note, "implementation": "SGLang's own",
+                                                                   "left_unquantized_why": "built without it"}})
+    first, second = _quant_lines(res)
+    assert first.startswith("upstream+fp8: optbot emulation") and "; 2 linear layers (" in first
+    assert first.endswith("; left unquantized: odd")
+    assert second.startswith("sglang+fp8: SGLang's own") and second.endswith("left unquantized: odd (built without it)")
+

@@ -358,8 +358,8 @@ def _bar(res: BenchResult) -> str:
 def _quant_lines(res: BenchResult) -> list[str]:
     """What each --quant row ran: the implementation (torchao's or optbot's emulation) and its reach."""
     return [f"{label}: {q['implementation']}; {q['linear_layers']} linear layers ({q['form']})"
-            + (f"; {q['engine_linear_layers']}" if q.get("engine_linear_layers") else "")
             + (f"; left unquantized: {', '.join(q['left_unquantized'])}" if q.get("left_unquantized") else "")
+            + (f" ({q['left_unquantized_why']})" if q.get("left_unquantized") and q.get("left_unquantized_why") else "")
             for label, q in res.quant.items()]
 
 

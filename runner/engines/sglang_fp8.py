@@ -33,7 +33,7 @@ import struct
 import torch
 import torch.nn.functional as F
 
-E4M3_MAX = 448.0
+from runner.quant import E4M3_MAX
 IMPLEMENTATION = ("SGLang's own ModelOpt FP8 (ModelOptFp8Config): e4m3 weights with one scale per checkpoint "
                   "tensor, static per-tensor input scales calibrated on the step's first inputs, SGLang's "
                   "FP8 linear and its FP8-only model paths")
