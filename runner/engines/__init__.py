@@ -2,7 +2,7 @@
 
 An engine is mostly configuration (a repository, an import root, a model class); the adapter is the
 small part that differs between engines (DESIGN: "a small adapter in runner/ only where the engine
-needs its own set-up"). Each adapter is a module here with three functions:
+needs its own set-up"). Each adapter is a module here with three functions (and one optional):
 
   prepare(job)                          once per process, before the engine is imported: global
                                         state the engine needs, import-time stand-ins
@@ -12,6 +12,9 @@ needs its own set-up"). Each adapter is a module here with three functions:
                                         (runner/inputs.py) and returning its output tensor; all of a
                                         step's passes at once, as an engine's pipeline prepares them
                                         (what the passes share, they share in the engine's call too)
+  quantize(model, recipe, job)          optional: the engine deploys a quantized precision its own way
+                                        (SGLang: its ModelOpt FP8) instead of runner/quant.py's recipe;
+                                        returns the environment block's note
 
 The workload's declared inputs stay the single source of the seeded inputs, in the base (diffusers) calling
 convention, so every engine gets the same latents and prompts and their outputs can be compared;

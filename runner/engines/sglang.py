@@ -16,8 +16,9 @@ prepare(job), once per process, before the engine is imported:
     (``maybe_init_distributed_environment_and_model_parallel``; gloo on CPU).
 build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_arch(hf)``,
   ``out_channels`` set explicitly, ``cls(config=cfg, hf_config=hf)`` (for a quantized precision
-  with ``quant_config=`` a config whose linear methods wait for runner/quant.py's recipe, so that
-  SGLang builds a quantized model: ``_recipe_config``); every parameter is then
+  with ``quant_config=`` SGLang's own ModelOpt FP8 config, its weights made as that checkpoint
+  format holds them and its input scales calibrated by make_calls: runner/engines/sglang_fp8.py);
+  every parameter is then
   created from the seeded state dict in the base (diffusers) format (runner/weights.py), and a
   fused projection (``to_added_qkv`` = add_q/k/v_proj) is built from the seeds of the base names it
   packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
@@ -335,6 +336,30 @@ def _route_cpu_ops_to_native(model) -> list[str]:
     return sorted(routed)
 
 
+def quantize(model, recipe: str, job) -> dict:
+    """The harness's quantization step for this engine (runner/harness.build): SGLang's own FP8 path,
+    already built into the model by build_model (runner/engines/sglang_fp8.py); its input scales
+    are calibrated on the first step's inputs (make_calls). Returns the environment block's note."""
+    from runner.quant import QuantError
+
+    if recipe != "fp8":
+        raise QuantError(f"the sglang engine deploys only the fp8 recipe (its own ModelOpt FP8), not {recipe!r}")
+    layers = sglang_fp8.fp8_layers(model)
+    if not layers:
+        raise QuantError(f"{type(model).__name__} was built with SGLang's ModelOpt FP8 config but no layer took "
+                         "its FP8 method: nothing is quantized")
+    plain = sorted(n for n, m in model.named_modules()
+                   if n and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
+                   and m.weight.dtype != torch.float8_e4m3fn and "embed" not in type(m).__name__.lower())
+    return {"recipe": recipe, "implementation": sglang_fp8.IMPLEMENTATION,
+            "form": "e4m3 weights, one scale per checkpoint tensor; e4m3 inputs, one static scale per tensor; "
+                    "attention unchanged",
+            "linear_layers": len(layers),
+            "left_unquantized": plain[:20] + (["..."] if len(plain) > 20 else []),
+            "left_unquantized_why": "SGLang builds these without its quantization config (a ModelOpt FP8 "
+                                    "checkpoint keeps them in bfloat16)"}
+
+
 def _fp8_cpu_fallbacks() -> list[str]:
     """CPU only, FP8: SGLang's per-tensor FP8 quantization has no CPU kernel (its Triton
     `static_quant_fp8` needs a GPU driver; `sgl_per_tensor_quant_fp8`, used at load time, is imported on
@@ -374,30 +399,6 @@ def model_key(job) -> str:
         raise SGLangSetupError(f"the sglang adapter sets up {', '.join(MODELS)}, not {name} "
                                f"(runner/engines/sglang.py: its arch config and input translation)")
     return MODELS[name]
-
-
-def quantize(model, recipe: str, job) -> dict:
-    """The harness's quantization step for this engine (runner/harness.build): SGLang's own FP8 path,
-    already built into the model by build_model (runner/engines/sglang_fp8.py); its input scales
-    are calibrated on the first step's inputs (make_calls). Returns the environment block's note."""
-    from runner.quant import QuantError
-
-    if recipe != "fp8":
-        raise QuantError(f"the sglang engine deploys only the fp8 recipe (its own ModelOpt FP8), not {recipe!r}")
-    layers = sglang_fp8.fp8_layers(model)
-    if not layers:
-        raise QuantError(f"{type(model).__name__} was built with SGLang's ModelOpt FP8 config but no layer took "
-                         "its FP8 method: nothing is quantized")
-    plain = sorted(n for n, m in model.named_modules()
-                   if n and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
-                   and m.weight.dtype != torch.float8_e4m3fn and "embed" not in type(m).__name__.lower())
-    return {"recipe": recipe, "implementation": sglang_fp8.IMPLEMENTATION,
-            "form": "e4m3 weights, one scale per checkpoint tensor; e4m3 inputs, one static scale per tensor; "
-                    "attention unchanged",
-            "linear_layers": len(layers),
-            "left_unquantized": plain[:20] + (["..."] if len(plain) > 20 else []),
-            "left_unquantized_why": "SGLang builds these without its quantization config (a ModelOpt FP8 "
-                                    "checkpoint keeps them in bfloat16)"}
 
 
 def make_calls(model, passes: list[dict], job) -> list:
