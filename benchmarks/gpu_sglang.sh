@@ -162,7 +162,8 @@ if [[ "$what" == pytest ]]; then
   # the GPU tests of SGLang in this same environment, e.g.
   #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
   shift
-  python3 -m pytest -o addopts="" -q -m gpu "$@" 2>&1 | tee "$D/pytest-gpu.txt"
+  # the tests' home is this script's (tests/conftest.py): the engine cloned from the bundle above, no download
+  OPTBOT_TEST_HOME="$OPTBOT_HOME" python3 -m pytest -o addopts="" -q -m gpu "$@" 2>&1 | tee "$D/pytest-gpu.txt"
   exit "${PIPESTATUS[0]}"
 fi
 
