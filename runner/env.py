@@ -16,6 +16,11 @@ def note(key: str, value) -> None:
     _NOTES[key] = value
 
 
+def noted(key: str):
+    """What was noted under `key` in this process, or None."""
+    return _NOTES.get(key)
+
+
 def capture(device: str, engine_sha: str = "", engine_file: str = "") -> dict:
     import torch
 

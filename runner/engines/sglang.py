@@ -428,7 +428,8 @@ def make_calls(model, passes: list[dict], job) -> list:
 
     calls = [one(kw) for kw in passes]
     if getattr(model, "optbot_fp8_calibrated", True) is False:  # once per model, as a checkpoint's scales are
-        envmod.note("quant_calibration", sglang_fp8.calibrate(model, lambda: [c() for c in calls]))
+        cal = sglang_fp8.calibrate(model, lambda: [c() for c in calls])
+        envmod.note("quant", {**(envmod.noted("quant") or {}), "calibration": cal})  # one note per FP8 row
     return calls
 
 
