@@ -21,7 +21,8 @@
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
-#   4. its GPU tests: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
+#   4. any command in that environment: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd python3 -m bot ...
+#      its GPU tests: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
 #   5. the bench of what optimize delivered, on the same warm machine (its branch lives there):
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh bench flux2 optbot/flux2/<sglang-sha12>
 #
@@ -156,6 +157,13 @@ if [[ "$what" == optimize ]]; then
     bash benchmarks/collect_run.sh "$run" "$D" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize"
   fi
   exit "$rc"
+fi
+
+if [[ "$what" == cmd ]]; then
+  # any command in this environment, e.g. WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd python3 -m bot profile ...
+  shift
+  "$@"
+  exit $?
 fi
 
 if [[ "$what" == pytest ]]; then
