@@ -43,6 +43,7 @@ import torch
 
 from runner import env as envmod
 from runner.engines import sglang_fp8, sglang_standins
+from runner.job import split_precision
 from runner.weights import build_model as _build_seeded
 from runner.weights import seeded_tensor
 
@@ -233,8 +234,6 @@ def build_model(cls, job, preset: dict, dtype):
     # update_model_arch ran: set it again.
     cfg.arch_config.out_channels = hf["out_channels"]
 
-    from runner.job import split_precision
-
     quant_config = sglang_fp8.config(cls) if split_precision(job.dtype)[1] else None
 
     def construct(**_):
@@ -367,15 +366,15 @@ def _fp8_cpu_fallbacks() -> list[str]:
     import sglang.kernels.ops.quantization.fp8_kernel as fk
     import sglang.srt.layers.quantization.fp8_utils as fu
 
+    orig = fu.static_quant_fp8
+    if getattr(orig, "_optbot_cpu_fallback", False):  # a second model in this process
+        return list(CPU_FP8_PATCHES)
+
     def per_tensor(input, output, scale, is_static=False):
         if not is_static:
             scale.copy_((input.abs().amax().float() / sglang_fp8.E4M3_MAX).clamp(min=1e-12).reshape(scale.shape))
         output.copy_((input.float() / scale.float()).clamp(-sglang_fp8.E4M3_MAX, sglang_fp8.E4M3_MAX)
                      .to(output.dtype))
-
-    orig = fu.static_quant_fp8
-    if getattr(orig, "_optbot_cpu_fallback", False):
-        return list(CPU_FP8_PATCHES)
 
     def static_quant(x, x_s, repeat_scale=False):
         if x.is_cuda:
