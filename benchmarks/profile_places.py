@@ -19,6 +19,7 @@ from pathlib import Path
 
 
 def load(path: Path) -> dict:
+    """A result JSON, plain or gzipped (benchmarks/summarize.py reads through this too)."""
     data = path.read_bytes()
     return json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
 

@@ -6,10 +6,10 @@ Every number printed comes from the JSON files, which the commands in their "com
 """
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from pathlib import Path
+
+from profile_places import load  # gzipped or plain (benchmarks/results/README.md)
 
 
 def main(folder: str) -> None:
@@ -18,9 +18,6 @@ def main(folder: str) -> None:
         # large results are stored gzipped (benchmarks/results/README.md)
         found = [*d.glob(f"{prefix}-*.json"), *d.glob(f"{prefix}-*.json.gz")]
         return sorted(f for f in found if ".job." not in f.name and ".result." not in f.name)
-
-    def load(f: Path) -> dict:
-        return json.loads(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_text())
 
     profiles = results("profile")
     if profiles:

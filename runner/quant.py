@@ -78,11 +78,16 @@ def _keep_fp8_weight(layer: torch.nn.Module) -> None:
                                       requires_grad=False)
 
 
+def to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale in float8 e4m3, saturated at +-448 (the cast itself would give NaN above it)."""
+    return (x.float() / scale.float()).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] -> (e4m3 [M, K], float32 scales [M, 1]) with x ~= e4m3 * scale, one scale per row."""
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
     scale = amax / E4M3_MAX
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    return to_e4m3(x, scale), scale
 
 
 class Fp8Linear(torch.nn.Linear):

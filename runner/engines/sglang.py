@@ -362,9 +362,11 @@ def quantize(model, recipe: str, job) -> dict:
 def _fp8_cpu_fallbacks() -> list[str]:
     """CPU only, FP8: SGLang's per-tensor FP8 quantization has no CPU kernel (its Triton
     `static_quant_fp8` needs a GPU driver; `sgl_per_tensor_quant_fp8`, used at load time, is imported on
-    CUDA only): torch versions of the same arithmetic, x / scale clamped to +-448, to e4m3."""
+    CUDA only): torch versions of the same arithmetic (runner/quant.to_e4m3)."""
     import sglang.kernels.ops.quantization.fp8_kernel as fk
     import sglang.srt.layers.quantization.fp8_utils as fu
+
+    from runner.quant import E4M3_MAX, to_e4m3
 
     orig = fu.static_quant_fp8
     if getattr(orig, "_optbot_cpu_fallback", False):  # a second model in this process
@@ -372,15 +374,13 @@ def _fp8_cpu_fallbacks() -> list[str]:
 
     def per_tensor(input, output, scale, is_static=False):
         if not is_static:
-            scale.copy_((input.abs().amax().float() / sglang_fp8.E4M3_MAX).clamp(min=1e-12).reshape(scale.shape))
-        output.copy_((input.float() / scale.float()).clamp(-sglang_fp8.E4M3_MAX, sglang_fp8.E4M3_MAX)
-                     .to(output.dtype))
+            scale.copy_((input.abs().amax().float() / E4M3_MAX).clamp(min=1e-12).reshape(scale.shape))
+        output.copy_(to_e4m3(input, scale).to(output.dtype))
 
     def static_quant(x, x_s, repeat_scale=False):
         if x.is_cuda:
             return orig(x, x_s, repeat_scale)
-        q = (x.float() / x_s.float()).clamp(-sglang_fp8.E4M3_MAX, sglang_fp8.E4M3_MAX).to(torch.float8_e4m3fn)
-        return q, (x_s.reshape(1, 1).expand(x.numel() // x.shape[-1], 1).contiguous() if repeat_scale else x_s)
+        return to_e4m3(x, x_s), (x_s.reshape(1, 1).expand(x.numel() // x.shape[-1], 1).contiguous() if repeat_scale else x_s)
 
     static_quant._optbot_cpu_fallback = True
     fk.sgl_per_tensor_quant_fp8 = per_tensor

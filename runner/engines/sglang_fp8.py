@@ -33,7 +33,8 @@ import struct
 import torch
 import torch.nn.functional as F
 
-from runner.quant import E4M3_MAX
+from runner.quant import E4M3_MAX, to_e4m3
+
 IMPLEMENTATION = ("SGLang's own ModelOpt FP8 (ModelOptFp8Config): e4m3 weights with one scale per checkpoint "
                   "tensor, static per-tensor input scales calibrated on the step's first inputs, SGLang's "
                   "FP8 linear and its FP8-only model paths")
@@ -65,7 +66,7 @@ def load_weights(model: torch.nn.Module) -> int:
         for _, layer in layers:
             parts = layer.weight.detach().split(list(layer.logical_widths), 0)
             scales = [p.abs().amax().float().clamp(min=1e-12) / E4M3_MAX for p in parts]
-            layer.weight = _param(torch.cat([(p.float() / s).to(torch.float8_e4m3fn) for p, s in zip(parts, scales)]))
+            layer.weight = _param(torch.cat([to_e4m3(p, s) for p, s in zip(parts, scales)]))
             layer.weight_scale = _param(torch.stack(scales))
             layer.input_scale = _param(torch.full((len(parts),), float("nan"), device=layer.weight.device))
     model.optbot_fp8_calibrated = False
