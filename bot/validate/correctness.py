@@ -16,7 +16,7 @@ from bot.errors import OptbotError, RunnerError
 from bot.jobs import JobOutcome, run_job
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
-from bot.validate.speed import without_graph
+from bot.validate.speed import base_fallbacks
 from bot.validate.verdict import Correctness, OutputCheck
 from bot.workload import Shape
 
@@ -72,8 +72,8 @@ def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_mo
     """The output pairs of each production mode but eager (the first shape and seed's outputs): the
     candidate's in that mode against the base's in the same mode (compile's own rounding is on both
     sides; a kernel that is wrong only when compiled or replayed is not). Where the base could not
-    run a CUDA-graph mode, against the base without the graph (eager, compile: speed.without_graph),
-    the run a user of the base makes instead and the one the speed check times such a mode against;
+    run a mode, against the run a user of the base makes instead (without the graph, else without
+    compile: speed.base_fallbacks) and the one the speed check times such a mode against;
     a candidate credited with a mode it "enabled" is checked in it (adversarial
     gpu_graph_only_wrong.patch)."""
     pairs = []
@@ -81,10 +81,10 @@ def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_mo
         if mode in base_modes:
             pairs.append({"label": f"{label0} [{mode}]", "base": base_modes[mode], "candidate": file})
             continue
-        ref = without_graph(mode)
-        ref_file = base_eager if ref == "eager" else base_modes.get(ref)
-        if ref != mode and ref_file:
-            pairs.append({"label": f"{label0} [{mode}; base {ref}]", "base": ref_file, "candidate": file})
+        avail = dict(base_modes, eager=base_eager) if base_eager else base_modes
+        ref = next((m for m in base_fallbacks(mode) if avail.get(m)), None)
+        if ref:
+            pairs.append({"label": f"{label0} [{mode}; base {ref}]", "base": avail[ref], "candidate": file})
     return pairs
 
 

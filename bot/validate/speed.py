@@ -6,11 +6,12 @@ default there, the correctness processes' timings alone: the numbers are informa
 names (Context.modes: eager, graph, compile, compile+graph on GPU). Per side and mode the estimate
 is the median of the process medians; the A/A spread of a side's processes and the spread inside
 each process set the noise band (speed_outcome). The verdict (speed_rejection): a mode that fails
-for the candidate and not for the base rejects ("crashed under compile+graph: ..."); a CUDA-graph
-mode that fails for the base and runs for the candidate is timed against the base's mode without the
-graph (graph -> eager, compile+graph -> compile: what a user of the base runs instead), and a gain
-there is the candidate's ("enabled": Qwen-Image's forward copies a pageable host tensor, so only a
-candidate that hoists it captures); with speed gating, a mode that is slower rejects (a user who runs
+for the candidate and not for the base rejects ("crashed under compile+graph: ..."); a mode that
+fails for the base and runs for the candidate is timed against what a user of the base runs instead
+(base_fallbacks: the same step without the graph, else without compile), and a gain there is the
+candidate's ("enabled": Qwen-Image's forward copies a pageable host tensor, so only a candidate that
+hoists it captures; SGLang's FP8 quantization kernel does not compile under inductor, so only a
+candidate that fixes it runs compiled); with speed gating, a mode that is slower rejects (a user who runs
 that mode would lose), and so does no mode being faster or enabled. A rejection inside a wide band
 is measured again (Options.retimes). Over 10x, or under the roofline floor: implausible (held).
 """
@@ -93,7 +94,7 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
             # the base ran this mode in every process and the candidate did not: the candidate broke it
             s.outcome = "failed" if all(isinstance(x, dict) for x in bs) else "n/a"
             if all(isinstance(x, str) for x in bs) and all(isinstance(x, dict) for x in cs):
-                _enabled(s, [r["timing"].get(without_graph(mode)) for r in runs["base"]], cs, dev)
+                _enabled(s, runs["base"], cs, dev)
             speeds.append(s)
             continue
         s.note = "; ".join(filter(None, [_compare(s, bs, cs, dev), "cpu clock, informational" if dev == "cpu" else ""]))
@@ -111,25 +112,33 @@ def _compare(s: Speed, bs: list[dict], cs: list[dict], dev: str) -> str:
     return f"farthest from the others, set aside: {', '.join(aside)}" if aside else ""
 
 
-def without_graph(mode: str) -> str:
-    """The mode a user of the base runs when `mode`'s CUDA-graph capture fails for it: the same
-    step uncaptured (graph -> eager, compile+graph -> compile, compile:whole+graph -> compile:whole);
-    a mode without a graph is its own."""
+def base_fallbacks(mode: str) -> list[str]:
+    """The modes a user of the base runs when `mode` fails for it, in the order they would try them:
+    the same step uncaptured when capture is what failed (compile+graph -> compile), then without
+    compile (compile+graph -> graph; compile -> eager), then eager. [] for eager: nothing to fall
+    back to."""
     recipe, graph = parse_mode(mode)
-    if not graph:
-        return mode
-    return "eager" if recipe is None else mode[:-len("+graph")]
+    out = []
+    if graph and recipe is not None:
+        out.append(mode[:-len("+graph")])
+    if recipe is not None and graph:
+        out.append("graph")
+    if mode != "eager":
+        out.append("eager")
+    return out
 
 
-def _enabled(s: Speed, base_fallback: list, cand: list, dev: str) -> None:
-    """The candidate runs a CUDA-graph mode that fails for the base in every process: timed against
-    the base's run of the same step without the graph (without_graph), which base_mode names and
-    base_ms then holds. Faster beyond the noise band is outcome "enabled" (a gain: speed_rejection
-    counts it as a faster mode); otherwise "n/a" with the ratio kept: a user loses nothing by the
-    candidate capturing where the base cannot."""
-    fallback = without_graph(s.mode)
-    if fallback == s.mode or not base_fallback or not all(isinstance(x, dict) for x in base_fallback):
+def _enabled(s: Speed, base: list[dict], cand: list, dev: str) -> None:
+    """The candidate runs a mode that fails for the base in every process: timed against the first
+    of base_fallbacks the base ran in every process, which base_mode names and base_ms then holds.
+    Faster beyond the noise band is outcome "enabled" (a gain: speed_rejection counts it as a faster
+    mode); otherwise "n/a" with the ratio kept: a user loses nothing by the candidate running a mode
+    the base cannot."""
+    fallback = next((m for m in base_fallbacks(s.mode)
+                     if all(isinstance((r.get("timing") or {}).get(m), dict) for r in base)), None)
+    if fallback is None:
         return
+    base_fallback = [r["timing"][fallback] for r in base]
     failures, aside = s.note, _compare(s, base_fallback, cand, dev)
     s.base_mode, gain = fallback, s.outcome == "faster"
     s.outcome = "enabled" if gain else "n/a"

@@ -75,10 +75,11 @@ def test_speed_rejection_rules():
     assert speed_rejection([s("eager", "no-change"), s("graph", "enabled", 1.03), s("compile", "no-change")]) is None
 
 
-def test_a_mode_only_the_candidate_runs_is_compared_with_the_base_without_the_graph():
+def test_a_mode_only_the_candidate_runs_is_compared_with_what_a_user_of_the_base_runs():
     """The pairs the compare job gets: same mode where the base ran it; where the base could not
     capture (Qwen-Image's host copy), the candidate's graph outputs against the base's eager ones
-    and its compile+graph outputs against the base's compile ones. Without these a candidate that
+    and its compile+graph outputs against the base's compile ones; where the base ran neither the
+    mode nor its uncaptured or uncompiled form, against eager (speed.base_fallbacks). Without these a candidate that
     "enables" a mode would be credited with its speed there and checked in it by nothing
     (tests/validate/test_gpu.py runs gpu_graph_only_wrong.patch, wrong only inside a graph)."""
     from bot.validate.correctness import mode_pairs
@@ -91,4 +92,6 @@ def test_a_mode_only_the_candidate_runs_is_compared_with_the_base_without_the_gr
         {"label": "64x64/txt8/b1 seed 7 [compile]", "base": "base/mode_compile.pt", "candidate": "cand/mode_compile.pt"},
         {"label": "64x64/txt8/b1 seed 7 [compile+graph; base compile]", "base": "base/mode_compile.pt",
          "candidate": "cand/mode_compile_graph.pt"},
-    ]  # compile:whole+graph: the base ran no compile:whole either, so nothing to compare it with
+        {"label": "64x64/txt8/b1 seed 7 [compile:whole+graph; base eager]", "base": "base/run0.pt",
+         "candidate": "cand/w.pt"},
+    ]  # compile:whole+graph: the base ran neither compile:whole nor graph, so its user runs eager

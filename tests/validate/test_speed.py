@@ -149,10 +149,39 @@ def test_a_graph_mode_only_the_candidate_captures_counts_against_the_base_withou
     assert speeds["graph"].outcome == "n/a" and not speeds["graph"].base_mode
 
 
-@pytest.mark.parametrize("mode,fallback", [("graph", "eager"), ("compile+graph", "compile"),
-                                           ("compile:whole+graph", "compile:whole"), ("eager", "eager"),
-                                           ("compile:max-autotune", "compile:max-autotune")])
-def test_without_graph_is_what_a_user_runs_when_capture_fails(mode, fallback):
-    from bot.validate.speed import without_graph
+@pytest.mark.parametrize("mode,fallbacks", [("graph", ["eager"]), ("compile+graph", ["compile", "graph", "eager"]),
+                                            ("compile:whole+graph", ["compile:whole", "graph", "eager"]), ("eager", []),
+                                            ("compile", ["eager"]), ("compile:max-autotune", ["eager"])])
+def test_base_fallbacks_are_what_a_user_runs_when_a_mode_fails(mode, fallbacks):
+    from bot.validate.speed import base_fallbacks
 
-    assert without_graph(mode) == fallback
+    assert base_fallbacks(mode) == fallbacks
+
+
+def test_a_compiled_mode_only_the_candidate_runs_counts_against_the_base_uncompiled():
+    """SGLang's own FP8 FLUX.2 on the H200 (benchmarks/results/h200-sglang-fp8-20261206/): its
+    static FP8 quantization kernel fails to build under inductor ("PassManager::run failed"), so the
+    base's compile and compile+graph fail in every process while eager 305.7 and graph 303.2 ms run.
+    A candidate that fixes the kernel runs compiled: a user of the base runs eager instead of
+    compile, and the graph instead of compile+graph, so those are the comparisons."""
+    from types import SimpleNamespace
+
+    from bot.validate.speed import _speeds, speed_rejection
+
+    err = "InductorError: RuntimeError: PassManager::run failed"
+    base = [{"eager": 305.7, "graph": 303.2, "compile": err, "compile+graph": err}] * 3
+    cand = [{"eager": 305.6, "graph": 303.1, "compile": 290.0, "compile+graph": 288.0}] * 3
+    ctx = SimpleNamespace(modes=("eager", "graph", "compile", "compile+graph"), iters=10)
+    speeds = {s.mode: s for s in _speeds(ctx, {"base": [_process(t) for t in base],
+                                               "candidate": [_process(t) for t in cand]}, 1, "cuda")}
+    assert speeds["compile"].outcome == "enabled" and speeds["compile"].base_mode == "eager", speeds["compile"]
+    cg = speeds["compile+graph"]
+    assert cg.outcome == "enabled" and cg.base_mode == "graph" and abs(cg.speedup - 303.2 / 288.0) < 0.01, cg
+    assert "PassManager::run failed" in cg.note
+    assert speed_rejection(list(speeds.values())) is None
+    # compiled but no faster than the base's eager: runs, gains nothing, decides nothing
+    same = [dict(t, compile=305.8, **{"compile+graph": 303.3}) for t in cand]
+    speeds = {s.mode: s for s in _speeds(ctx, {"base": [_process(t) for t in base],
+                                               "candidate": [_process(t) for t in same]}, 1, "cuda")}
+    assert speeds["compile"].outcome == "n/a" and speeds["compile+graph"].outcome == "n/a"
+    assert speed_rejection(list(speeds.values())) == ("no-change", "faster in no mode")

@@ -1,0 +1,109 @@
+"""sglang-fp8-quant-compile: SGLang's static FP8 quantization kernel builds when torch.compile launches
+it. No GPU needed: Triton compiles for sm_90 on the CPU. The signature is the one inductor gave the
+kernel on the H200 (read from the kernel inductor wrote there, committed with the run), so upstream's
+kernel fails here exactly as it did there and the test can fail; the patched one builds, and under
+Triton's own float32 signature both produce the same PTX (the fix changes nothing for eager SGLang)."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.generate.replay import apply_entry
+from bot.knowledge.location import SHIPPED_STORE
+from bot.knowledge.store import get_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = "sglang-fp8-quant-compile"
+KERNEL = "_static_quant_fp8"
+FILE = "python/sglang/kernels/ops/quantization/fp8_kernel.py"
+RECORDED = ROOT / "benchmarks/results/h200-sglang-fp8-20261206/inductor-failing-kernel.py"
+
+triton = pytest.importorskip("triton")
+
+
+def _inductor_meta() -> tuple[dict, dict]:
+    """(signature, constants) of the kernel as inductor launched it on the H200."""
+    text = RECORDED.read_text()
+    meta = re.search(r"triton_meta=(\{.*\}),\n", text).group(1)
+    sig = ast.literal_eval(re.search(r"'signature': (\{[^}]*\})", meta).group(1))
+    consts = re.search(r"'constants': (\{[^}]*\})", meta).group(1)
+    consts = ast.literal_eval(consts.replace("triton.language.float8e4nv", "'float8e4nv'"))
+    return sig, consts
+
+
+def _load_kernel(src_file: Path, tmp: Path, name: str):
+    """The kernel function alone, as its own module (the rest of the file imports SGLang's CUDA stack)."""
+    text = src_file.read_text()
+    fn = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == KERNEL)
+    lines = text.splitlines()[fn.decorator_list[0].lineno - 1:fn.end_lineno]  # from its @triton.jit
+    mod = tmp / f"{name}.py"
+    mod.write_text("import triton\nimport triton.language as tl\n\n\n" + "\n".join(lines) + "\n")
+    spec = importlib.util.spec_from_file_location(name, mod)
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[name] = m
+    spec.loader.exec_module(m)
+    return getattr(m, KERNEL)
+
+
+def _compile(kernel, signature: dict, constants: dict):
+    """triton.compile for an H200/H100 (sm_90): the exception, or the compiled kernel."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = {k: (getattr(tl, v) if isinstance(v, str) else v) for k, v in constants.items()}
+    src = ASTSource(kernel, signature=signature, constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    except Exception as e:  # noqa: BLE001  the lowering error is the result
+        return e
+
+
+def _ptx(compiled) -> str:
+    """The kernel's PTX instructions: the entry function's body without source locations (the debug
+    sections and .loc lines carry the source's line numbers, which the patch's comment shifts)."""
+    ptx = compiled.asm["ptx"]
+    body = ptx[ptx.index(".visible .entry"):ptx.index("\n}\n", ptx.index(".visible .entry"))]
+    return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith((".loc", "$L__", "//")))
+
+
+@pytest.fixture(scope="module")
+def kernels(sglang_engine, tmp_path_factory):
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception as e:  # pragma: no cover  a Triton without its NVIDIA backend
+        pytest.skip(f"Triton's NVIDIA backend is not importable here: {e}")
+    e = get_entry(ENTRY, SHIPPED_STORE)
+    r = apply_entry(sglang_engine, e, name="test-sglang-fp8-compile")
+    assert r.status == "applied", r.reason
+    tmp = tmp_path_factory.mktemp("sglang-fp8-compile")
+    return (_load_kernel(Path(sglang_engine.repo_path) / FILE, tmp, "sgl_static_quant_base"),
+            _load_kernel(Path(r.worktree) / FILE, tmp, "sgl_static_quant_patched"))
+
+
+@pytest.mark.slow
+def test_upstream_fails_as_on_the_h200_and_the_patch_builds(kernels):
+    base, patched = kernels
+    sig, consts = _inductor_meta()
+    assert sig["fp8_min"] == sig["fp8_max"] == "fp64"  # what inductor gives a Python float
+    err = _compile(base, sig, consts)
+    assert isinstance(err, Exception) and "PassManager::run failed" in str(err), err
+    built = _compile(patched, sig, consts)
+    assert not isinstance(built, Exception), built
+    assert built.asm.get("cubin")
+    assert "cvt.rn.satfinite.e4m3x2.f32" in built.asm["ptx"]  # clamped in float32, converted to e4m3
+
+
+@pytest.mark.slow
+def test_under_tritons_own_signature_the_patch_changes_nothing(kernels):
+    base, patched = kernels
+    sig, consts = _inductor_meta()
+    eager = dict(sig, fp8_min="fp32", fp8_max="fp32")  # Triton's launcher types a Python float fp32
+    a, b = _compile(base, eager, consts), _compile(patched, eager, consts)
+    assert not isinstance(a, Exception) and not isinstance(b, Exception), (a, b)
+    assert _ptx(a) == _ptx(b)
