@@ -27,8 +27,13 @@ needs_light_set = pytest.mark.skipif(
 pytestmark = [needs_light_set, pytest.mark.slow]
 
 
+# the repository first, then whatever the caller's PYTHONPATH holds (on the GPU box, gpu_sglang.sh's
+# /tmp/site: the light set and gitpython, which the image lacks)
+PATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def optbot(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
+    env = dict(os.environ, PYTHONPATH=PATH, COLUMNS="160")
     return subprocess.run([sys.executable, "-m", "bot", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=900)
 
@@ -189,7 +194,7 @@ def test_sglang_in_fp8_runs_its_own_modelopt_path(sglang_engine, tmp_path, wl):
     what stayed unquantized and how the scales were calibrated."""
     job = _step_job(wl, "sglang", tmp_path, "float32+fp8")
     r = subprocess.run([sys.executable, "-c", FP8_BUILD, json.dumps(dataclasses.asdict(job))],
-                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=PATH),
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -232,7 +237,7 @@ def test_the_fa3_stand_in_reaches_every_attention_layer(sglang_engine, tmp_path,
     on the CPU, where the switch changes nothing: it acts on CUDA tensors only)."""
     job = _step_job(wl, "sglang", tmp_path)
     r = subprocess.run([sys.executable, "-c", CUDNN_FIRST, json.dumps(dataclasses.asdict(job))],
-                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=PATH),
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
