@@ -2,7 +2,9 @@
 
 Declared added kernels (Optbot-Adds-Kernels) must appear in the candidate's profiled step and
 declared removed ones (Optbot-Removes-Kernels) must be gone; with no declaration, the candidate's
-histogram of (kernel/op, module, calls) must differ from the base's.
+histogram of (kernel/op, module, calls) must differ from the base's, or the candidate must run a
+production mode that fails for the base (a fix that acts only there: SGLang's FP8 quantization
+kernel that inductor could not build leaves the eager histogram as it was).
 """
 from __future__ import annotations
 
@@ -26,8 +28,16 @@ def declared_matches(item: str, entry: tuple[str, str, str]) -> bool:
     return item in name or item == op or module == item or module.endswith("." + item)
 
 
-def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | None) -> Engagement:
-    """The revision's declarations (trailers) against both sides' profiled op histograms."""
+def enabled_modes(base: dict, cand: dict) -> list[str]:
+    """The modes the candidate's first process ran and the base's failed (validate_step results)."""
+    bt, ct = base.get("timing") or {}, cand.get("timing") or {}
+    return [m for m, t in ct.items() if isinstance(t, dict) and isinstance(bt.get(m), str)]
+
+
+def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | None,
+                     enabled: list[str] | None = None) -> Engagement:
+    """The revision's declarations (trailers) against both sides' profiled op histograms; `enabled`:
+    the modes only the candidate runs (enabled_modes)."""
     adds = rev.trailers.get("Optbot-Adds-Kernels", [])
     removes = rev.trailers.get("Optbot-Removes-Kernels", [])
     if not base_prof or not cand_prof:
@@ -53,6 +63,9 @@ def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | No
     elif adds or removes:
         e.reason = (f"declared kernels seen in the step: adds {adds or '-'}, removes gone {removes or '-'}; "
                     f"{len(changed)} op/module counts changed")
+    elif not changed and enabled:
+        e.reason = (f"the eager op histogram is the base's, and the candidate runs {', '.join(enabled)}, "
+                    "where the base fails: the change acts there")
     elif not changed:
         e.ok = False
         e.reason = ("the candidate's op histogram is identical to the base's (same ops, same modules, same counts): "

@@ -45,7 +45,7 @@ from bot.paths import new_run_dir
 from bot.target import Target
 from bot.validate.context import Context
 from bot.validate.correctness import check_kernels, check_outputs, correctness_summary
-from bot.validate.engagement import check_engagement
+from bot.validate.engagement import check_engagement, enabled_modes
 from bot.validate.resolve import Revision, resolve_base, resolve_candidate
 from bot.validate.speed import implausible, measure_speed, mode_failures, speed_line, speed_rejection
 from bot.validate.verdict import Speed, Verdict
@@ -245,7 +245,8 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
     if not corr.ok:
         return _new_verdict(ctx, rev, "rejected", "correctness", correctness_summary(corr), correctness=corr, env=env)
 
-    eng = (check_engagement(rev, base_out.result.get("profile"), cand_out.result.get("profile"))
+    eng = (check_engagement(rev, base_out.result.get("profile"), cand_out.result.get("profile"),
+                            enabled_modes(base_out.result, cand_out.result))
            if ctx.opts.engagement else None)
     if eng is not None and not eng.ok:
         return _new_verdict(ctx, rev, "rejected", "not-engaged", eng.reason, correctness=corr, engagement=eng, env=env)

@@ -52,3 +52,21 @@ def test_engagement_rules():
 def test_no_profile_is_not_engaged():
     e = check_engagement(_rev({"Optbot-Adds-Kernels": ["k"]}), None, {"histogram": []})
     assert not e.ok and "no profile" in e.reason and e.declared_adds == ["k"]
+
+
+def test_a_change_that_only_lets_a_mode_run_is_engaged_there():
+    """sglang-fp8-quant-compile changes nothing SGLang runs eagerly (its eager histogram is the
+    base's) and lets the compiled modes build where the base's fail: engaged, by those modes. A mode
+    that failed for both sides, or one the base ran, engages nothing."""
+    from bot.validate.engagement import enabled_modes
+
+    prof = {"histogram": [["_static_quant_fp8", "", "blocks.*.attn.to_qkv", 2]]}
+    err = "InductorError: RuntimeError: PassManager::run failed"
+    base = {"timing": {"eager": {"median_ms": 305.7}, "graph": {"median_ms": 303.2}, "compile": err, "compile+graph": err}}
+    cand = {"timing": {"eager": {"median_ms": 305.6}, "graph": {"median_ms": 303.1}, "compile": {"median_ms": 290.0},
+                       "compile+graph": err}}
+    assert enabled_modes(base, cand) == ["compile"]
+    e = check_engagement(_rev({}), prof, prof, enabled_modes(base, cand))
+    assert e.ok and "runs compile, where the base fails" in e.reason, e.reason
+    assert enabled_modes(base, base) == [] and not check_engagement(_rev({}), prof, prof, enabled_modes(base, base)).ok
+    assert enabled_modes(cand, base) == []  # the candidate broke compile: not engagement (the crash rule's case)
