@@ -107,3 +107,48 @@ def test_under_tritons_own_signature_the_patch_changes_nothing(kernels):
     a, b = _compile(base, eager, consts), _compile(patched, eager, consts)
     assert not isinstance(a, Exception) and not isinstance(b, Exception), (a, b)
     assert _ptx(a) == _ptx(b)
+
+
+DISPATCH = r"""
+import sys, torch
+from sglang.kernels.ops.gemm import _FP8_SCALED_MM
+assert sys.modules["sglang"].__file__.startswith(sys.argv[1]), sys.modules["sglang"].__file__
+a = torch.randn(16, 32).to(torch.float8_e4m3fn)
+b = torch.randn(24, 32).to(torch.float8_e4m3fn).t()  # column-major, as SGLang stores FP8 weights
+sa, sb = torch.rand(16) + 0.5, torch.rand(24) + 0.5
+f = lambda a, b, sa, sb: _FP8_SCALED_MM(a, b, sa, sb, torch.bfloat16)
+ref = f(a, b, sa, sb)
+try:
+    out = torch.compile(f, fullgraph=True)(a, b, sa, sb)
+except Exception as e:
+    print("FAILS", type(e).__name__, str(e).splitlines()[0])
+else:
+    print("OK", torch.equal(out, ref))
+"""
+
+
+def _dispatch_under_compile(python_dir: Path) -> str:
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")])))
+    p = subprocess.run([sys.executable, "-c", DISPATCH, str(python_dir)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_sglangs_fp8_gemm_dispatch_traces_under_compile_with_the_patch(sglang_engine):
+    """The second thing that stopped SGLang's FP8 DiT under compile (on the H100 of 2026-12-06, once
+    the kernel above built: InternalTorchDynamoError "object.__new__(PlatformInfo) is not safe"): the
+    FP8 GEMM's per-call backend choice asks `_platform()` for a msgspec Struct dynamo cannot build.
+    On the CPU the same dispatch fails the same way under fullgraph; patched, it traces to the
+    compile-safe reference (SGLang's own choice under enter_torch_compile) and gives the eager result."""
+    pytest.importorskip("msgspec")
+    e = get_entry(ENTRY, SHIPPED_STORE)
+    r = apply_entry(sglang_engine, e, name="test-sglang-fp8-dispatch")
+    assert r.status == "applied", r.reason
+    base = _dispatch_under_compile(Path(sglang_engine.repo_path) / "python")
+    assert base.startswith("FAILS") and "object.__new__" in base, base
+    assert _dispatch_under_compile(Path(r.worktree) / "python") == "OK True"
