@@ -7,7 +7,7 @@ prints it and exits 2 without a traceback.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ class Tolerance:
     # for a quantized precision ("bfloat16+fp8"): how the bound was derived from the recipe's own
     # error against the unquantized model (a measurement, with its command), never a number picked to pass
     evidence: str = ""
+    # an engine whose FP8 baseline is its own path (SGLang's ModelOpt FP8), with its own error: the
+    # bound derived from that error (`engines: {sglang: {...}}` under the precision; Workload.tolerance_for)
+    engines: dict[str, "Tolerance"] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,12 @@ class Workload:
         if kind not in self.dtype:
             raise ConfigError(self.file, "dtype", self.dtype, f"a dtype for device kind '{kind}'")
         return self.dtype[kind]
+
+    def tolerance_for(self, precision: str, engine: str = "") -> "Tolerance | None":
+        """The bound a candidate's outputs are judged by at `precision`: for a quantized precision, the
+        engine's own (its FP8 baseline is its own path, with its own error) where the file gives one."""
+        tol = self.tolerance.get(precision)
+        return tol.engines.get(engine, tol) if tol is not None else None
 
     def precision_for(self, device: str, quant: str | None = None) -> str:
         """The device's dtype, with +RECIPE when the linear layers run quantized (runner/job.py); a
@@ -267,6 +276,15 @@ def parse_workload_file(path: Path) -> Workload:
     return parse_workload(data, path)
 
 
+
+def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | None = None) -> Tolerance:
+    tol = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence,
+                    engines=engines or {})
+    for k in ("rel_l2", "atol", "rtol"):
+        if getattr(tol, k) < 0:
+            raise ConfigError(file, f"{p}.{k}", getattr(tol, k), "a non-negative number")
+    return tol
+
 def parse_workload(data: Any, file: Path) -> Workload:
     r = _Reader(file)
     if not isinstance(data, dict):
@@ -372,10 +390,17 @@ def parse_workload(data: Any, file: Path) -> Workload:
             raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "
                                                            f"{base} (measure it: optbot bench WL --quant {recipe}), "
                                                            "with the command and the device")
-        tolerance[dt] = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence)
-        for k in ("rel_l2", "atol", "rtol"):
-            if getattr(tolerance[dt], k) < 0:
-                raise ConfigError(file, f"{p}.{k}", getattr(tolerance[dt], k), "a non-negative number")
+        by_engine = {}
+        for eng, et in r.get(t, "engines", p, dict, default={}).items() if recipe else ():
+            ep = f"{p}.engines.{eng}"
+            if not isinstance(et, dict):
+                raise ConfigError(file, ep, et, "a mapping {rel_l2, atol, rtol, evidence}")
+            ev = r.get(et, "evidence", ep, str, default="")
+            if not ev.strip():
+                raise ConfigError(file, f"{ep}.evidence", None, f"how this bound follows from {eng}'s own {recipe} "
+                                                                f"path's error against {base}, with the command and the device")
+            by_engine[str(eng)] = _tolerance(r, et, ep, file, ev)
+        tolerance[dt] = _tolerance(r, t, p, file, evidence, by_engine)
     if not bit_exact:
         for dev, dt in dtype.items():
             if dt not in tolerance:

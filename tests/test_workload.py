@@ -187,3 +187,25 @@ def test_a_quantized_precision_has_its_own_tolerance_or_says_where_to_measure_it
     with pytest.raises(ConfigError) as ei:  # a workload not measured on a GPU: the file's error, naming the key
         parse_workload_file(p).precision_for("cuda", "fp8")
     assert "correctness.tolerance.bfloat16+fp8" in str(ei.value) and "--quant fp8 measures it" in str(ei.value)
+
+
+def test_an_engine_with_its_own_fp8_path_has_its_own_bound(tmp_path):
+    """SGLang's FP8 baseline is its own ModelOpt path, whose error against bf16 (0.0952 on the H200)
+    is not torchao's (0.149): its candidates are judged by half of its own error, where the file gives
+    one; another engine, or an unquantized precision, keeps the precision's bound. A per-engine bound
+    without evidence is the file's error, naming the key."""
+    wl = load_workload("flux2")
+    assert wl.tolerance_for("bfloat16+fp8", "sglang").rel_l2 == 4.8e-2
+    assert wl.tolerance_for("bfloat16+fp8", "diffusers") is wl.tolerance["bfloat16+fp8"]
+    assert wl.tolerance_for("bfloat16", "sglang") is wl.tolerance["bfloat16"]
+    assert wl.tolerance_for("float32+fp8", "sglang").rel_l2 < wl.tolerance["float32+fp8"].rel_l2
+    assert "h200-sglang-fp8-20261206" in wl.tolerance_for("bfloat16+fp8", "sglang").evidence
+    # what a runner job carries keeps the per-engine bounds
+    assert wl.to_json()["tolerance"]["bfloat16+fp8"]["engines"]["sglang"]["rel_l2"] == 4.8e-2
+    d = yaml.safe_load((ROOT / "workloads" / "flux2.yaml").read_text())
+    del d["correctness"]["tolerance"]["bfloat16+fp8"]["engines"]["sglang"]["evidence"]
+    p = tmp_path / "flux2.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as ei:
+        parse_workload_file(p)
+    assert "correctness.tolerance.bfloat16+fp8.engines.sglang.evidence" in str(ei.value)

@@ -29,7 +29,7 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
     """Both sides' validate_step results -> Correctness (ok only when every output check passes and
     no input was modified)."""
     wl = ctx.target.workload
-    tol = wl.tolerance.get(ctx.target.dtype)
+    tol = wl.tolerance_for(ctx.target.dtype, ctx.target.engine_name)
     rule = "bit-exact" if wl.bit_exact else (f"rel_l2 <= {tol.rel_l2:g} and |d| <= {tol.atol:g} + {tol.rtol:g}*|ref| "
                                             f"({ctx.target.dtype})")
     corr = Correctness(ok=True, seeds=ctx.seeds, shapes=[s.label() for s in ctx.shapes], rule=rule)
@@ -125,7 +125,9 @@ def check_kernels(ctx: Context, rev: Revision, corr: Correctness) -> JobOutcome 
     tests = kernel_tests_for(rev, ctx.opts.kernel_store or locate().kernel_store)
     if not tests:
         return None
-    tolmap = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in ctx.target.workload.tolerance.items()}
+    wl = ctx.target.workload
+    tolmap = {k: {"atol": v.atol, "rtol": v.rtol}
+              for k, v in ((k, wl.tolerance_for(k, ctx.target.engine_name)) for k in wl.tolerance)}
     job = ctx.job("kernel_check", rev.worktree, rev.sha, "kernels", {"tests": tests, "tolerance": tolmap})
     ctx.say(f"kernels: {len(tests)} test module(s) vs their references")
     out = run_job(job, ctx.run_dir / "kernels", timeout_s=ctx.opts.timeout_s or 900, name="kernels")

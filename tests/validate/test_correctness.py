@@ -102,3 +102,23 @@ def test_a_correctness_rejection_says_the_first_thing_wrong():
                              {"ok": True, "shape": [64, 96], "seed": 5, "reason": ""},
                              {"ok": False, "shape": [37, 96], "seed": 5, "reason": "3 NaN"}]}])
     assert correctness_summary(kernel) == "kernel rms differs from its reference at shape [37, 96] seed 5: 3 NaN"
+
+
+@pytest.mark.parametrize("engine,bound", [("sglang", 4.8e-2), ("diffusers", 7.4e-2)])
+def test_the_compare_job_gets_the_engines_own_fp8_bound(monkeypatch, tmp_path, engine, bound):
+    """A FLUX.2 candidate at bfloat16+fp8 is judged by its engine's bound: SGLang's FP8 path has its
+    own error (workloads/flux2.yaml, engines.sglang), so its compare job gets half of that, not the
+    torchao-derived bound the diffusers engine keeps."""
+    from types import SimpleNamespace
+
+    import bot.validate.correctness as correctness
+    from bot.jobs import JobOutcome
+    from bot.workload import load_workload
+
+    sent = {}
+    ctx = SimpleNamespace(target=SimpleNamespace(workload=load_workload("flux2"), dtype="bfloat16+fp8", engine_name=engine),
+                          seeds=[1], shapes=[], run_dir=tmp_path, say=lambda *_: None,
+                          job=lambda kind, wt, sha, name, params: sent.update(params) or SimpleNamespace())
+    monkeypatch.setattr(correctness, "run_job", lambda *a, **k: JobOutcome("ok", {"checks": []}))
+    corr = correctness.check_outputs(ctx, {"runs": []}, {"runs": []})
+    assert sent["tolerance"]["rel_l2"] == bound and f"rel_l2 <= {bound:g}" in corr.rule

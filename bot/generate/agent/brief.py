@@ -330,7 +330,7 @@ def kernel_rows(graph: Graph, profile: dict, cost: CostModel, op_ids: list[int],
 
 
 def build_brief(opp: dict, *, graph: Graph | None = None, profile: dict | None = None, workload=None,
-                dtype: str = "") -> OpportunityBrief:
+                dtype: str = "", engine: str = "") -> OpportunityBrief:
     """The brief of one Opportunity (its JSON, as the analysis wrote it). Without a graph or profile
     the brief says what it lacks rather than guess."""
     est = opp.get("estimate") or {}
@@ -344,7 +344,7 @@ def build_brief(opp: dict, *, graph: Graph | None = None, profile: dict | None =
         workload=getattr(workload, "name", "") or "", dtype=dtype)
     if workload is not None:
         b.bit_exact = bool(workload.bit_exact)
-        t = workload.tolerance.get(dtype)
+        t = workload.tolerance_for(dtype, engine)
         b.tolerance = {"rel_l2": t.rel_l2, "atol": t.atol, "rtol": t.rtol} if t else None
     if graph is None:
         b.notes.append("no captured graph for this run (no slice, no roofline)")
@@ -385,4 +385,5 @@ def for_task(task) -> OpportunityBrief:
     gf = getattr(task, "graph_file", None)
     graph = Graph.load(gf) if gf and Path(gf).is_file() else None
     t = task.vctx.target
-    return build_brief(task.opportunity, graph=graph, profile=task.profile, workload=t.workload, dtype=t.dtype)
+    return build_brief(task.opportunity, graph=graph, profile=task.profile, workload=t.workload, dtype=t.dtype,
+                       engine=t.engine_name)
