@@ -57,14 +57,22 @@ class ReplayResult:
 
 
 def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: str, hardware: str | None,
-          workload: str | None = None, unusable: bool = False) -> list[tuple[Entry, str]]:
+          workload: str | None = None, unusable: bool = False, modes: tuple[str, ...] = (),
+          precision: str = "") -> list[tuple[Entry, str]]:
     """(entry, opportunity id) pairs: each usable entry once, for the first opportunity it fits
-    (unusable=True: the rejected and retired entries that would have fitted instead)."""
+    (unusable=True: the rejected and retired entries that would have fitted instead). An entry that
+    enables modes (entry.yaml `enables:`) fits, with no opportunity (id ""), a run that checks one of
+    them (`modes`, the validator's) at one of its dtypes (`precision`)."""
     out = []
     for e in entries:
         if (e.status in UNUSABLE) != unusable:
             continue
         if workload and e.workloads and workload not in e.workloads:
+            continue
+        if e.enables:
+            if (e.matches(None, engine, hardware) and set(e.enables) & set(modes)
+                    and (not e.dtypes or precision in e.dtypes)):
+                out.append((e, ""))
             continue
         for opp in opportunities:
             if e.matches(opp.kind, engine, hardware):
@@ -215,7 +223,8 @@ def on_stand_in_code(patch_text: str, code: dict[str, list[str]]) -> str:
 
 def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: str, hardware: str | None,
            workload: str | None = None, store_root: Path | None = None,
-           lessons_root: Path | None = None, stand_in_code: dict | None = None) -> list[ReplayResult]:
+           lessons_root: Path | None = None, stand_in_code: dict | None = None,
+           modes: tuple[str, ...] = (), precision: str = "") -> list[ReplayResult]:
     """The generator: every matching entry becomes a candidate commit, a recorded conflict, or a
     skip that names the review caveat (in `lessons_root`) that declined its unchanged patch, or the
     stand-in code it would change (`stand_in_code`, the run's environment record: measured against
@@ -223,7 +232,7 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
     is a result "retired" with its reason (not applied)."""
     entries = load_store(store_root)
     out = []
-    for e, opp_id in match(entries, opportunities, engine, hardware, workload):
+    for e, opp_id in match(entries, opportunities, engine, hardware, workload, modes=modes, precision=precision):
         hit = on_stand_in_code(e.patch_path.read_text(), stand_in_code or {})
         why = (f"its patch changes code that runs here only for a stand-in: {hit}" if hit
                else declined(e, engine, workload, lessons_root))
@@ -232,6 +241,7 @@ def replay(checkout: EngineCheckout, opportunities: list[Opportunity], engine: s
                                     aside=under_compile(e, hardware, entry_places(e, opportunities, opp_id))))
     out += [ReplayResult(e.id, opp_id, "retired", e.retired.reason
                          + (f" (checked at {e.retired.engine_sha[:12]}, {e.retired.date})" if e.retired.engine_sha else ""))
-            for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True)
+            for e, opp_id in match(entries, opportunities, engine, hardware, workload, unusable=True,
+                                   modes=modes, precision=precision)
             if e.retired is not None]
     return out

@@ -101,6 +101,11 @@ class Entry:
     # entries whose changes this one includes (entry.yaml `supersedes:`): their patches conflict with
     # this one, so replay offers them only when this one is not offered (docs/store.md)
     supersedes: tuple[str, ...] = ()
+    # production modes the upstream engine cannot run at the entry's precision and the patch makes run
+    # (entry.yaml `enables:`): replay offers such an entry wherever the run checks one of those modes at
+    # one of its dtypes, with no profile finding (a step that fails to compile has none to show); the
+    # validator decides (a mode that fails for the base and runs for the candidate: docs/validate.md)
+    enables: tuple[str, ...] = ()
 
     @property
     def patch_path(self) -> Path:
@@ -168,7 +173,8 @@ def parse_entry(data: Any, file: Path) -> Entry:
     if not isinstance(data, dict):
         raise ConfigError(file, "(top level)", type(data).__name__, "a mapping of entry fields")
     known = {"id", "title", "pattern", "engine", "workloads", "shapes", "hardware", "dtype", "status",
-             "provenance", "kernels", "config_space", "description", "production", "retired", "supersedes"}
+             "provenance", "kernels", "config_space", "description", "production", "retired", "supersedes",
+             "enables"}
     for k in data:
         if k not in known:
             raise ConfigError(file, str(k), data[k], f"a known field ({', '.join(sorted(known))})")
@@ -226,8 +232,23 @@ def parse_entry(data: Any, file: Path) -> Entry:
         adds_kernels=_str_list(kernels, "adds", file, "kernels.", required=False),
         removes_kernels=_str_list(kernels, "removes", file, "kernels.", required=False),
         config_space=cs, description=str(data.get("description", "")).strip(), path=file.parent,
-        retired=retired, supersedes=_supersedes(data, eid, file),
+        retired=retired, supersedes=_supersedes(data, eid, file), enables=_enables(data, file),
     )
+
+
+def _enables(data: dict, file: Path) -> tuple[str, ...]:
+    from runner.job import parse_mode
+
+    modes = _str_list(data, "enables", file, required=False)
+    for i, m in enumerate(modes):
+        try:
+            parse_mode(m)
+        except ValueError as e:
+            raise ConfigError(file, f"enables[{i}]", m, str(e).split(": ", 1)[1]) from None
+        if m == "eager":
+            raise ConfigError(file, f"enables[{i}]", m, "a mode other than eager (the base always runs eager: "
+                                                        "nothing to enable there)")
+    return modes
 
 
 def _supersedes(data: dict, eid: str, file: Path) -> tuple[str, ...]:

@@ -129,9 +129,12 @@ def _replay(ctx: RunContext, opps: list[Opportunity], res: Result) -> list:
     t, hardware, replayed = ctx.target, ctx.hardware(), []
     knowledge = ctx.knowledge()
     env = ctx.results.profile.env if ctx.results.profile else {}
+    # the modes the validator will check (bot/validate/context.py Context.modes): where an entry that
+    # enables a mode can be offered
+    modes = t.workload.production_modes if ctx.on_cuda else ("eager",)
     results = list(replay(t.checkout, opps, t.engine_name or t.workload.default_engine, hardware, t.workload.name,
                           store_root=knowledge.kernel_store, lessons_root=knowledge.lessons,
-                          stand_in_code=env.get("stand_in_code")))
+                          stand_in_code=env.get("stand_in_code"), modes=modes, precision=t.dtype))
     if not results:
         n = sum(1 for p in knowledge.kernel_store.glob("*/entry.yaml")) if knowledge.kernel_store.is_dir() else 0
         res.notes.append(f"store replay: none of the {n} store entries is for {t.workload.name} on engine "

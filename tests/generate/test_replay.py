@@ -350,3 +350,24 @@ def test_a_kernel_file_already_aside_is_kept_and_one_without_the_switch_keeps_th
     assert r.status == "applied", r.reason
     assert (r.under_compile == "reference") == stepped, r.reason
     assert ("not stepping aside" in r.reason) != stepped
+
+
+def test_an_entry_that_enables_a_mode_is_offered_where_the_run_checks_it():
+    """sglang-fp8-quant-compile makes SGLang's FP8 DiT compile; a step that cannot compile shows no
+    profile finding, so the entry is offered with no opportunity wherever the run checks one of the
+    modes it enables at one of its dtypes, on its engine and hardware, and nowhere else."""
+    store = load_store(SHIPPED_STORE)
+    four = ("eager", "graph", "compile", "compile+graph")
+
+    def ids(*a, **k):
+        return {(e.id, o) for e, o in match(store, OPPS, *a, **k) if e.enables}
+
+    assert ids("sglang", "h200", "flux2", modes=four, precision="bfloat16+fp8") == {("sglang-fp8-quant-compile", "")}
+    assert ids("sglang", "h100", "flux2", modes=("eager", "compile"), precision="bfloat16+fp8")
+    assert not ids("sglang", "h200", "flux2", modes=four, precision="bfloat16")  # bf16 compiles upstream
+    assert not ids("sglang", "h200", "flux2", modes=("eager", "graph"), precision="bfloat16+fp8")
+    assert not ids("sglang", "cpu", "flux2", modes=("eager",), precision="float32+fp8")
+    assert not ids("diffusers", "h200", "flux2", modes=four, precision="bfloat16+fp8")
+    assert not ids("sglang", "h200", "qwen-image", modes=four, precision="bfloat16+fp8")  # not tried there
+    # without the run's modes (a caller that does not say), nothing is offered by mode
+    assert not ids("sglang", "h200", "flux2")

@@ -130,3 +130,14 @@ def test_supersedes_names_other_entries_of_the_store(tmp_path):
     back.write_text(yaml.safe_dump({**data, "supersedes": ["flux2-merge-qkv"]}))
     with pytest.raises(ConfigError, match=r"supersedes\[0\]'.*another entry"):
         load_store(store)
+
+
+@pytest.mark.parametrize("bad,why", [(["eager"], "other than eager"), (["compile:nope"], "compile[:RECIPE]")])
+def test_enables_names_production_modes_other_than_eager(tmp_path, bad, why):
+    folder = _copy_entry(tmp_path, "sglang-fp8-quant-compile")
+    assert load_entry(folder).enables == ("compile", "compile+graph")
+    f = folder / "entry.yaml"
+    f.write_text(yaml.safe_dump({**yaml.safe_load(f.read_text()), "enables": bad}))
+    with pytest.raises(ConfigError) as ei:
+        load_entry(folder)
+    assert "enables[0]" in str(ei.value) and why in str(ei.value) and str(f) in str(ei.value)

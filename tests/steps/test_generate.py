@@ -13,7 +13,8 @@ from bot.steps import generate
 def _generate_ctx(tmp_path, device, checkout=None):
     """A run context whose target is a stand-in: only the device matters to these branches."""
     ctx = RunContext("r", tmp_path, RunOptions(workload="flux2", gpus=2), Budget(), Results(), log=lambda m: None)
-    ctx._target = SimpleNamespace(device=device, dtype="float32", preset="full", workload=SimpleNamespace(name="flux2"),
+    wl = SimpleNamespace(name="flux2", production_modes=("eager", "graph", "compile", "compile+graph"))
+    ctx._target = SimpleNamespace(device=device, dtype="float32", preset="full", workload=wl,
                                   checkout=checkout or SimpleNamespace(base_sha="0" * 40))
     return ctx
 
