@@ -58,3 +58,27 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert rows[(broken, "compile")]["error"] and rows[(broken, "compile")]["median_ms"] is None
     assert f"{best['mode']} at {best['median_ms']:.2f} ms/step" in out.with_suffix(".md").read_text()
 
+
+
+def _rows(rel: str) -> list:
+    from bot.commands.bench import BenchRow
+
+    from benchmarks.profile_places import load
+    return [BenchRow(**r) for r in load(ROOT / "benchmarks/results" / rel)["rows"]]
+
+
+def test_the_bar_under_quant_is_what_a_user_of_the_quantized_upstream_runs():
+    """Recorded H200 runs. torchao's FP8 FLUX.2 compiles: the bar is its fastest compile row. SGLang's
+    own FP8 FLUX.2 does not (both compiled modes failed in inductor): the bar is its fastest row that
+    ran, the CUDA graph, said so; not SGLang bf16 compiled, which the run also has (446.69 ms)."""
+    from bot.commands.bench import choose_bar
+
+    best, label, note = choose_bar(_rows("h200-fp8-20261204/bench-flux2-fp8.json"), "upstream+fp8")
+    assert label == "upstream+fp8" and best.mode.startswith("compile") and note == ""
+    rows = _rows("h200-sglang-fp8-20261206/bench-flux2-sglang.json")
+    best, label, note = choose_bar(rows, "upstream+fp8")
+    assert (label, best.mode, round(best.median_ms, 2)) == ("upstream+fp8", "graph", 303.15)
+    assert note == "its torch.compile rows failed (compile, compile+graph)"
+    # without --quant the same rows' bar is upstream bf16's fastest correct compile row
+    best, label, note = choose_bar(rows)
+    assert (label, best.mode, round(best.median_ms, 2), note) == ("upstream", "compile+graph", 446.69, "")
