@@ -70,8 +70,8 @@ def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, pre
     for what, have, want in checks:
         if have != want:
             return None, f"recorded verdict is for another {what} ({have} vs {want})"
-    # A rejection recorded before a mode only the candidate could run was timed against the base
-    # against what a user of the base runs instead (bot/validate/speed._enabled, 2026-12-05) left that mode out of the decision;
+    # A rejection recorded before a mode only the candidate could run was timed against what a user of
+    # the base runs instead (bot/validate/speed._enabled, 2026-12-05) left that mode out of the decision;
     # today's rule might accept it, so it is measured again (a mode timed under the rule names base_mode).
     unjudged = [m for m, sp in w.speed.items() if sp.outcome == "n/a" and sp.patched_process_ms
                 and not sp.base_process_ms and not sp.base_mode]
