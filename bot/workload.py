@@ -7,7 +7,7 @@ prints it and exits 2 without a traceback.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
 from runner import input_spec
 from runner.input_spec import InputSpec
-from runner.job import FLOAT_DTYPES, PRECISIONS, QUANT_RECIPES, precision, split_precision
+from bot.tolerance import Tolerance, parse_tolerances
+from runner.job import FLOAT_DTYPES, precision
 
 PRESETS = ("full", "tiny")
 DTYPES = FLOAT_DTYPES
@@ -52,19 +53,6 @@ class Shape:
     @classmethod
     def from_json(cls, d: dict) -> "Shape":
         return cls(tuple(d["resolution"]), d["text_tokens"], d["batch"], d.get("frames", 1))
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rel_l2: float
-    atol: float
-    rtol: float
-    # for a quantized precision ("bfloat16+fp8"): how the bound was derived from the recipe's own
-    # error against the unquantized model (a measurement, with its command), never a number picked to pass
-    evidence: str = ""
-    # an engine whose FP8 baseline is its own path (SGLang's ModelOpt FP8), with its own error: the
-    # bound derived from that error (`engines: {sglang: {...}}` under the precision; Workload.tolerance_for)
-    engines: dict[str, "Tolerance"] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -277,14 +265,6 @@ def parse_workload_file(path: Path) -> Workload:
 
 
 
-def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | None = None) -> Tolerance:
-    tol = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence,
-                    engines=engines or {})
-    for k in ("rel_l2", "atol", "rtol"):
-        if getattr(tol, k) < 0:
-            raise ConfigError(file, f"{p}.{k}", getattr(tol, k), "a non-negative number")
-    return tol
-
 def parse_workload(data: Any, file: Path) -> Workload:
     r = _Reader(file)
     if not isinstance(data, dict):
@@ -377,30 +357,7 @@ def parse_workload(data: Any, file: Path) -> Workload:
 
     c = r.get(data, "correctness", "", dict)
     bit_exact = r.get(c, "bit_exact", "correctness", bool, default=False)
-    tol_raw = r.get(c, "tolerance", "correctness", dict, default={})
-    tolerance = {}
-    for dt, t in tol_raw.items():
-        p = f"correctness.tolerance.{dt}"
-        if dt not in PRECISIONS:
-            raise ConfigError(file, p, dt, f"a dtype, one of {list(DTYPES)}, optionally with +RECIPE for a "
-                                           f"quantized precision ({', '.join(QUANT_RECIPES)}), e.g. bfloat16+fp8")
-        base, recipe = split_precision(dt)
-        evidence = r.get(t, "evidence", p, str, default="") if recipe else ""
-        if recipe and not evidence.strip():
-            raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "
-                                                           f"{base} (measure it: optbot bench WL --quant {recipe}), "
-                                                           "with the command and the device")
-        by_engine = {}
-        for eng, et in r.get(t, "engines", p, dict, default={}).items() if recipe else ():
-            ep = f"{p}.engines.{eng}"
-            if not isinstance(et, dict):
-                raise ConfigError(file, ep, et, "a mapping {rel_l2, atol, rtol, evidence}")
-            ev = r.get(et, "evidence", ep, str, default="")
-            if not ev.strip():
-                raise ConfigError(file, f"{ep}.evidence", None, f"how this bound follows from {eng}'s own {recipe} "
-                                                                f"path's error against {base}, with the command and the device")
-            by_engine[str(eng)] = _tolerance(r, et, ep, file, ev)
-        tolerance[dt] = _tolerance(r, t, p, file, evidence, by_engine)
+    tolerance = parse_tolerances(r, r.get(c, "tolerance", "correctness", dict, default={}), file)
     if not bit_exact:
         for dev, dt in dtype.items():
             if dt not in tolerance:

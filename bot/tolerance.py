@@ -1,0 +1,61 @@
+"""Output tolerances (a workload file's `correctness.tolerance`): how far a candidate's outputs may be
+from the base's at each precision, and for a quantized precision how that bound follows from the
+recipe's own error (its evidence), per engine where an engine's quantized baseline is its own path."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.errors import ConfigError
+from runner.job import FLOAT_DTYPES, PRECISIONS, QUANT_RECIPES, split_precision
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_l2: float
+    atol: float
+    rtol: float
+    # for a quantized precision ("bfloat16+fp8"): how the bound was derived from the recipe's own
+    # error against the unquantized model (a measurement, with its command), never a number picked to pass
+    evidence: str = ""
+    # an engine whose FP8 baseline is its own path (SGLang's ModelOpt FP8), with its own error: the
+    # bound derived from that error (`engines: {sglang: {...}}` under the precision; bot/workload.py Workload.tolerance_for)
+    engines: dict[str, "Tolerance"] = field(default_factory=dict)
+
+
+def parse_tolerances(r, raw: dict, file: Path) -> dict[str, Tolerance]:
+    """{precision: Tolerance} from `correctness.tolerance` (r: the workload reader, whose errors name
+    the file and the dotted key)."""
+    tolerance = {}
+    for dt, t in raw.items():
+        p = f"correctness.tolerance.{dt}"
+        if dt not in PRECISIONS:
+            raise ConfigError(file, p, dt, f"a dtype, one of {list(FLOAT_DTYPES)}, optionally with +RECIPE for a "
+                                           f"quantized precision ({', '.join(QUANT_RECIPES)}), e.g. bfloat16+fp8")
+        base, recipe = split_precision(dt)
+        evidence = r.get(t, "evidence", p, str, default="") if recipe else ""
+        if recipe and not evidence.strip():
+            raise ConfigError(file, f"{p}.evidence", None, "how this bound follows from the recipe's own error against "
+                                                           f"{base} (measure it: optbot bench WL --quant {recipe}), "
+                                                           "with the command and the device")
+        by_engine = {}
+        for eng, et in r.get(t, "engines", p, dict, default={}).items() if recipe else ():
+            ep = f"{p}.engines.{eng}"
+            if not isinstance(et, dict):
+                raise ConfigError(file, ep, et, "a mapping {rel_l2, atol, rtol, evidence}")
+            ev = r.get(et, "evidence", ep, str, default="")
+            if not ev.strip():
+                raise ConfigError(file, f"{ep}.evidence", None, f"how this bound follows from {eng}'s own {recipe} "
+                                                                f"path's error against {base}, with the command and the device")
+            by_engine[str(eng)] = _tolerance(r, et, ep, file, ev)
+        tolerance[dt] = _tolerance(r, t, p, file, evidence, by_engine)
+    return tolerance
+
+
+def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | None = None) -> Tolerance:
+    tol = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence,
+                    engines=engines or {})
+    for k in ("rel_l2", "atol", "rtol"):
+        if getattr(tol, k) < 0:
+            raise ConfigError(file, f"{p}.{k}", getattr(tol, k), "a non-negative number")
+    return tol
