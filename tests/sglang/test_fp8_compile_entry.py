@@ -1,8 +1,11 @@
-"""sglang-fp8-quant-compile: SGLang's static FP8 quantization kernel builds when torch.compile launches
-it. No GPU needed: Triton compiles for sm_90 on the CPU. The signature is the one inductor gave the
-kernel on the H200 (read from the kernel inductor wrote there, committed with the run), so upstream's
-kernel fails here exactly as it did there and the test can fail; the patched one builds, and under
-Triton's own float32 signature both produce the same PTX (the fix changes nothing for eager SGLang)."""
+"""sglang-fp8-quant-compile: SGLang's own FP8 DiT gets through torch.compile. No GPU needed.
+
+1. Its static FP8 quantization kernel builds when inductor launches it: Triton compiles for sm_90 on
+   the CPU with the signature inductor gave the kernel on the H200 (read from the kernel inductor wrote
+   there, committed with the run), so upstream's kernel fails here exactly as it did there and the test
+   can fail; the patched one builds, and under Triton's own float32 signature both produce the same PTX
+   (the fix changes nothing for eager SGLang).
+2. Its FP8 GEMM dispatch traces under torch.compile(fullgraph=True) (the H100's second failure)."""
 from __future__ import annotations
 
 import ast
