@@ -22,6 +22,10 @@ class Tolerance:
     # bound derived from that error (`engines: {sglang: {...}}` under the precision; bot/workload.py Workload.tolerance_for)
     engines: dict[str, "Tolerance"] = field(default_factory=dict)
 
+    def bound(self) -> dict[str, float]:
+        """The numbers a comparison applies (runner/kinds/compare.py's `tolerance`)."""
+        return {"rel_l2": self.rel_l2, "atol": self.atol, "rtol": self.rtol}
+
 
 def parse_tolerances(r, raw: dict, file: Path) -> dict[str, Tolerance]:
     """{precision: Tolerance} from `correctness.tolerance` (r: the workload reader, whose errors name

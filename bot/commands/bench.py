@@ -231,8 +231,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         tol = tgt.workload.tolerance_for(tgt.dtype, tgt.engine_name)
         cj = t.job("compare", None, run_dir, device="cpu", shapes=[],
                    params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in pairs.items()],
-                           "tolerance": None if t.workload.bit_exact or tol is None
-                           else {k: getattr(tol, k) for k in ("rel_l2", "atol", "rtol")},
+                           "tolerance": None if t.workload.bit_exact or tol is None else tol.bound(),
                            "bit_exact": t.workload.bit_exact})
         cout = run_job(cj, run_dir, timeout_s=600, name=f"bench-compare-{ref_label}")
         if not cout.ok:

@@ -55,7 +55,7 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
                             cand.get("mode_outputs") or {})
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
         "pairs": pairs, "bit_exact": wl.bit_exact,
-        "tolerance": None if wl.bit_exact else {"rel_l2": tol.rel_l2, "atol": tol.atol, "rtol": tol.rtol}})
+        "tolerance": None if wl.bit_exact else tol.bound()})
     ctx.say("compare: outputs in a clean process")
     out = run_job(job, ctx.run_dir / "compare", timeout_s=600, name="compare")
     if not out.ok:
@@ -125,9 +125,8 @@ def check_kernels(ctx: Context, rev: Revision, corr: Correctness) -> JobOutcome 
     tests = kernel_tests_for(rev, ctx.opts.kernel_store or locate().kernel_store)
     if not tests:
         return None
-    wl = ctx.target.workload
-    tolmap = {k: {"atol": v.atol, "rtol": v.rtol}
-              for k, v in ((k, wl.tolerance_for(k, ctx.target.engine_name)) for k in wl.tolerance)}
+    wl, engine = ctx.target.workload, ctx.target.engine_name
+    tolmap = {k: {"atol": t.atol, "rtol": t.rtol} for k in wl.tolerance for t in (wl.tolerance_for(k, engine),)}
     job = ctx.job("kernel_check", rev.worktree, rev.sha, "kernels", {"tests": tests, "tolerance": tolmap})
     ctx.say(f"kernels: {len(tests)} test module(s) vs their references")
     out = run_job(job, ctx.run_dir / "kernels", timeout_s=ctx.opts.timeout_s or 900, name="kernels")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 
 from bot.validate.resolve import Revision
+from bot.validate.speed import mode_failures
 from bot.validate.verdict import Engagement
 
 
@@ -29,9 +30,9 @@ def declared_matches(item: str, entry: tuple[str, str, str]) -> bool:
 
 
 def enabled_modes(base: dict, cand: dict) -> list[str]:
-    """The modes the candidate's first process ran and the base's failed (validate_step results)."""
-    bt, ct = base.get("timing") or {}, cand.get("timing") or {}
-    return [m for m, t in ct.items() if isinstance(t, dict) and isinstance(bt.get(m), str)]
+    """The modes the candidate's first process ran and the base's failed (validate_step results):
+    speed.mode_failures with the sides swapped."""
+    return [m for m, _ in mode_failures(cand, base)]
 
 
 def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | None,

@@ -345,7 +345,7 @@ def build_brief(opp: dict, *, graph: Graph | None = None, profile: dict | None =
     if workload is not None:
         b.bit_exact = bool(workload.bit_exact)
         t = workload.tolerance_for(dtype, engine)
-        b.tolerance = {"rel_l2": t.rel_l2, "atol": t.atol, "rtol": t.rtol} if t else None
+        b.tolerance = t.bound() if t else None
     if graph is None:
         b.notes.append("no captured graph for this run (no slice, no roofline)")
         return b
