@@ -1,6 +1,7 @@
 """Output tolerances (a workload file's `correctness.tolerance`): how far a candidate's outputs may be
 from the base's at each precision, and for a quantized precision how that bound follows from the
-recipe's own error (its evidence), per engine where an engine's quantized baseline is its own path."""
+recipe's own error (its evidence), per engine where an engine's quantized baseline is its own path, and
+the bound for two outputs made in different modes (`across_modes`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,10 +22,17 @@ class Tolerance:
     # an engine whose FP8 baseline is its own path (SGLang's ModelOpt FP8), with its own error: the
     # bound derived from that error (`engines: {sglang: {...}}` under the precision; bot/workload.py Workload.tolerance_for)
     engines: dict[str, "Tolerance"] = field(default_factory=dict)
+    # for a pair whose two sides ran in different modes (a candidate's compiled step against the
+    # base's eager one where the base cannot compile; bench's compiled rows against the eager
+    # reference): at least the distance inductor's compile of the same model lands from its eager step
+    # (the trusted rewrite), measured; None: the same bound as within a mode
+    across_modes: "Tolerance | None" = None
 
-    def bound(self) -> dict[str, float]:
-        """The numbers a comparison applies (runner/kinds/compare.py's `tolerance`)."""
-        return {"rel_l2": self.rel_l2, "atol": self.atol, "rtol": self.rtol}
+    def bound(self, across_modes: bool = False) -> dict[str, float]:
+        """The numbers a comparison applies (runner/kinds/compare.py's `tolerance`); `across_modes`: for
+        outputs made in two different modes."""
+        t = self.across_modes if across_modes and self.across_modes else self
+        return {"rel_l2": t.rel_l2, "atol": t.atol, "rtol": t.rtol}
 
 
 def parse_tolerances(r, raw: dict, file: Path) -> dict[str, Tolerance]:
@@ -57,8 +65,21 @@ def parse_tolerances(r, raw: dict, file: Path) -> dict[str, Tolerance]:
 
 
 def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | None = None) -> Tolerance:
+    across = r.get(t, "across_modes", p, dict, default=None)
+    if across is not None:
+        ap = f"{p}.across_modes"
+        ev = r.get(across, "evidence", ap, str, default="")
+        if not ev.strip():
+            raise ConfigError(file, f"{ap}.evidence", None, "the measured distance of the trusted rewrite (inductor's "
+                                                            "compile of the same model from its eager step) this bound "
+                                                            "covers, with the command and the device")
+        across = _tolerance(r, {k: v for k, v in across.items() if k != "across_modes"}, ap, file, ev)
+        within = r.get(t, "rel_l2", p, float)
+        if across.rel_l2 < within:
+            raise ConfigError(file, f"{ap}.rel_l2", across.rel_l2, f"at least the bound within a mode ({within:g}): "
+                                                                   "outputs of two modes differ by more, never less")
     tol = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence,
-                    engines=engines or {})
+                    engines=engines or {}, across_modes=across)
     for k in ("rel_l2", "atol", "rtol"):
         if getattr(tol, k) < 0:
             raise ConfigError(file, f"{p}.{k}", getattr(tol, k), "a non-negative number")

@@ -8,11 +8,18 @@ from tests.test_cli_profile import ROOT, optbot
 
 def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     out = tmp_path / "b.json"
+    # the workload as shipped, plus a bound across modes at the CPU's FP8 precision (bot/tolerance.py):
+    # compiled rows are judged by it against the eager reference, eager rows by the precision's own
+    import yaml
+    wl = yaml.safe_load((ROOT / "workloads" / "flux2.yaml").read_text())
+    wl["correctness"]["tolerance"]["float32+fp8"]["across_modes"] = {
+        "rel_l2": 0.2, "atol": 0.5, "rtol": 0.1, "evidence": "a test's bound, set apart from the precision's"}
+    (tmp_path / "flux2.yaml").write_text(yaml.safe_dump(wl))
     # the honest merged-QKV patch: a real candidate whose fp32 outputs are bit-identical on CPU
     patch = ROOT / "tests" / "validate" / "adversarial" / "honest_merge_qkv.patch"
     # and one that breaks under torch.compile: its compile row carries the error, the rows that ran stay
     crash = ROOT / "tests" / "validate" / "adversarial" / "compile_only_crash.patch"
-    r = optbot("bench", "flux2", "--candidate", str(patch), "--candidate", str(crash), "--quant", "fp8",
+    r = optbot("bench", str(tmp_path / "flux2.yaml"), "--candidate", str(patch), "--candidate", str(crash), "--quant", "fp8",
                "--modes", "eager,graph,compile,compile:whole", "--other-modes", "eager,compile",
                "--compile-backend", "aot_eager", "--iters", "2", "--json", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -53,6 +60,8 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert (b["best_compile_mode"], b["best_compile_ms"]) == ("upstream+fp8 compile", best["median_ms"])
     honest = rows[("candidate:honest_merge_qkv", "compile")]
     assert honest["correct"] is True and honest["vs_compile"] == best["median_ms"] / honest["median_ms"]
+    assert "compiled against upstream+fp8 eager: the bound across modes, rel L2 <= 0.2" in honest["correctness"]
+    assert "across modes" not in cand["correctness"]
     broken = "candidate:compile_only_crash"
     assert rows[(broken, "eager")]["correct"] is True and rows[(broken, "eager")]["median_ms"]
     assert rows[(broken, "compile")]["error"] and rows[(broken, "compile")]["median_ms"] is None

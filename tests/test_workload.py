@@ -209,3 +209,24 @@ def test_an_engine_with_its_own_fp8_path_has_its_own_bound(tmp_path):
     with pytest.raises(ConfigError) as ei:
         parse_workload_file(p)
     assert "correctness.tolerance.bfloat16+fp8.engines.sglang.evidence" in str(ei.value)
+
+
+def test_a_bound_across_modes_needs_its_evidence_and_is_never_tighter(tmp_path):
+    """flux2's SGLang FP8 bound for a compiled step against an eager one (bot/tolerance.py
+    across_modes) names the run that measured the trusted rewrite; without evidence, or tighter than
+    the bound within a mode, the file is refused, naming the key."""
+    wl = load_workload("flux2")
+    t = wl.tolerance_for("bfloat16+fp8", "sglang")
+    assert t.across_modes is not None and t.across_modes.rel_l2 >= t.rel_l2
+    assert "h100-sglang-fp8-compile-20261206" in t.across_modes.evidence and "0.0827" in t.across_modes.evidence
+    assert t.bound(across_modes=True)["rel_l2"] == t.across_modes.rel_l2 and t.bound()["rel_l2"] == t.rel_l2
+    assert wl.tolerance["bfloat16"].bound(across_modes=True) == wl.tolerance["bfloat16"].bound()  # none declared
+    for change, key in ((lambda a: a.pop("evidence"), "across_modes.evidence"),
+                        (lambda a: a.update(rel_l2=1e-3), "across_modes.rel_l2")):
+        d = yaml.safe_load((ROOT / "workloads" / "flux2.yaml").read_text())
+        change(d["correctness"]["tolerance"]["bfloat16+fp8"]["engines"]["sglang"]["across_modes"])
+        p = tmp_path / "flux2.yaml"
+        p.write_text(yaml.safe_dump(d))
+        with pytest.raises(ConfigError) as ei:
+            parse_workload_file(p)
+        assert f"correctness.tolerance.bfloat16+fp8.engines.sglang.{key}" in str(ei.value)

@@ -19,7 +19,7 @@ from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
-from runner.job import Job, precision
+from runner.job import Job, parse_mode, precision
 
 
 @dataclass
@@ -222,6 +222,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     cand_labels = {v[0] for v in variants if v[1] is qt and v[0] != qref} if quant else set()
     comps: dict[str, dict[str, dict]] = {}
     unjudged: dict[str, str] = {}  # row key -> why its differences are measured but not judged
+    across_keys: dict[str, float] = {}  # rows judged by the precision's bound across modes -> its rel L2
     for ref_label, tgt, labels in (("upstream", t, lambda k: owner[k] not in cand_labels),
                                    (qref, qt, lambda k: owner[k] in cand_labels)):
         ref_key = f"{ref_label}:eager"
@@ -229,9 +230,16 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         if ref_key not in outputs or not pairs:
             continue
         tol = tgt.workload.tolerance_for(tgt.dtype, tgt.engine_name)
+        judged = not t.workload.bit_exact and tol is not None
+        across = tol.bound(across_modes=True) if judged and tol.across_modes else None
+        plist = []
+        for k, v in pairs.items():
+            plist.append({"label": k, "base": outputs[ref_key], "candidate": v})
+            if across and parse_mode(k[len(owner[k]) + 1:])[0] is not None:  # compiled, against eager
+                plist[-1]["tolerance"], across_keys[k] = across, across["rel_l2"]
         cj = t.job("compare", None, run_dir, device="cpu", shapes=[],
-                   params={"pairs": [{"label": k, "base": outputs[ref_key], "candidate": v} for k, v in pairs.items()],
-                           "tolerance": None if t.workload.bit_exact or tol is None else tol.bound(),
+                   params={"pairs": plist,
+                           "tolerance": tol.bound() if judged else None,
                            "bit_exact": t.workload.bit_exact})
         cout = run_job(cj, run_dir, timeout_s=600, name=f"bench-compare-{ref_label}")
         if not cout.ok:
@@ -260,6 +268,9 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 worst = max(comps[key].values(), key=lambda c: c.get("rel_l2", float("inf")))
                 row.correct = not bad
                 row.correctness = worst["reason"] if not bad else "; ".join(c["reason"] for c in bad.values())
+                if key in across_keys:
+                    row.correctness += f" (compiled against {qref if owner[key] in cand_labels else 'upstream'} " \
+                                       f"eager: the bound across modes, rel L2 <= {across_keys[key]:g})"
         if key in cross:
             row.correctness = f"{row.correctness}; {cross[key]}" if row.correctness else cross[key]
         if row.median_ms and base_ms:

@@ -19,6 +19,7 @@ from bot.validate.resolve import Revision
 from bot.validate.speed import base_fallbacks
 from bot.validate.verdict import Correctness, OutputCheck
 from bot.workload import Shape
+from runner.job import parse_mode
 
 
 def _label(shape: dict) -> str:
@@ -51,8 +52,9 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
     if cand.get("runs"):
         r0 = cand["runs"][0]
         b0 = brun[(json.dumps(r0["shape"], sort_keys=True), r0["seed"])]
+        across = None if wl.bit_exact or tol.across_modes is None else tol.bound(across_modes=True)
         pairs += mode_pairs(f"{_label(r0['shape'])} seed {r0['seed']}", b0["file"], base.get("mode_outputs") or {},
-                            cand.get("mode_outputs") or {})
+                            cand.get("mode_outputs") or {}, across)
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
         "pairs": pairs, "bit_exact": wl.bit_exact,
         "tolerance": None if wl.bit_exact else tol.bound()})
@@ -68,14 +70,16 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
     return corr
 
 
-def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_modes: dict[str, str]) -> list[dict]:
+def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_modes: dict[str, str],
+               across: dict | None = None) -> list[dict]:
     """The output pairs of each production mode but eager (the first shape and seed's outputs): the
     candidate's in that mode against the base's in the same mode (compile's own rounding is on both
     sides; a kernel that is wrong only when compiled or replayed is not). Where the base could not
     run a mode, against the run a user of the base makes instead (without the graph, else without
     compile: speed.base_fallbacks) and the one the speed check times such a mode against;
     a candidate credited with a mode it "enabled" is checked in it (adversarial
-    gpu_graph_only_wrong.patch)."""
+    gpu_graph_only_wrong.patch), under `across` where the workload gives a bound for outputs of two
+    modes (the precision's across_modes: compile's own rounding is on one side only)."""
     pairs = []
     for mode, file in cand_modes.items():
         if mode in base_modes:
@@ -84,7 +88,10 @@ def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_mo
         avail = dict(base_modes, eager=base_eager) if base_eager else base_modes
         ref = next((m for m in base_fallbacks(mode) if avail.get(m)), None)
         if ref:
-            pairs.append({"label": f"{label0} [{mode}; base {ref}]", "base": avail[ref], "candidate": file})
+            pair = {"label": f"{label0} [{mode}; base {ref}]", "base": avail[ref], "candidate": file}
+            if across is not None and parse_mode(mode)[0] != parse_mode(ref)[0]:  # inductor's rewrite on one side
+                pair["tolerance"] = across
+            pairs.append(pair)
     return pairs
 
 

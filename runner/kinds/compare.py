@@ -4,7 +4,8 @@ Neither side's engine is imported here: this process loads the two .pt files and
 (in float64). The bot never imports torch; this is where the numbers come from.
 
 job.params:
-  pairs      [{"label": "256x256/txt32/b1 seed 123", "base": PATH, "candidate": PATH}, ...]
+  pairs      [{"label": "256x256/txt32/b1 seed 123", "base": PATH, "candidate": PATH}, ...]; a pair may
+             carry its own "tolerance" (outputs of two different modes: bot/tolerance.py across_modes)
   tolerance  {"rel_l2": x, "atol": y, "rtol": z}, or null when bit_exact (null and not bit_exact:
              the differences are measured, ok is null)
   bit_exact  bool
@@ -85,6 +86,7 @@ def run(job) -> dict:
                 checks.append({"label": pair["label"], "output": name, "ok": False,
                                "reason": f"{name}: missing from the candidate's outputs"})
                 continue
-            checks.append({"label": pair["label"], **check(name, base[name], cand[name], p.get("tolerance"),
+            tol = pair["tolerance"] if "tolerance" in pair else p.get("tolerance")  # a pair's own bound (two modes)
+            checks.append({"label": pair["label"], **check(name, base[name], cand[name], tol,
                                                             bool(p.get("bit_exact")))})
     return {"ok": True, "checks": checks}
