@@ -115,7 +115,8 @@ def test_a_compiled_output_against_an_eager_base_is_judged_by_the_bound_across_m
 
 def test_the_compare_job_applies_a_pairs_own_bound(tmp_path):
     """runner/kinds/compare.py: one pair's own tolerance, the job's for the others; the same
-    difference fails the one and passes the other."""
+    difference fails the one and passes the other, and the looser bound still fails an output that
+    is wrong (the sign flipped)."""
     import torch
 
     from runner.kinds import compare
@@ -125,13 +126,17 @@ def test_the_compare_job_applies_a_pairs_own_bound(tmp_path):
     c[::2] += 0.2  # rel L2 0.141
     torch.save({"x": b}, tmp_path / "b.pt")
     torch.save({"x": c}, tmp_path / "c.pt")
+    torch.save({"x": -b}, tmp_path / "wrong.pt")  # a kernel wrong only in the compiled mode: far past either bound
 
     class Job:
         params = {"bit_exact": False, "tolerance": {"rel_l2": 0.05, "atol": 0.25, "rtol": 0.1},
                   "pairs": [{"label": "within", "base": str(tmp_path / "b.pt"), "candidate": str(tmp_path / "c.pt")},
                             {"label": "across", "base": str(tmp_path / "b.pt"), "candidate": str(tmp_path / "c.pt"),
-                             "tolerance": {"rel_l2": 0.15, "atol": 0.25, "rtol": 0.1}}]}
+                             "tolerance": {"rel_l2": 0.15, "atol": 0.25, "rtol": 0.1}},
+                            {"label": "across, wrong", "base": str(tmp_path / "b.pt"),
+                             "candidate": str(tmp_path / "wrong.pt"), "tolerance": {"rel_l2": 0.15, "atol": 0.25, "rtol": 0.1}}]}
 
     checks = {c["label"]: c for c in compare.run(Job())["checks"]}
     assert checks["within"]["ok"] is False and "rel L2" in checks["within"]["reason"]
     assert checks["across"]["ok"] is True
+    assert checks["across, wrong"]["ok"] is False
