@@ -228,6 +228,9 @@ def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None
     blocks.append(P(f"{len(commits)} {'commit(s)' if refused else 'optimization(s)'} on branch `{comb.branch if comb else '?'}` "
                     f"(preset {co.preset}, {co.dtype}, shape {co.shape}). "
                     f"Every number below names the device that measured it; CPU timings never stand in for GPU results."))
+    if "+" in co.dtype and co.judged_by:  # a quantized run: what its outputs were held to, and why that bound
+        blocks.append(P(f"Quantized ({co.dtype}): the base and every candidate run the recipe, and outputs are judged "
+                        f"against the quantized base: {co.judged_by}"))
     if refused:
         blocks.append(P(f"**Not delivered**: each commit was accepted alone, but the stack re-validated as a whole "
                         f"was {sv.status} ({sv.reason}: {sv.summary[:300]})."))

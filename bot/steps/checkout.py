@@ -21,6 +21,9 @@ class Result:
     device: str
     dtype: str
     shape: str
+    # how outputs are judged at this precision, and for a quantized one the evidence its bound follows
+    # from (the recipe's own error against the unquantized model): the report says it beside the results
+    judged_by: str = ""
 
     def summary(self) -> str:
         return (f"{self.engine} @ {self.base_sha[:12]}; {self.preset} preset on {self.device}, {self.dtype}, "
@@ -33,4 +36,20 @@ def run(ctx: RunContext) -> Result:
     return Result(workload=t.workload.name, engine=t.checkout.name, repo_path=str(t.checkout.repo_path),
                   base_sha=t.checkout.base_sha, ref=t.checkout.ref, import_root=t.checkout.import_root,
                   model_class=t.model_class, base_worktree=str(wt), preset=t.preset, device=t.device, dtype=t.dtype,
-                  shape=t.workload.preset(t.preset).shapes.label())
+                  shape=t.workload.preset(t.preset).shapes.label(), judged_by=judged_by(t))
+
+
+def judged_by(t) -> str:
+    """The output rule of the run's precision: the bound within a mode, the one across modes where the
+    workload gives it, and a quantized precision's evidence."""
+    if t.workload.bit_exact:
+        return "bit-exact"
+    tol = t.workload.tolerance_for(t.dtype, t.engine_name)
+    if tol is None:
+        return ""
+    text = f"rel L2 <= {tol.rel_l2:g} and |d| <= {tol.atol:g} + {tol.rtol:g}*|ref| against the base at {t.dtype}"
+    if tol.across_modes:
+        a = tol.across_modes
+        text += (f"; a compiled output against an eager one (a mode the base cannot run): rel L2 <= {a.rel_l2:g}, "
+                 f"|d| <= {a.atol:g} + {a.rtol:g}*|ref| ({a.evidence})")
+    return text + (f". The bound's evidence: {tol.evidence}" if tol.evidence else "")

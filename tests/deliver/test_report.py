@@ -95,3 +95,23 @@ def test_a_mode_the_base_cannot_run_is_shown_against_the_base_without_the_graph(
     r.validate.verdicts["c1"].speed[1] = sv.speed[1]
     md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "graph 1.340x vs the base's eager (enabled)" in md
+
+
+def test_a_quantized_run_says_what_its_outputs_were_held_to_and_why():
+    """Issue 16: beside an FP8 run's results, the bound it was judged by and the recipe's own error
+    against the unquantized model that bound follows from (the workload's evidence), across modes too
+    where the workload gives that bound; an unquantized run's report has no such line."""
+    from types import SimpleNamespace
+
+    from bot.workload import load_workload
+
+    wl = load_workload("flux2")
+    text = checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16+fp8", engine_name="sglang"))
+    assert "rel L2 <= 0.048" in text and "rel L2 <= 0.095" in text and "0.0952" in text and "0.0827" in text
+    r = _results()
+    r.checkout.dtype, r.checkout.judged_by = "bfloat16+fp8", text
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "Quantized (bfloat16+fp8): the base and every candidate run the recipe" in md and "0.0952" in md
+    assert "Quantized" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+    assert checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16", engine_name="diffusers")).startswith(
+        "rel L2 <= 0.05 ")
