@@ -53,6 +53,9 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
         r0 = cand["runs"][0]
         b0 = brun[(json.dumps(r0["shape"], sort_keys=True), r0["seed"])]
         across = None if wl.bit_exact or tol.across_modes is None else tol.bound(across_modes=True)
+        if across:  # the verdict's rule names both bounds
+            corr.rule += (f"; a compiled output against the base's uncompiled one: rel_l2 <= {across['rel_l2']:g} and "
+                          f"|d| <= {across['atol']:g} + {across['rtol']:g}*|ref|")
         pairs += mode_pairs(f"{_label(r0['shape'])} seed {r0['seed']}", b0["file"], base.get("mode_outputs") or {},
                             cand.get("mode_outputs") or {}, across)
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
