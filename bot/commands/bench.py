@@ -100,12 +100,13 @@ def _modes(text: str | None, default: tuple[str, ...], option: str) -> list[str]
 @click.option("--with-engine", "extra_engines", multiple=True, metavar="NAME",
               help="Also bench another engine the workload defines (e.g. sglang). Repeatable.")
 @click.option("--modes", default=None, metavar="LIST",
-              help="Comma list of modes for upstream: eager, graph, compile[:RECIPE][+graph] with RECIPE "
+              help="Comma list of modes for the (unquantized) upstream rows: eager, graph, compile[:RECIPE][+graph] with RECIPE "
                    "regional (plain 'compile'), whole or max-autotune (runner/modes.py). Default on cuda: "
                    f"{','.join(CUDA_UPSTREAM)}; on cpu: eager.")
 @click.option("--other-modes", default=None, metavar="LIST",
-              help="Modes for the --candidate and --with-engine rows (default on cuda: "
-                   f"{','.join(CUDA_OTHERS)}, the four production modes; on cpu: eager).")
+              help="Modes for the --candidate, --with-engine and (with --quant) upstream+RECIPE rows; eager is "
+                   "always among them (the reference the others are judged against). Default on cuda: "
+                   f"{','.join(CUDA_OTHERS)}, the four production modes; on cpu: eager.")
 @click.option("--iters", default=None, type=int, help="Timed steps per mode (default 10 on cuda, 3 on cpu).")
 @click.option("--compile-backend", default="inductor", show_default=True, metavar="NAME",
               help="torch.compile backend of the compile modes (aot_eager traces without generating code: "

@@ -31,8 +31,9 @@ def workload_options(f):
     @click.option("--quant", type=click.Choice(QUANT_RECIPES), default=None,
                   help="Run the model with its linear layers quantized after the weights load (fp8: e4m3 "
                        "weights with per-channel scales, per-token dynamic activation scales; torchao's recipe "
-                       "where it runs, optbot's emulation elsewhere: docs/fp8.md). The precision becomes "
-                       "DTYPE+RECIPE, with its own tolerance in the workload file.")
+                       "where it runs, optbot's emulation elsewhere; on --engine sglang, SGLang's own ModelOpt FP8 "
+                       "path: docs/fp8.md). The precision becomes DTYPE+RECIPE, with its own tolerance in the "
+                       "workload file.")
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         dev = kwargs.get("device")
