@@ -73,7 +73,9 @@ def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | No
             raise ConfigError(file, f"{ap}.evidence", None, "the measured distance of the trusted rewrite (inductor's "
                                                             "compile of the same model from its eager step) this bound "
                                                             "covers, with the command and the device")
-        across = _tolerance(r, {k: v for k, v in across.items() if k != "across_modes"}, ap, file, ev)
+        if "across_modes" in across:
+            raise ConfigError(file, f"{ap}.across_modes", across["across_modes"], "no key here: one bound across modes")
+        across = _tolerance(r, across, ap, file, ev)
         within = r.get(t, "rel_l2", p, float)
         if across.rel_l2 < within:
             raise ConfigError(file, f"{ap}.rel_l2", across.rel_l2, f"at least the bound within a mode ({within:g}): "
