@@ -22,6 +22,7 @@
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
 #   4. any command in that environment: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd python3 -m bot ...
+#      a store check of SGLang entries: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh check ENTRY...
 #      its GPU tests: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
 #   5. the bench of what optimize delivered, on the same warm machine (its branch lives there):
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh bench flux2 optbot/flux2/<sglang-sha12>
@@ -164,6 +165,23 @@ if [[ "$what" == cmd ]]; then
   shift
   "$@"
   exit $?
+fi
+
+if [[ "$what" == check ]]; then
+  # the store check of SGLang entries on this GPU (correctness, engagement, the four timed modes), e.g.
+  #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh check sglang-fp8-quant-compile     (~330 s a FLUX.2 entry)
+  # then, on the machine that holds the repository: optbot store record-bench <the JSON in the results>
+  shift
+  start=$(date +%s)
+  timeout "${LIMIT:-560}" python3 -m bot store check "$@" --engine sglang --device cuda \
+    --json "$D/store-check-sglang.json" 2>&1 | tee "$D/store-check-sglang.txt"
+  rc=${PIPESTATUS[0]}
+  echo "sglang store check: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
+  # a failing job's log names the cause (the FP8 compile obstacles were found this way)
+  run=$(ls -td "${OPTBOT_RUNS_DIR:-.optbot/runs}"/*-store-check-* /tmp/optbot-runs/*-store-check-* 2>/dev/null | head -1)
+  [[ -n "$run" ]] && find "$run" -name '*.log' -size -2M -exec grep -l -E 'Error|Traceback' {} + 2>/dev/null | head -8 |
+    while read -r f; do cp "$f" "$D/$(echo "${f#$run/}" | tr '/' '_')"; done
+  exit "$rc"
 fi
 
 if [[ "$what" == pytest ]]; then

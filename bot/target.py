@@ -62,14 +62,33 @@ class Target:
 
 
 @functools.lru_cache(maxsize=1)
-def cuda_available() -> bool:
+def cuda_device_count() -> int:
     """Asked of a child process: the bot itself never imports torch."""
     try:
-        out = subprocess.run([sys.executable, "-c", "import torch, json; print(json.dumps(torch.cuda.is_available()))"],
+        out = subprocess.run([sys.executable, "-c", "import torch, json; "
+                              "print(json.dumps(torch.cuda.device_count() if torch.cuda.is_available() else 0))"],
                              capture_output=True, text=True, timeout=120)
-        return json.loads(out.stdout.strip().splitlines()[-1]) is True
+        n = json.loads(out.stdout.strip().splitlines()[-1])
+        return n if isinstance(n, int) else 0
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError, OSError):
-        return False
+        return 0
+
+
+def cuda_available() -> bool:
+    return cuda_device_count() > 0
+
+
+def require_device(device: str) -> None:
+    """--device cuda[:N] where torch sees no GPU (or fewer): the user's error, said before any work starts
+    (a runner job would otherwise fail deep inside torch, once per entry or config)."""
+    if not device.startswith("cuda"):
+        return
+    if not cuda_available():
+        raise OptbotError(f"--device {device}: no CUDA device is visible to torch on this machine")
+    idx = int(device[5:]) if device.startswith("cuda:") else 0
+    n = cuda_device_count()
+    if idx >= n:
+        raise OptbotError(f"--device {device}: torch sees {n} CUDA device(s) on this machine (cuda:0..cuda:{n - 1})")
 
 
 def run_label(workload: str, dtype: str) -> str:
@@ -84,8 +103,7 @@ def resolve_target(workload: str, engine: str | None, ref: str | None, preset: s
     wl = load_workload(workload)
     if device is None:
         device = "cuda" if cuda_available() else "cpu"
-    elif device.startswith("cuda") and not cuda_available():
-        raise OptbotError(f"--device {device}: no CUDA device is visible to torch on this machine")
+    require_device(device)
     if preset is None:
         preset = "full" if device.startswith("cuda") else "tiny"
     wl.preset(preset)  # validates the name against the file

@@ -13,6 +13,7 @@ from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
 from bot.knowledge.store import get_entry, load_store
 from bot.paths import new_run_dir
+from bot.target import require_device
 
 _store_opt = knowledge_options(store=True)
 
@@ -138,6 +139,8 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
         raise click.BadParameter(f"{device!r}: expected cpu, cuda or cuda:N", param_hint="--device")
     if gpus > 1 and not device.startswith("cuda"):
         raise click.BadParameter(f"--gpus {gpus} needs --device cuda", param_hint="--gpus")
+    if not no_kernels:  # kernel tests and validation run on the device; schema, sources and patch need none
+        require_device(f"cuda:{gpus - 1}" if gpus > 1 else device)
     if propose and record:
         raise click.BadParameter("--propose records into the proposal's branch; --record into the working tree: "
                                  "give one", param_hint="--record")
@@ -378,6 +381,7 @@ def bench_cmd(knowledge, entry_ids, device, preset, rounds, iters, timeout, json
     """
     from bot.knowledge.bench import bench_entries
 
+    require_device(device)
     preset = preset or ("full" if device.startswith("cuda") else "tiny")
     entries = _entries(knowledge, entry_ids)
     run_dir = new_run_dir("store-bench")
@@ -416,6 +420,7 @@ def tune_cmd(knowledge, entry_ids, device, gpus, workers, json_path):
     """
     from bot.generate.variants import choose_config, search_entry
 
+    require_device(f"cuda:{gpus - 1}" if gpus > 1 and device.startswith("cuda") else device)
     entries = _entries(knowledge, entry_ids)
     tunable = [e for e in entries if e.config_space]
     for e in entries:

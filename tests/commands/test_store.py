@@ -105,3 +105,42 @@ def test_store_tune_on_cpu_checks_every_config_and_commits_nothing(cli_runner, t
     assert d["timings"] == {} and d["chosen"] == {} and "speed needs a GPU" in d["note"]
     r = cli_runner.invoke(cli, ["store", "tune", "flux2-merge-qkv", "--device", "cpu", "--knowledge-path", str(ROOT)])
     assert r.exit_code != 0 and "declares a config_space" in str(r.exception)
+
+
+def test_gpu_store_commands_on_a_machine_without_one_say_so_before_any_work():
+    """store check (kernels or validation), store bench and store tune with --device cuda where torch
+    sees no GPU: one line naming the option, exit 2, no run started (they used to fail inside every
+    runner job, once per entry or config, with torch's own error). A patch-only check needs no device."""
+    import pytest
+
+    from bot.target import cuda_device_count
+
+    n = cuda_device_count()
+    if n:
+        pytest.skip("a machine with a GPU: the case is one without")
+    for args in (["check", "flux2-swiglu", "--device", "cuda"], ["bench", "flux2-swiglu"], ["tune", "flux2-swiglu"],
+                 ["check", "flux2-swiglu", "--device", "cuda:1", "--no-validate"]):
+        r = subprocess.run([sys.executable, "-m", "bot", "store", *args, "--knowledge-path", str(ROOT)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert "no CUDA device is visible to torch on this machine" in r.stderr and "Traceback" not in r.stderr, args
+        assert "run directory" not in r.stderr, args
+    r = subprocess.run([sys.executable, "-m", "bot", "store", "check", "flux2-swiglu", "--device", "cuda", "--no-kernels",
+                        "--knowledge-path", str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_gpu_index_past_the_machines_devices_is_refused(monkeypatch):
+    """On a machine with one GPU (as torch counts them), cuda and cuda:0 pass and cuda:1 is refused,
+    naming what torch sees."""
+    import pytest
+
+    from bot import target
+    from bot.errors import OptbotError
+
+    monkeypatch.setattr(target, "cuda_device_count", lambda: 1)
+    target.require_device("cuda")
+    target.require_device("cuda:0")
+    target.require_device("cpu")
+    with pytest.raises(OptbotError, match=r"--device cuda:1: torch sees 1 CUDA device\(s\) on this machine \(cuda:0..cuda:0\)"):
+        target.require_device("cuda:1")
