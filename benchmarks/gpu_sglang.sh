@@ -19,7 +19,8 @@
 #      (exit 75) and resume on one warm machine (about 500 s of device time: issue 21):
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2            # then, back to back:
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
-#      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), PAUSE
+#      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), QUANT (fp8: SGLang's
+#      own FP8 path; replay offers sglang-fp8-quant-compile, which makes its compiled modes run), PAUSE
 #      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
 #   4. any command in that environment: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd python3 -m bot ...
 #      a store check of SGLang entries: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh check ENTRY...
@@ -148,6 +149,7 @@ if [[ "$what" == optimize ]]; then
       --json "$D/optimize-$wl-sglang.json" 2>&1 | tee -a "$D/optimize-$wl-sglang.txt"
   else
     timeout "$LIMIT" python3 -m bot optimize "$wl" --engine sglang --preset full --device cuda --dry-run \
+      ${QUANT:+--quant "$QUANT"} \
       --generators "${GENERATORS:-replay,template}" --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} \
       ${ABLATION:+--ablation-rounds $ABLATION} --json "$D/optimize-$wl-sglang.json" 2>&1 | tee "$D/optimize-$wl-sglang.txt"
   fi
