@@ -34,6 +34,16 @@ class Tolerance:
         t = self.across_modes if across_modes and self.across_modes else self
         return {"rel_l2": t.rel_l2, "atol": t.atol, "rtol": t.rtol}
 
+    def rule(self, precision: str) -> str:
+        """The rule as a verdict and a report state it: the bound within a mode, and the one across modes
+        where there is one."""
+        text = f"rel_l2 <= {self.rel_l2:g} and |d| <= {self.atol:g} + {self.rtol:g}*|ref| ({precision})"
+        if self.across_modes:
+            a = self.across_modes
+            text += (f"; a compiled output against the base's uncompiled one: rel_l2 <= {a.rel_l2:g} and "
+                     f"|d| <= {a.atol:g} + {a.rtol:g}*|ref|")
+        return text
+
 
 def parse_tolerances(r, raw: dict, file: Path) -> dict[str, Tolerance]:
     """{precision: Tolerance} from `correctness.tolerance` (r: the workload reader, whose errors name

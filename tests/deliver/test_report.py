@@ -107,11 +107,11 @@ def test_a_quantized_run_says_what_its_outputs_were_held_to_and_why():
 
     wl = load_workload("flux2")
     text = checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16+fp8", engine_name="sglang"))
-    assert "rel L2 <= 0.048" in text and "rel L2 <= 0.095" in text and "0.0952" in text and "0.0827" in text
+    assert "rel_l2 <= 0.048" in text and "rel_l2 <= 0.095" in text and "0.0952" in text and "0.0827" in text
     r = _results()
     r.checkout.dtype, r.checkout.judged_by = "bfloat16+fp8", text
     md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "Quantized (bfloat16+fp8): the base and every candidate run the recipe" in md and "0.0952" in md
     assert "Quantized" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
     assert checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16", engine_name="diffusers")).startswith(
-        "rel L2 <= 0.05 ")
+        "rel_l2 <= 0.05 and |d| <= 0.25 + 0.1*|ref| (bfloat16), against")
