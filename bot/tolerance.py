@@ -86,13 +86,13 @@ def _tolerance(r, t: dict, p: str, file: Path, evidence: str, engines: dict | No
         if "across_modes" in across:
             raise ConfigError(file, f"{ap}.across_modes", across["across_modes"], "no key here: one bound across modes")
         across = _tolerance(r, across, ap, file, ev)
-        within = r.get(t, "rel_l2", p, float)
-        if across.rel_l2 < within:
-            raise ConfigError(file, f"{ap}.rel_l2", across.rel_l2, f"at least the bound within a mode ({within:g}): "
-                                                                   "outputs of two modes differ by more, never less")
     tol = Tolerance(*(r.get(t, k, p, float) for k in ("rel_l2", "atol", "rtol")), evidence=evidence,
                     engines=engines or {}, across_modes=across)
     for k in ("rel_l2", "atol", "rtol"):
         if getattr(tol, k) < 0:
             raise ConfigError(file, f"{p}.{k}", getattr(tol, k), "a non-negative number")
+    if across is not None and across.rel_l2 < tol.rel_l2:
+        raise ConfigError(file, f"{p}.across_modes.rel_l2", across.rel_l2, f"at least the bound within a mode "
+                                                                          f"({tol.rel_l2:g}): outputs of two modes "
+                                                                          "differ by more, never less")
     return tol

@@ -15,9 +15,9 @@ import yaml
 
 from bot.errors import ConfigError, OptbotError
 from bot.paths import REPO_ROOT
+from bot.tolerance import Tolerance, parse_tolerances
 from runner import input_spec
 from runner.input_spec import InputSpec
-from bot.tolerance import Tolerance, parse_tolerances
 from runner.job import FLOAT_DTYPES, precision
 
 PRESETS = ("full", "tiny")
@@ -262,7 +262,6 @@ def parse_workload_file(path: Path) -> Workload:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise OptbotError(f"{path}: malformed YAML{where}: {problem}") from None
     return parse_workload(data, path)
-
 
 
 def parse_workload(data: Any, file: Path) -> Workload:

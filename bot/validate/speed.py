@@ -120,9 +120,7 @@ def base_fallbacks(mode: str) -> list[str]:
     recipe, graph = parse_mode(mode)
     out = []
     if graph and recipe is not None:
-        out.append(mode[:-len("+graph")])
-    if recipe is not None and graph:
-        out.append("graph")
+        out += [mode[:-len("+graph")], "graph"]
     if mode != "eager":
         out.append("eager")
     return out
