@@ -143,6 +143,8 @@ def latency_table(results) -> tuple[list, dict[str, Measurement | None]]:
             rows += [_meas_row("baseline", label, m.get(f"base_{s.mode}")),
                      _meas_row("optimized", label, m.get(f"cand_{s.mode}"), m.get(f"base_{s.base_mode or s.mode}"))]
         note = "Base and optimized timed interleaved by the validator in one runner job."
+        if sv.reused_from:  # a one-commit stack: its candidate's timings (bot/steps/combine.same_tree_verdict)
+            note += f" Not timed again for the stack: {sv.reused_from}."
         mode_notes = "; ".join(f"{MODE_LABELS.get(s.mode, s.mode)}: {s.note}" for s in sv.speed if s.note)
         if "graph" not in {s.mode for s in sv.speed}:
             mode_notes = "; ".join(filter(None, [mode_notes, "CUDA graph: not measured" + (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import git
 
@@ -91,9 +91,9 @@ def run(ctx: RunContext) -> Result:
         return res
     # the stack joins the bundle: a resume on another machine finds the branch
     bundle_candidates(t.checkout.repo, ctx.run_dir, ctx.run_id, [c.commit_sha for c in cands.values()] + [head])
-    res.stack_verdict = _stack_verdict(ctx, head)
-    sv = res.stack_verdict
-    res.stack_note = f"stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})"
+    res.stack_verdict = sv = _stack_verdict(ctx, head, commits, cands, verdicts)
+    res.stack_note = (f"stack re-validated: {sv.status} ({sv.reason or 'accepted'}: {sv.summary})"
+                      if not sv.reused_from else f"stack: {sv.status}, {sv.reused_from}")
     idle = idle_in_stack(sv, accepted, commits)
     if idle and len(idle) < len(commits):
         # each of these was engaged alone; in the stack another commit took its code path away, so it
@@ -113,14 +113,36 @@ def run(ctx: RunContext) -> Result:
     return res
 
 
-def _stack_verdict(ctx: RunContext, head: str) -> Verdict:
-    """The stack at `head` validated as a whole (a resumed run finds the verdict it took before the stop)."""
+def _stack_verdict(ctx: RunContext, head: str, commits: list[StackCommit] = (),
+                   cands: dict[str, Candidate] | None = None, verdicts: dict[str, Verdict] | None = None) -> Verdict:
+    """The stack at `head` validated as a whole (a resumed run finds the verdict it took before the stop).
+    A stack of one commit whose tree is its candidate's is that candidate's code: its verdict stands
+    (one SGLang validation in four modes is ~330 GPU-s)."""
     v = load_checkpoint(ctx.run_dir, "stack", head)
+    if v is None:
+        v = same_tree_verdict(ctx.target.checkout.repo, head, commits, cands or {}, verdicts or {})
     if v is None:
         ctx.check_pause("validating the stack")
         v = verdict_of(ctx, head, "stack", ctx.target.device)
         save_checkpoint(ctx.run_dir, "stack", head, v)
     return v
+
+
+def same_tree_verdict(repo: git.Repo, head: str, commits: list[StackCommit], cands: dict[str, Candidate],
+                      verdicts: dict[str, Verdict]) -> Verdict | None:
+    """The verdict of the stack's one candidate, relabelled for the stack, when the stack's tree is the
+    tree that candidate was validated at against the same base; else None (validate the stack)."""
+    if len(commits) != 1:
+        return None
+    cid = commits[0].candidate_id
+    cand, cv = cands.get(cid), verdicts.get(cid)
+    if cand is None or cv is None or not cv.accepted:
+        return None
+    if repo.commit(head).tree.hexsha != repo.commit(cand.commit_sha).tree.hexsha:
+        return None
+    why = (f"the stack's one commit has candidate {cid}'s tree ({cand.commit_sha[:12]}), whose verdict "
+           + (f"({cv.reused_from}) " if cv.reused_from else "(this run) ") + "stands for it: not validated again")
+    return replace(cv, candidate_sha=head, candidate=head, notes=[*cv.notes, why], reused_from=why)
 
 
 def idle_in_stack(v: Verdict, accepted: list[Candidate], commits: list[StackCommit]) -> list[str]:

@@ -106,7 +106,8 @@ class Verdict:
     seconds: float = 0.0
     # set when this verdict was not measured now but taken from the store's record of the same patch,
     # base, workload, preset, dtype, hardware, torch and triton (bot/steps/validate.py): says which
-    # record, so no reader takes it for a fresh measurement and learn does not record it again
+    # record, so no reader takes it for a fresh measurement and learn does not record it again; a
+    # stack of one commit carries its candidate's verdict with this saying so (bot/steps/combine.py)
     reused_from: str = ""
 
     def __post_init__(self):

@@ -58,6 +58,18 @@ def test_report_shows_the_verdicts_numbers_with_their_device():
     assert html.count("<details>") >= 2 and "<td>cuda (NVIDIA H200)</td>" in html
 
 
+def test_a_one_commit_stack_that_kept_its_candidates_verdict_says_so():
+    import dataclasses
+
+    r = _results()
+    r.combine.stack_verdict = dataclasses.replace(r.combine.stack_verdict, reused_from="the stack's one commit has "
+                                                  "candidate c1's tree (cccccccccccc), whose verdict (this run) stands for it")
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "| optimized | eager | 8.200 |" in md
+    assert "Not timed again for the stack: the stack's one commit has candidate c1's tree" in md
+    assert "Not timed again" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+
+
 def test_report_without_a_stack_says_what_was_not_measured():
     r = _results()
     r.combine = combine.Result("done", "optbot/flux2/aaaa", "a" * 40, "a" * 40, stack_note="no accepted optimization")

@@ -101,3 +101,46 @@ def test_a_commit_idle_in_the_stack_is_named_from_the_stack_verdict():
     assert combine.idle_in_stack(accepted_v, accepted, comb.commits) == []
     slower = dataclasses.replace(sv, reason="slower", engagement=dataclasses.replace(sv.engagement, ok=True, missing=[]))
     assert combine.idle_in_stack(slower, accepted, comb.commits) == []
+
+
+def test_a_one_commit_stack_with_its_candidates_tree_keeps_that_verdict(tmp_path):
+    """A stack of one commit cherry-picked onto the base is the candidate's code: its verdict stands
+    for the stack, labelled as such. Another tree (a second commit, a candidate made on another
+    parent) or a candidate that was not accepted is validated again."""
+    import git
+
+    from tests.knowledge.verdicts import gpu_verdict as verdict
+
+    repo = git.Repo.init(tmp_path / "engine")
+    f = tmp_path / "engine" / "model.py"
+    f.write_text("x = 1\n")
+    repo.index.add([str(f)])
+    base = repo.index.commit("base")
+    f.write_text("x = 2\n")
+    repo.index.add([str(f)])
+    cand_commit = repo.index.commit("candidate")
+    repo.git.checkout("--detach", base.hexsha)
+    repo.git.cherry_pick("--no-commit", cand_commit.hexsha)
+    stack_head = repo.index.commit("stack: candidate").hexsha
+    assert stack_head != cand_commit.hexsha
+    cands = {"replay-a": Candidate("replay-a", "o", "k", "replay", "", cand_commit.hexsha)}
+    v = verdict(status="accepted", reason=None, base_sha=base.hexsha, candidate_sha=cand_commit.hexsha)
+    commits = [StackCommit("replay-a", stack_head, "stack: candidate")]
+
+    sv = combine.same_tree_verdict(repo, stack_head, commits, cands, {"replay-a": v})
+    assert sv is not None and sv.accepted and sv.candidate_sha == stack_head and sv.speed == v.speed
+    assert "candidate replay-a's tree" in sv.reused_from and "(this run)" in sv.reused_from
+    assert sv.notes[-1] == sv.reused_from and v.reused_from == ""
+    # the candidate's own verdict was a store record: the stack's says so
+    known = combine.same_tree_verdict(repo, stack_head, commits, cands,
+                                      {"replay-a": verdict(status="accepted", reason=None, reused_from="run r1's record")})
+    assert "(run r1's record)" in known.reused_from
+
+    rejected = verdict(status="rejected", reason="slower")
+    assert combine.same_tree_verdict(repo, stack_head, commits, cands, {"replay-a": rejected}) is None
+    f.write_text("x = 3\n")
+    repo.index.add([str(f)])
+    other = repo.index.commit("stack: another tree").hexsha
+    assert combine.same_tree_verdict(repo, other, [StackCommit("replay-a", other, "s")], cands, {"replay-a": v}) is None
+    two = [StackCommit("replay-a", stack_head, "s"), StackCommit("replay-b", other, "t")]
+    assert combine.same_tree_verdict(repo, other, two, cands, {"replay-a": v}) is None
