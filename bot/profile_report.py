@@ -78,10 +78,15 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
     c.print(f"roofline ({p['device']}, ceilings measured in this run: matmul {r['peak_matmul_tflops']} TFLOP/s "
             f"{p['peaks']['matmul_dtype']}, copy {r['peak_copy_gbps']} GB/s):")
     c.print(f"  linear {r['linear_tflop']:.4g} TFLOP + attention {r['attention_tflop']:.4g} TFLOP -> compute floor "
-            f"{r['compute_floor_ms']:.3f} ms; GEMM at {_fmt(r['gemm_pct_of_peak'])}% of peak, attention at "
+            f"{r['compute_floor_ms']:.3f} ms{_fp8_floor_note(r)}; GEMM at {_fmt(r['gemm_pct_of_peak'])}% of peak, attention at "
             f"{_fmt(r['attention_pct_of_peak'])}%")
     c.print(f"  memory-bound ops move ~{r['memory_bound_gb']:.4g} GB -> floor {r['memory_bound_floor_ms']:.3f} ms; "
             f"achieved {_fmt(r['memory_bound_pct_of_peak'])}% of copy bandwidth")
+
+
+def _fp8_floor_note(r: dict) -> str:
+    """A quantized profile's floor has its linear FLOPs at the FP8 ceiling: say so, and at what rate."""
+    return f" (linear at {r['gemm_peak_tflops']} TFLOP/s FP8)" if "TFLOP/s FP8" in r.get("compute_floor_basis", "") else ""
 
 
 def _mode(p: dict) -> str:
@@ -126,7 +131,7 @@ def markdown(p: dict, meta: dict) -> str:
               f"| copy ceiling | {r['peak_copy_gbps']} GB/s |",
               f"| linear FLOPs | {r['linear_tflop']:.4g} TFLOP |",
               f"| attention FLOPs | {r['attention_tflop']:.4g} TFLOP |",
-              f"| compute floor (all FLOPs at the matmul ceiling) | {r['compute_floor_ms']:.3f} ms |",
+              f"| compute floor ({r.get('compute_floor_basis', 'all FLOPs at the matmul ceiling')}) | {r['compute_floor_ms']:.3f} ms |",
               f"| GEMM achieved | {_fmt(r['gemm_tflops_achieved'] and round(r['gemm_tflops_achieved'], 1))} TFLOP/s ({_fmt(r['gemm_pct_of_peak'])}%) |",
               f"| attention achieved | {_fmt(r['attention_tflops_achieved'] and round(r['attention_tflops_achieved'], 1))} TFLOP/s ({_fmt(r['attention_pct_of_peak'])}%) |",
               f"| memory-bound bytes (estimated from op shapes) | {r['memory_bound_gb']:.4g} GB |",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from bot.commands.bench import _fp8_floor
 from runner import peaks, quant
+from runner.roofline import compute_floor
 
 
 def test_fp8_ceiling_is_measured_on_cpu_beside_the_matmul_one():
@@ -28,9 +28,11 @@ def test_the_fp8_operands_are_the_form_scaled_mm_takes():
 def test_fp8_floor_adds_linear_at_fp8_and_attention_at_the_matmul_ceiling():
     pk = peaks.measure("cpu", torch.float32, fp8=True)
     fl = {"linear": 3e12, "attention": 1e12}
-    ms, basis = _fp8_floor(fl, pk)
+    ms, basis = compute_floor(fl, pk)
+    assert ms == 4e12 / (pk["matmul_tflops"] * 1e12) * 1e3 and "float32 matmul measured in this run (cpu)" in basis
+    ms, basis = compute_floor(fl, pk, fp8=True)
     assert ms == (3e12 / (pk["fp8_matmul_tflops"] * 1e12) + 1e12 / (pk["matmul_tflops"] * 1e12)) * 1e3
     assert f"at {pk['fp8_matmul_tflops']} TFLOP/s FP8" in basis and "(cpu)" in basis
     # a run whose FP8 ceiling could not be measured says why, with no number
-    ms, basis = _fp8_floor(fl, {**pk, "fp8_matmul_tflops": None, "fp8_matmul_why": "compute capability 8.0: FP8 ..."})
+    ms, basis = compute_floor(fl, {**pk, "fp8_matmul_tflops": None, "fp8_matmul_why": "compute capability 8.0: FP8 ..."}, fp8=True)
     assert ms is None and basis == "FP8 ceiling not measured: compute capability 8.0: FP8 ..."

@@ -20,6 +20,7 @@ from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
 from runner.job import Job, parse_mode, precision
+from runner.roofline import compute_floor
 
 
 @dataclass
@@ -194,16 +195,13 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
             res.env = r["env"]
             if "flops" in r:
                 fl, pk = r["flops"], r["peaks"]
-                res.roofline_ms = (fl["linear"] + fl["attention"]) / (pk["matmul_tflops"] * 1e12) * 1e3
-                res.roofline_basis = (f"{(fl['linear'] + fl['attention']) / 1e12:.4g} TFLOP (linear {fl['linear'] / 1e12:.4g} + "
-                                      f"attention {fl['attention'] / 1e12:.4g}) at {pk['matmul_tflops']} TFLOP/s "
-                                      f"{pk['matmul_dtype']} matmul measured in this run ({pk['device']})")
+                res.roofline_ms, res.roofline_basis = compute_floor(fl, pk)
                 if pk.get("matmul_sustained_tflops"):
                     res.roofline_sustained_ms = (fl["linear"] + fl["attention"]) / (pk["matmul_sustained_tflops"] * 1e12) * 1e3
                     res.roofline_sustained_basis = (
                         f"the same FLOPs at {pk['matmul_sustained_tflops']} TFLOP/s, the {pk['matmul_dtype']} matmul rate "
                         f"held back to back for ~3 s in this run (power-limited)")
-                res.roofline_fp8_ms, res.roofline_fp8_basis = _fp8_floor(fl, pk)
+                res.roofline_fp8_ms, res.roofline_fp8_basis = compute_floor(fl, pk, fp8=True)
         for mode, m in r["modes"].items():
             row = BenchRow(label, mode, res.device, engine_sha=sha)
             if "error" in m:
@@ -336,17 +334,6 @@ def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: d
         if "rel_l2" in c:
             found.setdefault(c["label"], []).append(f"{c['output']} {c['rel_l2']:.3g}")
     return {k: f"vs {against[k]}: rel L2 {', '.join(v)}" for k, v in found.items()}
-
-
-def _fp8_floor(fl: dict, pk: dict) -> tuple[float | None, str]:
-    """Linear FLOPs at the FP8 ceiling plus attention FLOPs at the matmul ceiling, both measured in
-    the run; None with the reason where the FP8 ceiling could not be measured."""
-    if not pk.get("fp8_matmul_tflops"):
-        return None, f"FP8 ceiling not measured: {pk.get('fp8_matmul_why', 'no FP8 figure in this run')}"
-    ms = (fl["linear"] / (pk["fp8_matmul_tflops"] * 1e12) + fl["attention"] / (pk["matmul_tflops"] * 1e12)) * 1e3
-    return ms, (f"linear {fl['linear'] / 1e12:.4g} TFLOP at {pk['fp8_matmul_tflops']} TFLOP/s FP8 "
-                f"({pk['fp8_matmul_form']}) + attention {fl['attention'] / 1e12:.4g} TFLOP at "
-                f"{pk['matmul_tflops']} TFLOP/s {pk['matmul_dtype']}, measured in this run ({pk['device']})")
 
 
 def _fmt(x, spec=".2f") -> str:

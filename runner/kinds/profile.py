@@ -12,8 +12,10 @@ from __future__ import annotations
 from runner import env as envmod
 from runner import peaks
 from runner.harness import prepare_first_step, step_passes
+from runner.job import split_precision
 from runner.modes import ModeWalk
 from runner.profiler import count_flops, profile_step
+from runner.roofline import compute_floor
 from runner.timing import time_fn
 
 
@@ -25,10 +27,15 @@ def run(job) -> dict:
     timed = walk.callable(mode)
     latency = time_fn(timed, job.device, warmup=job.warmup, iters=job.iters)
     prof = profile_step(built.model, timed, job.device, out_dir / "trace.json.gz")
-    ceil = peaks.measure(job.device, built.dtype)
+    fp8 = split_precision(job.dtype)[1] == "fp8"  # FP8 linear layers: GEMMs against the FP8 ceiling
+    ceil = peaks.measure(job.device, built.dtype, fp8=fp8)
     passes = step_passes(job.workload)
     cats = prof["categories"]
-    peak_flops = ceil["matmul_tflops"] * 1e12
+    floor_ms, floor_basis = compute_floor(flops, ceil, fp8=fp8)
+    if floor_ms is None:  # no FP8 ceiling on this device: the matmul one, said so
+        floor_ms, basis = compute_floor(flops, ceil)
+        floor_basis = f"{floor_basis}; {basis}"
+    gemm_peak = (ceil.get("fp8_matmul_tflops") or ceil["matmul_tflops"]) if fp8 else ceil["matmul_tflops"]
     bw = ceil["copy_gbps"] * 1e9
     mem_ms = sum(cats[c] for c in ("normalization", "elementwise", "copy", "quantization"))
     mem_bytes = sum(prof["memory_bytes"].values())
@@ -37,15 +44,17 @@ def run(job) -> dict:
         "peak_copy_gbps": ceil["copy_gbps"],
         "linear_tflop": flops["linear"] / 1e12,
         "attention_tflop": flops["attention"] / 1e12,
-        # the floor of the step if every FLOP ran at the measured matmul rate
-        "compute_floor_ms": (flops["linear"] + flops["attention"]) / peak_flops * 1e3,
+        # the floor of the step if every FLOP ran at the measured matmul rate (FP8 linear: its rate)
+        "compute_floor_ms": floor_ms,
+        "compute_floor_basis": floor_basis,
+        "gemm_peak_tflops": gemm_peak,
         "gemm_tflops_achieved": flops["linear"] / (cats["gemm"] * 1e-3) / 1e12 if cats["gemm"] else None,
         "attention_tflops_achieved": flops["attention"] / (cats["attention"] * 1e-3) / 1e12 if cats["attention"] else None,
         "memory_bound_gb": mem_bytes / 1e9,
         "memory_bound_floor_ms": mem_bytes / bw * 1e3,
         "memory_bound_gbps_achieved": mem_bytes / (mem_ms * 1e-3) / 1e9 if mem_ms else None,
     }
-    roofline["gemm_pct_of_peak"] = _pct(roofline["gemm_tflops_achieved"], ceil["matmul_tflops"])
+    roofline["gemm_pct_of_peak"] = _pct(roofline["gemm_tflops_achieved"], gemm_peak)
     roofline["attention_pct_of_peak"] = _pct(roofline["attention_tflops_achieved"], ceil["matmul_tflops"])
     roofline["memory_bound_pct_of_peak"] = _pct(roofline["memory_bound_gbps_achieved"], ceil["copy_gbps"])
     is_cuda = job.device.startswith("cuda")

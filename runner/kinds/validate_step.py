@@ -135,8 +135,12 @@ def run(job) -> dict:
         if job.device.startswith("cuda"):
             from runner import peaks
 
-            fl["peaks"] = peaks.measure(job.device, built.dtype)
-            fl["compute_floor_ms"] = (fl["linear"] + fl["attention"]) / (fl["peaks"]["matmul_tflops"] * 1e12) * 1e3
+            from runner.job import split_precision
+            from runner.roofline import compute_floor
+
+            fp8 = split_precision(job.dtype)[1] == "fp8"  # FP8 linear layers: their floor is the FP8 ceiling's
+            fl["peaks"] = peaks.measure(job.device, built.dtype, fp8=fp8)
+            fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, fl["peaks"], fp8=fp8)
         result["flops"] = fl
 
     result["passes"] = step_passes(job.workload)

@@ -45,6 +45,26 @@ def test_implausible_speedup_and_roofline():
     assert implausible([Speed("eager", "cuda", [533.0], [480.0], speedup=1.1)], fl) == ""
 
 
+def test_an_fp8_step_is_held_to_the_fp8_floor_not_the_bf16_one():
+    """SGLang's FP8 FLUX.2 on an H100 (2026-12-06): 282.60 TFLOP a step, 734.66 TFLOP/s bf16 matmul
+    ceiling, 317.8 ms eager, under the bf16 floor (384.7 ms): held implausible, so no FP8 candidate
+    could be delivered. With the linear FLOPs at an FP8 ceiling the same step is plausible."""
+    from runner.roofline import compute_floor
+
+    pk = {"device": "cuda", "matmul_tflops": 734.66, "matmul_dtype": "bfloat16", "fp8_matmul_tflops": 1200.0,
+          "fp8_matmul_form": "_scaled_mm e4m3 x e4m3, row-wise fp32 scales, bf16 out"}
+    fl = {"linear": 253.4e12, "attention": 29.2e12, "peaks": pk}
+    step = [Speed("eager", "cuda", [319.7], [317.8], speedup=1.006)]
+    fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, pk)
+    assert "under the roofline floor 384.66" in implausible(step, fl) and "bfloat16 matmul" in implausible(step, fl)
+    fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, pk, fp8=True)
+    assert round(fl["compute_floor_ms"], 1) == 250.9 and implausible(step, fl) == ""
+    assert "under the roofline floor 250.9" in implausible([Speed("eager", "cuda", [319.7], [240.0], speedup=1.3)], fl)
+    # no FP8 ceiling measured: no floor, so no floor check (never the bf16 one)
+    fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, {**pk, "fp8_matmul_tflops": None}, fp8=True)
+    assert fl["compute_floor_ms"] is None and implausible(step, fl) == ""
+
+
 def test_speed_line_says_mode_device_outcome_and_noise():
     line = speed_line([Speed("eager", "cpu", [10.0], [8.0], speedup=1.25, noise_pct=2.0, outcome="faster"),
                        Speed("graph", "cpu", note="capture failed: cudaErrorStreamCaptureUnsupported")])
