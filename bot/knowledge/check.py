@@ -22,7 +22,7 @@ from bot.engine import EngineCheckout, checkout_engine, resolve_source
 from bot.errors import OptbotError
 from bot.generate.replay import apply_entry
 from bot.jobs import run_job
-from bot.knowledge.store import Entry, added_file_content, patch_added_files
+from bot.knowledge.store import Entry, added_file_content, patch_added_files, set_status
 from runner.job import Job
 
 
@@ -292,14 +292,6 @@ def check_entry(entry: Entry, device: str, work_dir: Path, run_kernels: bool = T
 # recording a check into the entry (store check --record, store record-bench, store check --propose)
 
 
-def set_status(entry: Entry, status: str) -> None:
-    """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
-    import re
-
-    f = entry.path / "entry.yaml"
-    f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))
-
-
 def record_validation(entry: Entry, result: dict, command: str, source: str | None = None,
                       lessons_dir: Path | None = None, log=print) -> bool:
     """The validator's verdicts into bench.json: on CUDA under gpu.validation (end-to-end speed with
@@ -326,7 +318,7 @@ def record_validation(entry: Entry, result: dict, command: str, source: str | No
     if result["device"].startswith("cuda"):
         bench.gpu_section().set_validation(rec)
         if all(v.status == "accepted" for v in verdicts.values()):
-            set_status(entry, "validated-gpu")
+            set_status(entry.path, "validated-gpu")
         from bot.hardware import hardware_name
         from bot.knowledge.learn import check_lesson
 

@@ -365,3 +365,11 @@ def added_file_content(patch_text: str, path: str) -> str | None:
                         body[-1] = body[-1].rstrip("\n")
             return "".join(body)
     return None
+
+
+def set_status(entry_dir: Path, status: str) -> None:
+    """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
+    if status not in STATUSES:
+        raise ValueError(f"entry status {status!r} not in {STATUSES}")
+    f = Path(entry_dir) / "entry.yaml"
+    f.write_text(re.sub(r"(?m)^status:.*$", f"status: {status}", f.read_text(), count=1))

@@ -40,9 +40,9 @@ from pathlib import Path
 import yaml
 
 from bot.hardware import hardware_name
-from bot.knowledge.check import EntryCheck, Prepared, _full_validation, record_validation, set_status
+from bot.knowledge.check import EntryCheck, Prepared, _full_validation, record_validation
 from bot.knowledge.records import now
-from bot.knowledge.store import Entry, load_entry
+from bot.knowledge.store import Entry, load_entry, set_status
 
 # which parts of the environment make a recorded verdict another machine's (bench.json env keys)
 ENV_KEYS = ("device_name", "driver", "torch", "triton")
@@ -199,7 +199,7 @@ class Staging:
 
 def retire(entry: Entry, reason: str, engine_sha: str, command: str) -> None:
     """status: retired, and the `retired:` block saying why (entry.yaml; the rest stays as written)."""
-    set_status(entry, "retired")
+    set_status(entry.path, "retired")
     f = entry.path / "entry.yaml"
     text = f.read_text()
     block = yaml.safe_dump({"retired": {"reason": reason, "engine_sha": engine_sha, "date": now(), "by": command}},

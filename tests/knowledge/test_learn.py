@@ -131,6 +131,14 @@ def test_a_gpu_verdict_learned_in_a_run_is_known_to_the_next(entry, tmp_path):
     k, why = _ask(entry)
     assert k is not None, why
     assert k.status == "accepted" and k.speedup == 1.04 and k.numbers["speed"]["eager"]["base_process_ms"] == [550.0, 552.0]
+    # an accepted GPU verdict promotes a candidate entry, as `store check --record` does; a rejection does not
+    yml = entry.path / "entry.yaml"
+    yml.write_text(yml.read_text().replace("status: validated-gpu", "status: candidate"))
+    learn.learn(_replayed("rejected", run_id="r-0", verdict=gpu_verdict(status="rejected", reason="no-change").to_json()),
+                store_dir=store, lessons_dir=lessons)
+    assert "status: candidate" in yml.read_text()
+    learn.learn(_replayed("accepted", verdict=verdict), store_dir=store, lessons_dir=lessons)
+    assert "status: validated-gpu" in yml.read_text()
     # a CPU verdict is not a GPU verdict: nothing recorded for reuse
     entry.bench_path.unlink()
     learn.learn(_replayed("accepted", device="cpu", hardware="cpu", verdict=verdict), store_dir=store, lessons_dir=lessons)
