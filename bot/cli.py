@@ -51,6 +51,18 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    finally:  # also on sys.exit: the candidates' checkouts go, their commits stay (bot/engine.py)
+        engine = sys.modules.get("bot.engine")  # not imported: no worktree was made
+        try:
+            if engine is not None:
+                engine.release_worktrees()
+        except Exception as e:  # noqa: BLE001 - never let the cleanup change the command's outcome
+            click.echo(f"warning: could not remove this command's worktrees: {e}", err=True)
+
+
+def _main(argv: list[str] | None) -> None:
     verbose = "-v" in (argv or sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
     sandbox.make_undumpable()
     try:

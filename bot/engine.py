@@ -274,6 +274,11 @@ def _materialize(pkg: str, ver: str, what: str, fetch, files) -> Path:
 # git's worktree bookkeeping ($GIT_DIR/worktrees, its locks) is not made for concurrent adds and
 # removes in one repository; the agent's samples run in threads (bot/generate/agent/parallel.py)
 _WORKTREES = threading.RLock()
+# The worktrees this process added, removed when its command ends (release_worktrees, from bot/cli.py).
+# Each is a checkout of a commit the repository keeps (a candidate, a patch committed at the base, a
+# stack), so a later process makes it again in about a second; kept, they grew without bound (31 GB of
+# candidate checkouts in one test worker's home, 6 GB in a user's after a few sessions' runs).
+_ADDED: dict[Path, EngineCheckout] = {}
 
 
 def add_worktree(checkout: EngineCheckout, name: str, ref: str | None = None) -> Path:
@@ -303,6 +308,7 @@ def _add_worktree(checkout: EngineCheckout, name: str, ref: str | None) -> Path:
         repo.git.worktree("add", "--detach", "--force", "--force", str(path), want)
     except git.GitCommandError as e:
         raise EngineError(f"cannot add worktree {path} at {ref or checkout.base_sha}: {e.stderr.strip()}") from None
+    _ADDED[path] = checkout
     return path
 
 
@@ -312,8 +318,45 @@ def remove_worktree(checkout: EngineCheckout, path: Path) -> None:
 
 
 def _remove_worktree(checkout: EngineCheckout, path: Path) -> None:
+    _ADDED.pop(Path(path), None)
     try:
         checkout.repo.git.worktree("remove", "--force", "--force", str(path))  # twice: also a locked one
     except git.GitCommandError:
         shutil.rmtree(path, ignore_errors=True)
         checkout.repo.git.worktree("prune")
+
+
+def release_worktrees(keep: tuple[str, ...] = ("base-",)) -> int:
+    """Remove the worktrees this process added, except those whose names start with `keep` (a base
+    worktree is one per engine commit, shared by every later job and the runner's zygote). Returns
+    how many were removed."""
+    with _WORKTREES:
+        gone = [p for p in _ADDED if not p.name.startswith(keep)]
+        for p in gone:
+            try:
+                _remove_worktree(_ADDED[p], p)
+            except (git.GitError, OSError):  # the repository itself went away: the folder still goes
+                shutil.rmtree(p, ignore_errors=True)
+                _ADDED.pop(p, None)
+        return len(gone)
+
+
+def prune_orphan_worktrees(home: Path | None = None) -> int:
+    """Delete worktree folders under $OPTBOT_HOME/worktrees whose repository no longer has them (its
+    `.git` file points at a gitdir that is gone: the repository was deleted, as a test's temporary
+    engine is, or git pruned it). Returns how many were deleted."""
+    root = (home or optbot_home()) / "worktrees"
+    n = 0
+    for wt in root.glob("*/*"):
+        link = wt / ".git"
+        try:
+            gitdir = link.read_text().strip().removeprefix("gitdir:").strip()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
+            continue  # not a linked worktree (or one being made): not ours to judge
+        if gitdir and not Path(gitdir).exists():
+            shutil.rmtree(wt, ignore_errors=True)
+            n += 1
+    for d in root.glob("*"):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+    return n

@@ -49,6 +49,22 @@ def _seed_downloads() -> None:
 _seed_downloads()
 
 
+def pytest_sessionstart(session):
+    # worktrees of engines a killed session's tests made in their temporary folders, since deleted
+    from bot.engine import prune_orphan_worktrees
+
+    prune_orphan_worktrees(TEST_HOME)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # what this worker's tests checked out (tests call the steps in-process, not through bot/cli.py,
+    # whose exit releases them): 31 GB per worker's home after a few weeks of suites otherwise
+    from bot.engine import prune_orphan_worktrees, release_worktrees
+
+    release_worktrees()
+    prune_orphan_worktrees(TEST_HOME)
+
+
 # The heaviest test files, heaviest first: each is one module fixture or a few end-to-end runs of
 # runner children (summed durations of `python -m pytest --durations=80`, 2-core development machine,
 # 2026-12-05). xdist hands whole files to its two workers in collection order (`--dist loadfile

@@ -117,3 +117,50 @@ def test_a_worktree_left_locked_by_a_killed_add_is_taken_over(tmp_path, monkeypa
     co.repo.git.worktree("lock", str(wt))
     eng.remove_worktree(co, wt)
     assert not wt.exists() and str(wt) not in co.repo.git.worktree("list")
+
+
+def test_a_commands_worktrees_go_when_it_ends_and_orphans_are_pruned(tmp_path, monkeypatch):
+    """A command removes the worktrees it added (bot/cli.py calls release_worktrees on exit), base
+    worktrees excepted; the commits stay. Worktrees whose repository is gone are pruned."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
+    _small_repo(tmp_path / "fork")
+    co = eng.checkout_engine(str(tmp_path / "fork"), "HEAD~1", "src")
+    kept_before = eng.add_worktree(co, "cand-earlier")
+    eng._ADDED.clear()  # as if an earlier process made it: this one does not remove it
+    base = eng.add_worktree(co, f"base-{co.base_sha[:12]}")
+    cand = eng.add_worktree(co, "cand-2", "HEAD")
+    gone = eng.add_worktree(co, "cand-3")
+    eng.remove_worktree(co, gone)
+    assert eng.release_worktrees() == 1
+    assert not cand.exists() and base.exists() and kept_before.exists()
+    assert str(cand) not in co.repo.git.worktree("list") and co.repo.commit("HEAD")  # the commit stays
+    assert eng.release_worktrees() == 0
+
+    # through the CLI's main, in a child: a command's candidate worktree goes at its exit, its base stays
+    code = ("import sys; from bot import engine as e; from bot.cli import main\n"
+            "co = e.checkout_engine(sys.argv[1], 'HEAD~1', 'src')\n"
+            "import click\n"
+            "@click.command('mk')\n"
+            "def mk():\n"
+            "    print(e.add_worktree(co, 'patch-x'), e.add_worktree(co, 'base-' + co.base_sha[:12]))\n"
+            "from bot.cli import cli; cli.add_command(mk)\n"
+            "main(['mk'])\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "fork")], capture_output=True, text=True,
+                       env={**os.environ, "OPTBOT_HOME": str(tmp_path / "home")}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    made, made_base = (pathlib.Path(x) for x in p.stdout.split())
+    assert not made.exists() and made_base.exists()
+
+    # an engine repository deleted (a test's temporary engine): its worktrees are orphans
+    _small_repo(tmp_path / "tmp-engine")
+    co2 = eng.checkout_engine(str(tmp_path / "tmp-engine"), "HEAD~1", "src")
+    orphan = eng.add_worktree(co2, "cand-orphan")
+    shutil.rmtree(tmp_path / "tmp-engine")
+    assert eng.prune_orphan_worktrees(tmp_path / "home") == 1
+    assert not orphan.exists() and not orphan.parent.exists()
+    assert base.exists() and kept_before.exists()  # live repository: untouched
