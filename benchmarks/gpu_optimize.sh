@@ -32,8 +32,7 @@ rc=${PIPESTATUS[0]}
 echo "$wl attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$OUT/wall.txt"
 run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
 if [[ -n "$run" ]]; then
-  mkdir -p "$OUT/run" && cp "$run"/*.json "$run"/report.* "$run"/latency.png "$OUT/run/" 2>/dev/null
-  python3 benchmarks/run_steps.py "$run" "bash benchmarks/gpu_optimize.sh"
+  bash benchmarks/collect_run.sh "$run" "$OUT" "bash benchmarks/gpu_optimize.sh"
   # The device machine keeps nothing: export the optimization branch as a patch series, so a later
   # call can re-create it on the same deterministic base (git am) and bench it.
   python3 - "$run" "$OUT" <<'PY'
