@@ -9,7 +9,7 @@ import pytest
 
 from bot.engine import add_worktree
 from bot.generate.candidate import TRAILER_KEYS
-from bot.generate.replay import apply_entry, match, replay
+from bot.generate.replay import apply_entry, match, replay, superseded_by
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry, load_store
 from bot.trailers import parse_trailers, trailer_values
@@ -362,7 +362,10 @@ def test_an_entry_that_enables_a_mode_is_offered_where_the_run_checks_it():
     def ids(*a, **k):
         return {(e.id, o) for e, o in match(store, OPPS, *a, **k) if e.enables}
 
-    assert ids("sglang", "h200", "flux2", modes=four, precision="bfloat16+fp8") == {("sglang-fp8-quant-compile", "")}
+    both = {("sglang-fp8-quant-compile", ""), ("sglang-fp8-static-quant-inductor", "")}
+    assert ids("sglang", "h200", "flux2", modes=four, precision="bfloat16+fp8") == both
+    # the second includes the first's fixes and conflicts with it: generate offers only the second
+    assert superseded_by([e for e, _ in both], store) == {"sglang-fp8-quant-compile": "sglang-fp8-static-quant-inductor"}
     assert ids("sglang", "h100", "flux2", modes=("eager", "compile"), precision="bfloat16+fp8")
     assert not ids("sglang", "h200", "flux2", modes=four, precision="bfloat16")  # bf16 compiles upstream
     assert not ids("sglang", "h200", "flux2", modes=("eager", "graph"), precision="bfloat16+fp8")
