@@ -297,6 +297,7 @@ def _add_worktree(checkout: EngineCheckout, name: str, ref: str | None) -> Path:
         try:
             wt = git.Repo(path)
             if wt.head.commit.hexsha == want and not wt.is_dirty(untracked_files=True):
+                _ADDED[path] = checkout  # ours now: one a killed process left goes when this one ends
                 return path  # reuse a clean worktree at the same commit
         except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
             pass
@@ -341,10 +342,12 @@ def release_worktrees(keep: tuple[str, ...] = ("base-",)) -> int:
         return len(gone)
 
 
-def prune_orphan_worktrees(home: Path | None = None) -> int:
+def prune_orphan_worktrees(home: Path | None = None, all_but_base: bool = False) -> int:
     """Delete worktree folders under $OPTBOT_HOME/worktrees whose repository no longer has them (its
     `.git` file points at a gitdir that is gone: the repository was deleted, as a test's temporary
-    engine is, or git pruned it). Returns how many were deleted."""
+    engine is, or git pruned it); with all_but_base, every worktree but the base checkouts (a home no
+    other process uses, as a test worker's). Returns how many were deleted; the repositories' own
+    records of them go at their next `git worktree prune` (_remove_worktree runs one)."""
     root = (home or optbot_home()) / "worktrees"
     n = 0
     for wt in root.glob("*/*"):
@@ -353,7 +356,7 @@ def prune_orphan_worktrees(home: Path | None = None) -> int:
             gitdir = link.read_text().strip().removeprefix("gitdir:").strip()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError):
             continue  # not a linked worktree (or one being made): not ours to judge
-        if gitdir and not Path(gitdir).exists():
+        if (gitdir and not Path(gitdir).exists()) or (all_but_base and not wt.name.startswith("base-")):
             shutil.rmtree(wt, ignore_errors=True)
             n += 1
     for d in root.glob("*"):

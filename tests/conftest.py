@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,7 +63,12 @@ def pytest_sessionfinish(session, exitstatus):
     from bot.engine import prune_orphan_worktrees, release_worktrees
 
     release_worktrees()
-    prune_orphan_worktrees(TEST_HOME)
+    if _WORKER:  # a worker's home is its own; what a killed test child left there goes too
+        prune_orphan_worktrees(TEST_HOME, all_but_base=True)
+        for repo in (TEST_HOME / "engines").glob("*/.git"):
+            subprocess.run(["git", "-C", str(repo.parent), "worktree", "prune"], capture_output=True)
+    else:
+        prune_orphan_worktrees(TEST_HOME)
 
 
 # The heaviest test files, heaviest first: each is one module fixture or a few end-to-end runs of

@@ -140,6 +140,10 @@ def test_a_commands_worktrees_go_when_it_ends_and_orphans_are_pruned(tmp_path, m
     assert not cand.exists() and base.exists() and kept_before.exists()
     assert str(cand) not in co.repo.git.worktree("list") and co.repo.commit("HEAD")  # the commit stays
     assert eng.release_worktrees() == 0
+    # one a killed process left, reused by this one, is this one's to remove
+    left = eng.add_worktree(co, "cand-left")
+    eng._ADDED.clear()
+    assert eng.add_worktree(co, "cand-left") == left and eng.release_worktrees() == 1 and not left.exists()
 
     # through the CLI's main, in a child: a command's candidate worktree goes at its exit, its base stays
     code = ("import sys; from bot import engine as e; from bot.cli import main\n"
@@ -164,3 +168,6 @@ def test_a_commands_worktrees_go_when_it_ends_and_orphans_are_pruned(tmp_path, m
     assert eng.prune_orphan_worktrees(tmp_path / "home") == 1
     assert not orphan.exists() and not orphan.parent.exists()
     assert base.exists() and kept_before.exists()  # live repository: untouched
+    # a home no other process uses (a test worker's): all but the base checkouts
+    assert eng.prune_orphan_worktrees(tmp_path / "home", all_but_base=True) == 1
+    assert base.exists() and not kept_before.exists()
