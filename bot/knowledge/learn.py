@@ -25,7 +25,7 @@ from bot.errors import ConfigError
 from bot.knowledge.lessons import write_lesson
 from bot.knowledge.location import locate
 from bot.knowledge.review import entry_patch
-from bot.knowledge.store import UNDER_COMPILE_REFERENCE, set_status
+from bot.knowledge.store import UNDER_COMPILE_REFERENCE, load_entry, set_status
 from bot.knowledge.records import (Bench, HistoryRow, ValidationRecord, VariantSearch, WorkloadVerdict, bench_file,
                                    load_bench, now, patch_file_sha256, read_bench, record_search, save_bench)
 from bot.validate.verdict import vs_base
@@ -211,13 +211,8 @@ def record_gpu_verdict(o: Outcome, entry_dir: Path, bench: Bench) -> None:
     bench.gpu_section().set_validation(ValidationRecord(
         command=o.command or f"optbot optimize (run {o.run_id})", run_id=o.run_id, recorded_at=now(),
         device=o.device, workloads={o.workload: w}))
-    if w.status == "accepted" and _status(entry_dir) in ("candidate", "validated-cpu"):
+    if w.status == "accepted" and load_entry(entry_dir).status in ("candidate", "validated-cpu"):
         set_status(entry_dir, "validated-gpu")  # as `store check --record` does: the same validation
-
-
-def _status(entry_dir: Path) -> str:
-    m = re.search(r"(?m)^status:\s*(\S+)", (entry_dir / "entry.yaml").read_text())
-    return m.group(1) if m else ""
 
 
 def record_history(o: Outcome, entry_dir: Path) -> Path:
