@@ -38,6 +38,8 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     assert b["roofline_fp8_ms"] > 0 and "TFLOP/s FP8" in b["roofline_fp8_basis"]
     assert "measured in this run (cpu)" in b["roofline_fp8_basis"]
     assert "compute floor, FP8 linear" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".md").read_text().startswith(
+        "# optbot bench: flux2 (tiny, float32; candidates at fp8, beside upstream and upstream+fp8)")
     # --quant fp8: upstream with the recipe applied (optbot's emulation here: torchao refuses the
     # CPU), its own error against upstream eager reported and not judged, in the other modes
     q = b["quant"]["upstream+fp8"]

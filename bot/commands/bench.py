@@ -424,7 +424,8 @@ def _print(console: Console, res: BenchResult) -> None:
 
 def markdown(res: BenchResult) -> str:
     env = res.env
-    lines = [f"# optbot bench: {res.workload} ({res.preset}, {res.dtype})", "",
+    lines = [f"# optbot bench: {res.workload} ({res.preset}, {res.dtype}"
+             + "".join(f"; candidates at {q.partition('+')[2]}, beside upstream and {q}" for q in res.quant) + ")", "",
              f"Measured on **{res.device} ({env.get('device_name', '?')})**, shape {res.shape}, "
              f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
