@@ -198,7 +198,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 fl, pk = r["flops"], r["peaks"]
                 res.roofline_ms, res.roofline_basis = compute_floor(fl, pk)
                 if pk.get("matmul_sustained_tflops"):
-                    res.roofline_sustained_ms = (fl["linear"] + fl["attention"]) / (pk["matmul_sustained_tflops"] * 1e12) * 1e3
+                    res.roofline_sustained_ms = compute_floor(fl, {**pk, "matmul_tflops": pk["matmul_sustained_tflops"]})[0]
                     res.roofline_sustained_basis = (
                         f"the same FLOPs at {pk['matmul_sustained_tflops']} TFLOP/s, the {pk['matmul_dtype']} matmul rate "
                         f"held back to back for ~3 s in this run (power-limited)")
