@@ -138,6 +138,10 @@ def test_validate_at_the_fp8_precision_judges_against_the_fp8_baseline(diffusers
     v = json.loads(out.read_text())
     assert v["status"] == "accepted" and v["dtype"] == "float32+fp8"
     assert "(float32+fp8)" in v["correctness"]["rule"] and "rel_l2 <= 0.037" in v["correctness"]["rule"]
+    # and each output against the unquantized model (a base job at float32): as far as the FP8 base's
+    ref = [c for c in v["correctness"]["checks"] if c["against"] == "unquantized"]
+    assert len(ref) == 6 and all(c["ok"] and c["rel_l2"] == pytest.approx(c["base_rel_l2"]) for c in ref)
+    assert all(0.01 < c["base_rel_l2"] < 0.2 for c in ref)  # the recipe's own error, measured
 
 
 def test_a_quantized_run_gets_branches_of_its_own():

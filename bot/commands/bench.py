@@ -19,6 +19,7 @@ from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
 from bot.paths import new_run_dir
 from bot.target import Target, base_worktree, resolve_target
+from bot.tolerance import NO_FARTHER
 from runner.job import Job, parse_mode, precision
 from runner.roofline import compute_floor
 
@@ -278,7 +279,10 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 elif key in same_mode:
                     row.correctness += f" (against {same_mode[key]})"
         if key in cross:
-            row.correctness = f"{row.correctness}; {cross[key]}" if row.correctness else cross[key]
+            text, ok = cross[key]
+            row.correctness = f"{row.correctness}; {text}" if row.correctness else text
+            if ok is False and key not in unjudged:
+                row.correct = False
         if row.median_ms and base_ms:
             row.speedup = base_ms / row.median_ms
     best, bar_label, res.bar_note = choose_bar(res.rows, qref if quant else "")
@@ -316,18 +320,20 @@ def choose_bar(rows: list[BenchRow], qref: str = "") -> tuple[BenchRow | None, s
 
 
 def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: dict[str, str], qref: str,
-                     cand_labels: set[str]) -> dict[str, str]:
-    """Under --quant, two distances reported beside the judged ones (the evidence for the quantized
-    tolerance, docs/fp8.md): the quantized upstream's other modes against its own eager run (what a
-    trusted rewrite of the same quantized model moves), and each candidate row against unquantized
-    upstream eager (its error against the model, beside the recipe's own)."""
+                     cand_labels: set[str]) -> dict[str, tuple[str, bool | None]]:
+    """Under --quant, beside the judged distances (the evidence for the quantized tolerance, docs/fp8.md):
+    the quantized upstream's other modes against its own eager run (what a trusted rewrite of the
+    same quantized model moves; reported), and each candidate row against unquantized upstream eager,
+    judged as the validator does: no farther from it than the quantized upstream eager is
+    (bot/tolerance.py NO_FARTHER). Row key -> (the words, ok; None where only reported)."""
     pairs = []
     q_eager, u_eager = outputs.get(f"{qref}:eager"), outputs.get("upstream:eager")
     for k, f in outputs.items():
         if owner[k] == qref and q_eager and f != q_eager:
             pairs.append({"label": k, "base": q_eager, "candidate": f, "against": f"{qref} eager"})
-        elif owner[k] in cand_labels and u_eager:
-            pairs.append({"label": k, "base": u_eager, "candidate": f, "against": "upstream eager (unquantized)"})
+        elif owner[k] in cand_labels and u_eager and q_eager:
+            pairs.append({"label": k, "reference": u_eager, "base": q_eager, "candidate": f, "no_farther": NO_FARTHER,
+                          "against": "upstream eager (unquantized)"})
     if not pairs:
         return {}
     against = {p["label"]: p.pop("against") for p in pairs}
@@ -337,10 +343,16 @@ def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: d
     if not cout.ok:
         raise cout.error("output comparison")
     found: dict[str, list[str]] = {}
+    ok: dict[str, bool | None] = {}
     for c in cout.result["checks"]:
+        k, judged = c["label"], c.get("against") == "unquantized"
+        ok[k] = bool(ok.get(k, True) and c["ok"]) if judged else None
         if "rel_l2" in c:
-            found.setdefault(c["label"], []).append(f"{c['output']} {c['rel_l2']:.3g}")
-    return {k: f"vs {against[k]}: rel L2 {', '.join(v)}" for k, v in found.items()}
+            found.setdefault(k, []).append(f"{c['output']} {c['rel_l2']:.3g}" + (
+                f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else ""))
+    fail = f"; FAIL: farther from the unquantized model than {NO_FARTHER:g}x {qref} eager"
+    return {k: (f"vs {against[k]}: rel L2 {', '.join(v)}" + (fail if ok[k] is False else ""), ok[k])
+            for k, v in found.items()}
 
 
 def compare_pair(key: str, mode: str, outputs_file: str, ref_label: str, outputs: dict[str, str], qref: str,

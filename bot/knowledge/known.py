@@ -9,6 +9,7 @@ verdict instead of measuring again only when everything that determined it is un
   the engine base   the verdict's base sha == this run's base sha
   the workload      same workload, preset and dtype
   the machine       same hardware name (e.g. h200), torch and triton versions
+  the rule          at a quantized precision, judged against the unquantized model too
 
 Anything else, or no record, means unknown: the candidate is validated as usual. The stack that a
 run delivers is always validated fresh, on new seeds (bot/steps/combine.py).
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from bot.hardware import hardware_name
 from bot.knowledge.records import patch_file_sha256
 from bot.knowledge.store import Entry
+from bot.tolerance import NO_FARTHER_WORDS
+from runner.job import split_precision
 
 
 def patch_sha256(entry: Entry) -> str:
@@ -78,6 +81,10 @@ def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, pre
     if w.status != "accepted" and unjudged:
         return None, (f"recorded rejection predates the rule for a mode only the candidate runs ({unjudged[0]}: "
                       f"the base cannot): measured again")
+    # A quantized precision's verdict from before its second condition (no farther from the unquantized
+    # model than the quantized base, 2026-12-06; bot/tolerance.py) was judged by another rule.
+    if split_precision(dtype)[1] and NO_FARTHER_WORDS not in (w.rule or ""):
+        return None, "recorded verdict predates the rule against the unquantized model: measured again"
     eager = w.speed.get("eager")
     return KnownVerdict(entry.id, workload, w.status or "held", w.reason, w.summary or "",
                         eager.speedup if eager else None, rec.recorded_at or "", rec.command or "", w.to_json()), ""

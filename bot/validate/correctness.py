@@ -3,7 +3,9 @@
   check_outputs     both sides' saved outputs compared in a clean process that imports no engine
                     (runner/kinds/compare.py): NaN/Inf, rel L2, atol+rtol per element (or bit-exact);
                     and the candidate's inputs unmodified; every (shape, seed) in eager, and the first
-                    one in each other production mode against the base in that mode
+                    one in each other production mode against the base in that mode; at a quantized
+                    precision also every (shape, seed) against the unquantized model (`reference`):
+                    no farther from it than the quantized base (bot/tolerance.py NO_FARTHER)
   check_kernels     every kernel test the candidate names (kernel_tests_for) against its reference
                     (runner/kinds/kernel_check.py), with M=1 and odd-M shapes added
 """
@@ -17,6 +19,7 @@ from bot.jobs import JobOutcome, run_job
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
 from bot.validate.speed import base_fallbacks
+from bot.tolerance import NO_FARTHER
 from bot.validate.verdict import Correctness, OutputCheck
 from bot.workload import Shape
 from runner.job import parse_mode
@@ -26,9 +29,10 @@ def _label(shape: dict) -> str:
     return Shape.from_json(shape).label()
 
 
-def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
+def check_outputs(ctx: Context, base: dict, cand: dict, reference: dict | None = None) -> Correctness:
     """Both sides' validate_step results -> Correctness (ok only when every output check passes and
-    no input was modified)."""
+    no input was modified). `reference`: the base's validate_step result at the unquantized precision
+    (a quantized run), for the "no farther from the unquantized model" pairs."""
     wl = ctx.target.workload
     tol = wl.tolerance_for(ctx.target.dtype, ctx.target.engine_name)
     rule = "bit-exact" if wl.bit_exact else tol.rule(ctx.target.dtype)
@@ -48,6 +52,14 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
         if b is None:
             raise RunnerError(f"internal: no base run for {label}")
         pairs.append({"label": label, "base": b["file"], "candidate": r["file"]})
+    if reference is not None:
+        refs = {(json.dumps(r["shape"], sort_keys=True), r["seed"]): r for r in reference["runs"]}
+        for r in cand["runs"]:
+            key = (json.dumps(r["shape"], sort_keys=True), r["seed"])
+            if key not in refs:
+                raise RunnerError(f"internal: no unquantized run for {_label(r['shape'])} seed {r['seed']}")
+            pairs.append({"label": f"{_label(r['shape'])} seed {r['seed']} [vs unquantized]", "reference":
+                          refs[key]["file"], "base": brun[key]["file"], "candidate": r["file"], "no_farther": NO_FARTHER})
     if cand.get("runs"):
         r0 = cand["runs"][0]
         b0 = brun[(json.dumps(r0["shape"], sort_keys=True), r0["seed"])]
@@ -64,7 +76,8 @@ def check_outputs(ctx: Context, base: dict, cand: dict) -> Correctness:
     for c in out.result["checks"]:
         corr.checks.append(OutputCheck(label=c["label"], output=c["output"], ok=c["ok"], reason=c["reason"],
                                        max_abs=c.get("max_abs"), at=c.get("at"), rel_l2=c.get("rel_l2"),
-                                       violations=c.get("violations"), nonfinite=c.get("nonfinite")))
+                                       violations=c.get("violations"), nonfinite=c.get("nonfinite"),
+                                       against=c.get("against", ""), base_rel_l2=c.get("base_rel_l2")))
     corr.ok = not corr.inputs_modified and all(c.ok for c in corr.checks) and bool(corr.checks)
     return corr
 

@@ -8,8 +8,11 @@ Order of checks, each in its own runner process with a timeout (bot/jobs.run_job
                     crash / fault / OOM -> rejected "crashed"; hang -> "timeout" (log tail kept;
                     after a GPU fault a health probe runs before anything else)
   2. base side      the same job in the base worktree                     (a broken base is an error)
+     (quantized)    the base again at the unquantized precision (eager, no timing): the reference
+                    for check 3's second condition
   3. compare        a clean process loads both sides' .pt files: NaN/Inf, rel L2, atol+rtol per
-                    element (or bit-exact), inputs unmodified            -> "correctness"
+                    element (or bit-exact), inputs unmodified; at a quantized precision each output
+                    also no farther from the unquantized model than the base's  -> "correctness"
   4. kernels        each kernel the candidate names (trailers) vs its reference, M=1 and odd M
                                                                           -> "correctness"
   5. engagement     declared kernels present / removed ones gone; else the op histogram must differ
@@ -35,7 +38,7 @@ import json
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bot.engine import add_worktree
@@ -49,6 +52,7 @@ from bot.validate.engagement import check_engagement, enabled_modes
 from bot.validate.resolve import Revision, resolve_base, resolve_candidate
 from bot.validate.speed import implausible, measure_speed, mode_failures, speed_line, speed_rejection
 from bot.validate.verdict import Speed, Verdict
+from runner.job import split_precision
 
 # Added lines that reach for the validator's own machinery: held for a person (docs/validate.md).
 TAMPER_RE = re.compile(r"(import\s+runner\b|from\s+runner[\s.]|\brunner\.(timing|harness|kinds|poison|job|profiler|channel|sandbox)\b"
@@ -123,7 +127,7 @@ def _new_verdict(ctx: Context, rev: Revision, status: str, reason: str | None, s
 def _base_cache(ctx: Context, base_sha: str) -> Path | None:
     if ctx.opts.cache_dir is None or ctx.opts.speed:
         return None
-    key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-" \
+    key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-{ctx.target.dtype}-" \
           f"w{ctx.weight_seed}-s{'_'.join(map(str, ctx.seeds))}-{int(ctx.opts.engagement)}"
     return Path(ctx.opts.cache_dir) / key / "outcome.json"
 
@@ -147,6 +151,31 @@ def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) ->
         raise out.error("the BASE engine failed to run, so nothing can be validated: its validate_step job")
     if cache is not None:
         cache.write_text(json.dumps(out.__dict__, default=str))
+    return out
+
+
+def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) -> JobOutcome | None:
+    """At a quantized precision, the base at the unquantized one on the same seeds, weights and shapes
+    (eager, outputs only): what "no farther from the unquantized model" measures from. None otherwise."""
+    dtype, recipe = split_precision(ctx.target.dtype)
+    if not recipe or ctx.target.workload.bit_exact:
+        return None
+    ref_cache = cache.parent.with_name(cache.parent.name + f"-{dtype}") / "outcome.json" if cache else None
+    cached = _cached_base(ref_cache)
+    if cached is not None:
+        return cached
+    job = replace(ctx.job("validate_step", base_wt, base_sha, "reference", {"correctness": True, "profile": False,
+                                                                              "timing": {}, "flops": False}), dtype=dtype)
+    if ref_cache is not None:
+        ref_cache.parent.mkdir(parents=True, exist_ok=True)
+        job.out_dir = str(ref_cache.parent)
+    ctx.say(f"reference: the base at {dtype}, unquantized, for the {recipe} outputs' distance from it")
+    out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.base_timeout_s, name="reference")
+    if not out.ok:
+        raise out.error(f"the BASE engine failed to run unquantized ({dtype}), so the {recipe} outputs have no "
+                        f"reference: its validate_step job")
+    if ref_cache is not None:
+        ref_cache.write_text(json.dumps(out.__dict__, default=str))
     return out
 
 
@@ -235,7 +264,8 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
             v.health = _health_probe(ctx, rev)
         return v
 
-    corr = check_outputs(ctx, base_out.result, cand_out.result)
+    ref_out = _run_reference(ctx, base_sha, base_wt, cache)
+    corr = check_outputs(ctx, base_out.result, cand_out.result, ref_out.result if ref_out else None)
     if corr.ok and ctx.opts.kernels:
         failed = check_kernels(ctx, rev, corr)
         if failed is not None:

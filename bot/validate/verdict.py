@@ -26,6 +26,11 @@ class OutputCheck:
     rel_l2: float | None = None
     violations: int | None = None
     nonfinite: int | None = None
+    # "" : against the base's output. "unquantized" (a quantized precision): against the unquantized
+    # model's; rel_l2 is the candidate's distance from it and base_rel_l2 the quantized base's
+    # (runner/kinds/compare.py `farther`)
+    against: str = ""
+    base_rel_l2: float | None = None
 
 
 @dataclass
@@ -43,7 +48,7 @@ class Correctness:
         bad = [c for c in self.checks if not c.ok]
         if bad:
             return bad[0]
-        ranked = [c for c in self.checks if c.rel_l2 is not None]
+        ranked = [c for c in self.checks if c.rel_l2 is not None and not c.against]  # distances from the base
         return max(ranked, key=lambda c: c.rel_l2) if ranked else None
 
 
@@ -161,10 +166,11 @@ class Verdict:
             lines.append(f"  correctness: {'PASS' if c.ok else 'FAIL'} · seeds {c.seeds} · shapes {c.shapes} · {c.rule}")
             for m in c.inputs_modified:
                 lines.append(f"    input modified: {m}")
-            rows = [["shape / seed", "output", "max abs", "at", "rel L2", "ok"]]
+            ref = any(ch.against for ch in c.checks)  # a quantized precision: the base's own distance too
+            rows = [["shape / seed", "output", "max abs", "at", "rel L2", *(["base's"] if ref else []), "ok"]]
             for ch in c.checks:
                 rows.append([ch.label, ch.output, _g(ch.max_abs), str(ch.at or ""), _g(ch.rel_l2),
-                             "yes" if ch.ok else "NO"])
+                             *([_g(ch.base_rel_l2) if ch.against else ""] if ref else []), "yes" if ch.ok else "NO"])
             if len(rows) > 1:
                 lines += ["    " + r for r in _table(rows)]
             for ch in c.checks:

@@ -9,6 +9,9 @@ job.params:
   tolerance  {"rel_l2": x, "atol": y, "rtol": z}, or null when bit_exact (null and not bit_exact:
              the differences are measured, ok is null)
   bit_exact  bool
+A pair with a "reference" (the unquantized model's output for the same inputs; a quantized precision)
+and "no_farther" (a factor) asks another question: is the candidate no farther from the reference than
+the base is, within that factor (`farther`)?
 Result: {"ok": true, "checks": [{label, output, ok, reason, max_abs, at, rel_l2, violations, ...}]}.
 An output passes when it has the same shape, is finite everywhere (NaN/Inf fail), and
   bit_exact: every element equal; else: ||c - b|| / ||b|| <= rel_l2 AND |c - b| <= atol + rtol*|b|
@@ -75,16 +78,48 @@ def check(name: str, base: torch.Tensor, cand: torch.Tensor, tol: dict | None, b
     return r
 
 
+def farther(name: str, ref: torch.Tensor, base: torch.Tensor, cand: torch.Tensor, factor: float) -> dict:
+    """Quantized precisions: the candidate's distance from the unquantized model (rel L2) may be at most
+    `factor` times the quantized base's own. Two outputs that are each correct for the recipe may be far
+    apart (FP8 turns bf16-level differences into different e4m3 codes), so the distance from the
+    base alone cannot tell a rewrite from a candidate that adds error of its own; this can."""
+    r: dict = {"output": name, "shape": list(ref.shape), "dtype": str(ref.dtype).replace("torch.", "")}
+    if not isinstance(cand, torch.Tensor) or cand.shape != ref.shape or base.shape != ref.shape:
+        return {**r, "ok": False, "reason": f"{name}: shapes differ from the unquantized model's {list(ref.shape)}"}
+    f, b, c = ref.double().flatten(), base.double().flatten(), cand.double().flatten()
+    if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(f).all()) and bool(torch.isfinite(b).all())):
+        return {**r, "ok": False, "reason": f"{name}: an output is not finite; nothing to measure against"}
+    fn = float(f.norm()) or 1.0
+    dc, db = float((c - f).norm()) / fn, float((b - f).norm()) / fn
+    diff = (c - f).abs()
+    i = int(diff.argmax())
+    ok = dc <= db * factor + 1e-12
+    r.update(ok=ok, rel_l2=dc, base_rel_l2=db, max_abs=float(diff[i]), at=_at(i, ref.shape), numel=c.numel(),
+             violations=0 if ok else 1,
+             reason=f"{name}: rel L2 from the unquantized model {dc:.4g}, the quantized base's {db:.4g}"
+                    + ("" if ok else f"; FAIL: more than {factor:g}x the base's (the candidate adds error of its own)"))
+    return r
+
+
 def run(job) -> dict:
     p = job.params
     checks = []
     for pair in p["pairs"]:
         base = torch.load(pair["base"], map_location="cpu", weights_only=True)
         cand = torch.load(pair["candidate"], map_location="cpu", weights_only=True)
+        ref = torch.load(pair["reference"], map_location="cpu", weights_only=True) if "reference" in pair else None
         for name in base:
             if name not in cand:
                 checks.append({"label": pair["label"], "output": name, "ok": False,
                                "reason": f"{name}: missing from the candidate's outputs"})
+                continue
+            if ref is not None and name not in ref:
+                checks.append({"label": pair["label"], "against": "unquantized", "output": name, "ok": False,
+                               "reason": f"{name}: missing from the unquantized model's outputs"})
+                continue
+            if ref is not None:
+                checks.append({"label": pair["label"], "against": "unquantized",
+                               **farther(name, ref[name], base[name], cand[name], float(pair["no_farther"]))})
                 continue
             tol = pair["tolerance"] if "tolerance" in pair else p.get("tolerance")  # a pair's own bound (two modes)
             checks.append({"label": pair["label"], **check(name, base[name], cand[name], tol,

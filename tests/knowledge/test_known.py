@@ -180,3 +180,23 @@ def test_every_shipped_record_cites_a_result_that_is_committed():
     assert cited, "no store record cites a results file: the walk found nothing to check"
     missing = sorted(c for c in cited if not (root / c).is_file())
     assert not missing, missing
+
+
+def test_a_quantized_verdict_from_before_the_unquantized_check_is_measured_again(entry):
+    """At a quantized precision the gate gained a second condition (no farther from the unquantized
+    model than the quantized base): a verdict recorded under the old rule was judged by another one,
+    so it is not reused; one whose rule carries the condition is."""
+    from bot.tolerance import Tolerance
+    from bot.validate.verdict import Correctness
+    from tests.knowledge.verdicts import SHAPE, gpu_verdict
+
+    old = gpu_verdict(dtype="bfloat16+fp8")
+    record_verdict(entry, old)
+    k, why = ask(entry, dtype="bfloat16+fp8")
+    assert k is None and "predates the rule against the unquantized model" in why
+    rule = Tolerance(0.065, 0.98, 0.1, "measured").rule("bfloat16+fp8")
+    record_verdict(entry, gpu_verdict(dtype="bfloat16+fp8", correctness=Correctness(
+        ok=True, seeds=[5, 9, 11], shapes=[SHAPE], rule=rule, checks=old.correctness.checks)))
+    k, why = ask(entry, dtype="bfloat16+fp8")
+    assert k is not None and why == "", why
+    assert ask(entry)[0] is None  # and the bfloat16 question is another dtype

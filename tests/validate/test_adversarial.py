@@ -102,3 +102,25 @@ def test_honest_candidate_accepted_on_cpu(flux2_cpu, tmp_path):
     assert (back.status, back.summary, back.correctness.seeds, back.speed[0].base_ms) == \
         (v.status, v.summary, v.correctness.seeds, v.speed[0].base_ms)
 
+
+
+def test_fp8_candidate_that_adds_error_is_rejected_against_the_unquantized_model(session_seeds, base_cache,
+                                                                                  diffusers_engine):
+    """At a quantized precision two correct outputs may be far apart (FP8 turns last-bit differences
+    into different e4m3 codes), so the validator also measures each output against the unquantized
+    model: no farther than the quantized base (bot/tolerance.py NO_FARTHER). The candidate keeps the
+    SwiGLU activation in float8 with a fixed 1/1024 scale, so most values fall into e4m3's subnormals:
+    rejected, and the unquantized checks alone would reject it (each is several times the base's
+    distance), whatever bound the precision sets against the quantized base."""
+    from bot.target import resolve_target
+    from bot.validate import validate
+
+    target = resolve_target("flux2", None, None, "tiny", "cpu", quant="fp8")
+    v = validate(target, str(ADV / "fp8_activation_in_fp8.patch"), opts=_opts(session_seeds, base_cache))
+    text = v.render()
+    assert v.status == "rejected" and v.reason == "correctness", text
+    ref = [c for c in v.correctness.checks if c.against == "unquantized"]
+    assert len(ref) == 6 and not any(c.ok for c in ref), text
+    assert all(c.rel_l2 > 2 * c.base_rel_l2 for c in ref), text
+    assert "farther" in text and "[vs unquantized]" in text and "base's" in text, text
+    assert "no farther from the unquantized model than 1.05x the quantized base" in v.correctness.rule

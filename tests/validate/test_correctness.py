@@ -35,6 +35,32 @@ def test_compare_reports_where_and_how_much():
     assert not check("y", b, b[:, :31], tol, False)["ok"]
 
 
+def test_no_farther_from_the_unquantized_model_than_the_base():
+    """A quantized precision's second condition (runner/kinds/compare.py `farther`): the candidate's
+    distance from the unquantized model against the quantized base's, within a factor. A candidate
+    as far from the base as the base is from the model passes when it is no farther from the model
+    (two roundings of one value); one that adds error of its own does not."""
+    import torch
+
+    from runner.kinds.compare import farther
+
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(1, 64, 16, generator=g)
+    base = ref + 0.1 * torch.randn(ref.shape, generator=g)  # the recipe's own error
+    other = ref + 0.1 * torch.randn(ref.shape, generator=g)  # another rounding, as far from the model
+    worse = base + 0.08 * torch.randn(ref.shape, generator=g)  # the base's error and more
+    r = farther("y", ref, base, other, 1.05)
+    assert r["ok"] and abs(r["rel_l2"] - r["base_rel_l2"]) < 0.02 and "the quantized base's" in r["reason"]
+    assert float((other - base).norm() / base.norm()) > 0.1  # far from the base all the same
+    r = farther("y", ref, base, worse, 1.05)
+    assert not r["ok"] and r["rel_l2"] > 1.2 * r["base_rel_l2"] and "FAIL" in r["reason"]
+    assert farther("y", ref, base, base.clone(), 1.0)["ok"]  # the base itself, with no slack
+    nan = base.clone()
+    nan[0, 0, 0] = float("nan")
+    assert not farther("y", ref, base, nan, 1.05)["ok"]
+    assert not farther("y", ref, base, base[:, :32], 1.05)["ok"]
+
+
 def test_poison_makes_uninitialized_tensors_nan():
     import torch
 
