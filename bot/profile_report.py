@@ -53,6 +53,8 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
     c.print(f"measured on: {device_label(p)} · torch {p['env']['torch']} · triton {p['env']['triton']}")
     c.print(f"latency: {_lat(p)}")
     c.print(f"mode: {_mode(p)}")
+    for line in compile_lines(p):
+        c.print(line)
     idle = "n/a on cpu" if p["idle_ms"] is None else f"{p['idle_ms']:.2f} ms (profiled: {p['profiled_idle_ms']:.2f} ms)"
     if p["device"] == "cpu":
         c.print("note: on cpu the profiled step includes Python and profiler overhead between ops; "
@@ -95,6 +97,17 @@ def _mode(p: dict) -> str:
     return mode + (f" ({p['compiled']})" if p.get("compiled") else "")
 
 
+def compile_lines(p: dict) -> list[str]:
+    """A compiled step's graphs and graph breaks (runner/modes.compile_report): inductor fuses nothing
+    across a break, so a step split into many graphs keeps kernels a whole-model compile would fuse."""
+    r = p.get("compile_report")
+    if not r:
+        return []
+    lines = [f"compiled: {r['graphs']} graph(s), {r['breaks']} graph break(s)"]
+    lines += [f"  break x{b['count']} at {b['at']}: {b['why']}" for b in r["top"]]
+    return lines
+
+
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x}"
 
@@ -109,6 +122,7 @@ def markdown(p: dict, meta: dict) -> str:
         f"- measured on: **{device_label(p)}**, dtype {meta['dtype']}, shape {meta['shape']}",
         f"- latency: {_lat(p)}",
         f"- mode: {_mode(p)}",
+        *[f"- {ln.strip()}" for ln in compile_lines(p)],
         f"- step: {p['total_ms']:.3f} ms unprofiled, {p['profiled_span_ms']:.3f} ms under the profiler, {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'}, "
         f"idle between kernels: {idle}",
         f"- engine: {meta['engine']} @ `{env['engine_sha']}` (model loaded from `{env['engine_file']}`)",

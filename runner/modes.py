@@ -20,6 +20,8 @@ switch first undoes the last one (uncompile) and resets dynamo.
 """
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -27,8 +29,51 @@ import torch
 from runner.job import parse_mode  # the mode grammar lives with the job schema: the bot parses modes too
 from runner.timing import capture_graph
 
+_BREAKS: list[str] = []  # dynamo's graph-break records since the last recipe was applied
+
+
+class _BreakLog(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        _BREAKS.append(record.getMessage())
+
+
+def _watch_breaks() -> None:
+    """Count dynamo's graphs and record its graph breaks (where, why) from here on: a break splits the
+    compiled step, and inductor fuses nothing across one (a quantization left as its own kernel next
+    to its producer, 2026-12-06). Dynamo's own `graph_breaks` log records, kept here, not printed."""
+    import torch._dynamo.convert_frame  # noqa: F401  (the modules whose artifact loggers report breaks)
+    import torch._dynamo.symbolic_convert  # noqa: F401
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    _BREAKS.clear()
+    torch._logging.set_logs(graph_breaks=True)
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch._dynamo.") and n.endswith("__graph_breaks")]:
+        lg = logging.getLogger(name)
+        lg.propagate = False
+        if not any(isinstance(h, _BreakLog) for h in lg.handlers):
+            lg.addHandler(_BreakLog())
+
+
+def compile_report(top: int = 8) -> dict:
+    """What dynamo made of the model since the recipe was applied: graphs compiled, graph breaks, and the
+    most frequent break sites (`at` file:line of the user code, `why` dynamo's explanation)."""
+    from torch._dynamo.utils import counters
+
+    sites: Counter = Counter()
+    for msg in _BREAKS:
+        lines = [ln.strip() for ln in msg.splitlines()]
+        at = lines[0].removeprefix("Graph break in user code at ") if lines else "?"
+        why = next((ln.removeprefix("Explanation: ") for ln in lines if ln.startswith("Explanation:")),
+                   next((ln for ln in lines[1:] if ln), ""))
+        sites[("/".join(at.split("/")[-3:]), why[:240])] += 1
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)), "breaks": sum(sites.values()),
+            "top": [{"at": a, "why": w, "count": n} for (a, w), n in sites.most_common(top)]}
+
+
 def compile_model(model: torch.nn.Module, recipe: str = "regional", backend: str = "inductor") -> str:
     """Apply a compile recipe to `model` in place; returns how it was compiled, for the report."""
+    _watch_breaks()
     kw: dict = {"backend": backend}
     if recipe == "max-autotune" and backend == "inductor":
         kw["mode"] = "max-autotune-no-cudagraphs"

@@ -128,6 +128,9 @@ def test_a_commands_worktrees_go_when_it_ends_and_orphans_are_pruned(tmp_path, m
     import sys
 
     monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
+    # this process's own record, apart from what earlier tests of the worker added: releasing those
+    # would remove the session fixtures' worktrees (test-base-*) under the tests that follow
+    monkeypatch.setattr(eng, "_ADDED", {})
     _small_repo(tmp_path / "fork")
     co = eng.checkout_engine(str(tmp_path / "fork"), "HEAD~1", "src")
     kept_before = eng.add_worktree(co, "cand-earlier")

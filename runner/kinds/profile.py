@@ -13,7 +13,7 @@ from runner import env as envmod
 from runner import peaks
 from runner.harness import prepare_first_step, step_passes
 from runner.job import split_precision
-from runner.modes import ModeWalk
+from runner.modes import ModeWalk, compile_report
 from runner.profiler import count_flops, profile_step
 from runner.roofline import compute_floor
 from runner.timing import time_fn
@@ -78,6 +78,7 @@ def run(job) -> dict:
         "params": sum(p.numel() for p in built.model.parameters()),
         "mode": mode,
         "compiled": walk.how,
+        "compile_report": compile_report() if walk.recipe else None,  # graphs and graph breaks
         "trace": str(out_dir / "trace.json.gz"),
         "env": envmod.capture(job.device, job.engine_sha, built.engine_file),
     }

@@ -140,3 +140,43 @@ def test_the_compare_job_applies_a_pairs_own_bound(tmp_path):
     assert checks["within"]["ok"] is False and "rel L2" in checks["within"]["reason"]
     assert checks["across"]["ok"] is True
     assert checks["across, wrong"]["ok"] is False
+
+
+def test_a_compiled_step_reports_its_graphs_and_graph_breaks():
+    """runner/modes.compile_report: a compile recipe counts dynamo's graphs and records each graph
+    break with where (the user code's file:line) and why; `optbot profile --mode compile*` prints it
+    (bot/profile_report.compile_lines). Inductor fuses nothing across a break: SGLang's FP8 FLUX.2
+    compiled whole kept its quantization as a kernel of its own (2026-12-06). A second recipe starts
+    the count again."""
+    import torch
+
+    from bot.profile_report import compile_lines
+    from runner.modes import compile_model, compile_report, uncompile
+
+    class Split(torch.nn.Module):
+        def forward(self, x):
+            x = x.sin()
+            print("a host call dynamo cannot trace")  # the break
+            return x.cos()
+
+    m = Split()
+    compile_model(m, "whole", backend="aot_eager")
+    x = torch.randn(8)
+    torch.testing.assert_close(m(x), x.sin().cos())
+    r = compile_report()
+    assert r["graphs"] == 2 and r["breaks"] == 1, r
+    top = r["top"][0]
+    assert top["count"] == 1 and "test_modes.py:" in top["at"] and "print" in top["why"], r
+    lines = compile_lines({"compile_report": r})
+    assert lines[0] == "compiled: 2 graph(s), 1 graph break(s)" and "test_modes.py" in lines[1]
+    uncompile(m)
+
+    class Whole(torch.nn.Module):
+        def forward(self, x):
+            return x.sin().cos()
+
+    w = Whole()
+    compile_model(w, "whole", backend="aot_eager")
+    w(x)
+    assert compile_report() == {"graphs": 1, "breaks": 0, "top": []}
+    assert compile_lines({"compile_report": None}) == [] and compile_lines({}) == []
