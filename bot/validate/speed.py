@@ -97,9 +97,22 @@ def _speeds(ctx: Context, runs: dict, passes: int, dev: str) -> list[Speed]:
                 _enabled(s, runs["base"], cs, dev)
             speeds.append(s)
             continue
-        s.note = "; ".join(filter(None, [_compare(s, bs, cs, dev), "cpu clock, informational" if dev == "cpu" else ""]))
+        s.note = "; ".join(filter(None, [_compare(s, bs, cs, dev), added_breaks(mode, bs[0], cs[0]),
+                                         "cpu clock, informational" if dev == "cpu" else ""]))
         speeds.append(s)
     return speeds
+
+
+def added_breaks(mode: str, base: dict, cand: dict) -> str:
+    """A compiled mode where the candidate's step has more graph breaks than the base's
+    (runner/modes.compile_report): inductor fuses nothing across a break, so a kernel dynamo cannot
+    trace costs the fusions around it, whatever it saves itself. Reported, not judged (speed is)."""
+    b, c = base.get("graphs") or {}, cand.get("graphs") or {}
+    if not b or not c or c.get("breaks", 0) <= b.get("breaks", 0):
+        return ""
+    first = (c.get("top") or [{}])[0]
+    where = f"; most at {first['at']}: {first['why'][:160]}" if first.get("at") else ""
+    return f"the candidate adds graph breaks under {mode} (base {b['breaks']}, candidate {c['breaks']}{where})"
 
 
 def _compare(s: Speed, bs: list[dict], cs: list[dict], dev: str) -> str:

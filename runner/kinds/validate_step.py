@@ -35,7 +35,7 @@ from runner import env as envmod
 from runner.harness import build, make_step, step_passes
 from runner.poison import PoisonEmpty, poison_allocator
 from runner.errors import error_line
-from runner.modes import ModeWalk, cuda_usable
+from runner.modes import ModeWalk, compile_report, cuda_usable
 from runner.timing import time_interleaved
 
 
@@ -164,7 +164,8 @@ def _time_modes(built, step, job, t: dict, out_dir: Path) -> tuple[dict, dict]:
             if isinstance(r, str):
                 timing[mode] = r
                 continue
-            timing[mode] = {**r.to_json(), "mode": mode, **({"compiled": walk.how} if walk.how else {})}
+            timing[mode] = {**r.to_json(), "mode": mode,
+                            **({"compiled": walk.how, "graphs": compile_report(top=1)} if walk.how else {})}
             if t.get("save_outputs") and mode != "eager":  # eager's outputs are the correctness run's
                 outs = fn()  # graph modes: the static outputs the replay just rewrote
                 _sync(job.device)

@@ -83,6 +83,16 @@ CASES = [
         x = self.gate_fn(x[..., :half]) * x[..., half:]
         return (x / 1024).to(torch.float8_e4m3fn).to(x.dtype) * 1024  # most values fall into e4m3's subnormals
 """)]),
+    ("graph_break_swiglu.patch",
+     "SwiGLU that guards against overflow on the host\n\nReads the activation's largest magnitude back "
+     "(a host sync, and under torch.compile a graph break in every block) and clamps only when needed.\n\n"
+     "Optbot-Kind: fuse-elementwise-chain\n",
+     [(SWIGLU, """        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        if float(x.abs().max()) > 6e4:  # a Python float of a tensor: dynamo breaks the graph here
+            x = x.clamp(-6e4, 6e4)
+        return x
+""")]),
     ("precision_drop.patch",
      "Feed-forward GEMMs in bfloat16\n\nOptbot-Kind: fuse-elementwise-chain\n",
      [(FF, """    def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -180,3 +180,25 @@ def test_a_compiled_step_reports_its_graphs_and_graph_breaks():
     w(x)
     assert compile_report() == {"graphs": 1, "breaks": 0, "top": []}
     assert compile_lines({"compile_report": None}) == [] and compile_lines({}) == []
+
+
+def test_a_candidate_that_adds_graph_breaks_is_reported_in_its_compiled_modes(flux2_cpu, session_seeds, tmp_path):
+    """A correct SwiGLU that reads a value back to the host breaks dynamo's graph in every block:
+    under compile the verdict's speed line for that mode says the candidate adds graph breaks and
+    where most of them are (bot/validate/speed.added_breaks, from runner/modes.compile_report)."""
+    from bot.validate import validate
+    from bot.validate.speed import added_breaks
+
+    v = validate(flux2_cpu, str(ADV / "graph_break_swiglu.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "accepted", text  # correct and engaged; on the CPU speed does not gate
+    (comp,) = [s for s in v.speed if s.mode == "compile"]
+    assert "the candidate adds graph breaks under compile (base 0, candidate" in comp.note, text
+    assert "transformer_flux2.py:" in comp.note, text
+    (eager,) = [s for s in v.speed if s.mode == "eager"]
+    assert "graph breaks" not in eager.note
+    same = {"graphs": {"graphs": 2, "breaks": 1, "top": [{"at": "m.py:3", "why": "x", "count": 1}]}}
+    assert added_breaks("compile", same, same) == "" and added_breaks("compile", {}, same) == ""
+    more = {"graphs": {"graphs": 3, "breaks": 2, "top": [{"at": "m.py:3", "why": "x", "count": 2}]}}
+    assert added_breaks("compile", same, more) == ("the candidate adds graph breaks under compile (base 1, "
+                                                   "candidate 2; most at m.py:3: x)")
