@@ -280,7 +280,9 @@ def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None
         for ch in (v.correctness.checks if v.correctness else []):
             shape, _, seed = ch.label.partition(" seed ")
             corr_rows.append([cid, ch.output, shape, seed, str(ch.max_abs if ch.max_abs is not None else "n/a"),
-                              str(ch.rel_l2 if ch.rel_l2 is not None else "n/a"), "ok" if ch.ok else "FAIL",
+                              str(ch.rel_l2 if ch.rel_l2 is not None else "n/a")
+                              + (f" (the quantized base's: {ch.base_rel_l2})" if ch.against else ""),  # vs unquantized
+                              "ok" if ch.ok else "FAIL",
                               (v.env or {}).get("device_kind") or v.device])
     if corr_rows:
         blocks.append(Table(["candidate", "output", "shape", "seed", "max abs err", "rel err (rel L2)", "within tolerance",

@@ -124,6 +124,13 @@ def test_a_quantized_run_says_what_its_outputs_were_held_to_and_why():
     r.checkout.dtype, r.checkout.judged_by = "bfloat16+fp8", text
     md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "Quantized (bfloat16+fp8): the base and every candidate run the recipe" in md and "0.0952" in md
+    assert "no farther from the unquantized model than 1.05x the quantized base" in text
+    # each output's distance from the unquantized model stands beside the quantized base's
+    r.combine.stack_verdict.correctness.checks.append(OutputCheck(
+        "1024x1024/txt512/b1 seed 5 [vs unquantized]", "noise_pred", True, "", max_abs=0.44, rel_l2=0.0951,
+        against="unquantized", base_rel_l2=0.095))
+    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    assert "| 5 [vs unquantized] | 0.44 | 0.0951 (the quantized base's: 0.095) | ok |" in md
     assert "Quantized" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
     assert checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16", engine_name="diffusers")).startswith(
         "rel_l2 <= 0.05 and |d| <= 0.25 + 0.1*|ref| (bfloat16), against")
