@@ -58,6 +58,9 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     # row (what an FP8 user runs compiled), every row is set against it
     compiled = [rows[("upstream", m)] for m in ("compile", "compile:whole")]
     assert all(x["correct"] and x["median_ms"] for x in compiled), compiled
+    # each compiled row says how dynamo split the step (regional: one graph per kind of block; whole: one)
+    assert rows[("upstream", "compile:whole")]["graphs"] == "1 graph(s), 0 break(s)", compiled
+    assert rows[("upstream", "compile")]["graphs"].endswith("0 break(s)") and not rows[("upstream", "eager")]["graphs"]
     best = rows[("upstream+fp8", "compile")]
     assert (b["best_compile_mode"], b["best_compile_ms"]) == ("upstream+fp8 compile", best["median_ms"])
     honest = rows[("candidate:honest_merge_qkv", "compile")]

@@ -42,6 +42,7 @@ class BenchRow:
     engine_sha: str = ""
     comparison: dict = field(default_factory=dict)  # output name -> rel_l2, max_abs, max_rel, where, ok
     window: list[float] | None = None  # unix seconds [start, end] of the timed steps (joins a clock log)
+    graphs: str = ""  # a compiled row: dynamo's graphs and graph breaks (runner/modes.compile_report)
 
 
 @dataclass
@@ -213,6 +214,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 row.median_ms, row.min_ms, row.max_ms, row.n = lat["median_ms"], lat["min_ms"], lat["max_ms"], lat["n"]
                 row.per_pass_ms = m["per_pass_ms"]
                 row.window = m.get("window")
+                row.graphs = f"{m['graphs']['graphs']} graph(s), {m['graphs']['breaks']} break(s)" if "graphs" in m else ""
             if "outputs" in m:
                 outputs[f"{label}:{mode}"] = m["outputs"]["file"]
                 owner[f"{label}:{mode}"] = label  # labels and modes both may hold ':'
@@ -383,7 +385,8 @@ def _table_rows(res: BenchResult) -> list[list[str]]:
         ok = "-" if r.correct is None else ("ok" if r.correct else "WRONG")
         rows.append([r.variant, r.mode, _fmt(r.median_ms), spread, str(r.n or "-"), _fmt(r.per_pass_ms),
                      _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
-                     _fmt(r.vs_compile, ".3f") + ("x" if r.vs_compile else ""), ok, r.error or r.correctness])
+                     _fmt(r.vs_compile, ".3f") + ("x" if r.vs_compile else ""), ok,
+                     r.error or "; ".join(filter(None, [r.graphs, r.correctness]))])
     if res.roofline_ms is not None:
         rows.append(["roofline", "compute floor", _fmt(res.roofline_ms), "-", "-", _fmt(res.roofline_ms / res.passes), "-",
                      "-", "-", res.roofline_basis])

@@ -26,7 +26,7 @@ from runner import peaks
 from runner.harness import prepare_first_step, step_passes, tensor_digest
 from runner.job import parse_mode
 from runner.errors import error_line
-from runner.modes import ModeWalk, cuda_usable
+from runner.modes import ModeWalk, compile_report, cuda_usable
 from runner.profiler import count_flops
 from runner.timing import time_interleaved
 
@@ -51,7 +51,7 @@ def run(job) -> dict:
             outs = fn()  # the first call: compilation / capture warm-up happen here
             entry["first_call_s"] = round(time.monotonic() - t0, 2)
             if walk.how:
-                entry["compiled"] = walk.how
+                entry["compiled"], entry["graphs"] = walk.how, compile_report(top=1)
             w0 = time.time()
             timed = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
             # wall-clock span of the timed steps, to join with a clock/power log taken beside the run
