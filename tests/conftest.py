@@ -22,10 +22,35 @@ if str(ROOT) not in sys.path:
 
 SHARED_TEST_HOME = Path(os.environ.get("OPTBOT_TEST_HOME", Path.home() / ".cache" / "optbot-test"))
 # Under pytest-xdist (addopts in pyproject.toml) each worker has a home of its own, $OPTBOT_TEST_HOME/
-# workers/gwN: engine repositories, worktrees, compile caches and runs are never shared by two
-# processes (no two `git worktree add` on one repository, no worktree name taken by the other).
+# workers/gwN (gwN.1, ... while another session holds it): engine repositories, worktrees, compile
+# caches and runs are never shared by two processes (no two `git worktree add` on one repository, no
+# worktree name taken by the other).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-TEST_HOME = SHARED_TEST_HOME / "workers" / _WORKER if _WORKER else SHARED_TEST_HOME
+_HELD: list = []  # the open lock file of the home this process claimed
+
+
+def _claim(home: Path) -> Path:
+    """`home`, else the first of home.1, home.2, ... that no other live test session holds (an flock
+    kept for this process's life). A second session at once (a few tests run beside the full suite)
+    gets a home of its own: sharing one, the first to finish pruned the other's worktrees from under
+    its running tests (2026-12-06: 22, then 336 failures)."""
+    import fcntl
+
+    for i in range(32):
+        h = home if i == 0 else home.with_name(f"{home.name}.{i}")
+        h.mkdir(parents=True, exist_ok=True)
+        f = open(h / ".session.lock", "a")  # noqa: SIM115 - held open on purpose: the lock lives with it
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _HELD.append(f)
+        return h
+    raise RuntimeError(f"32 test sessions hold {home} and its siblings: is a suite stuck?")
+
+
+TEST_HOME = _claim(SHARED_TEST_HOME / "workers" / _WORKER if _WORKER else SHARED_TEST_HOME)
 os.environ["OPTBOT_HOME"] = str(TEST_HOME)
 os.environ.setdefault("OPTBOT_RUNS_DIR", str(TEST_HOME / "runs"))
 if _WORKER and "OMP_NUM_THREADS" not in os.environ:
