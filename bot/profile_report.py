@@ -103,7 +103,9 @@ def compile_lines(p: dict) -> list[str]:
     r = p.get("compile_report")
     if not r:
         return []
-    lines = [f"compiled: {r['graphs']} graph(s), {r['breaks']} graph break(s)"]
+    breaks = "graph breaks not recorded (TORCH_LOGS without graph_breaks)" if r["breaks"] is None else \
+        f"{r['breaks']} graph break(s)"
+    lines = [f"compiled: {r['graphs']} graph(s), {breaks}"]
     lines += [f"  break x{b['count']} at {b['at']}: {b['why']}" for b in r["top"]]
     return lines
 

@@ -21,6 +21,7 @@ switch first undoes the last one (uncompile) and resets dynamo.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from typing import Callable
 
@@ -30,6 +31,7 @@ from runner.job import parse_mode  # the mode grammar lives with the job schema:
 from runner.timing import capture_graph
 
 _BREAKS: list[str] = []  # dynamo's graph-break records since the last recipe was applied
+_WATCHED = [True]  # whether they are recorded: not where the user's TORCH_LOGS leaves graph_breaks out
 
 
 class _BreakLog(logging.Handler):
@@ -47,17 +49,21 @@ def _watch_breaks() -> None:
 
     counters.clear()
     _BREAKS.clear()
-    torch._logging.set_logs(graph_breaks=True)
+    user = os.environ.get("TORCH_LOGS", "")  # set_logs would replace what the user asked for
+    if not user:
+        torch._logging.set_logs(graph_breaks=True)
+    _WATCHED[0] = not user or "graph_breaks" in user
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch._dynamo.") and n.endswith("__graph_breaks")]:
         lg = logging.getLogger(name)
-        lg.propagate = False
+        lg.propagate = bool(user)  # ours: kept here, not printed; the user's: printed as asked too
         if not any(isinstance(h, _BreakLog) for h in lg.handlers):
             lg.addHandler(_BreakLog())
 
 
 def compile_report(top: int = 8) -> dict:
-    """What dynamo made of the model since the recipe was applied: graphs compiled, graph breaks, and the
-    most frequent break sites (`at` file:line of the user code, `why` dynamo's explanation)."""
+    """What dynamo made of the model since the recipe was applied: graphs compiled, graph breaks (None:
+    not recorded, the user's TORCH_LOGS leaves them out), and the most frequent break sites (`at`
+    file:line of the user code, `why` dynamo's explanation)."""
     from torch._dynamo.utils import counters
 
     sites: Counter = Counter()
@@ -67,8 +73,8 @@ def compile_report(top: int = 8) -> dict:
         why = next((ln.removeprefix("Explanation: ") for ln in lines if ln.startswith("Explanation:")),
                    next((ln for ln in lines[1:] if ln), ""))
         sites[("/".join(at.split("/")[-3:]), why[:240])] += 1
-    return {"graphs": int(counters["stats"].get("unique_graphs", 0)), "breaks": sum(sites.values()),
-            "top": [{"at": a, "why": w, "count": n} for (a, w), n in sites.most_common(top)]}
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)), "breaks": sum(sites.values()) if _WATCHED[0] else None,
+            "top": [{"at": a, "why": w, "count": n} for (a, w), n in sites.most_common(top)] if _WATCHED[0] else []}
 
 
 def compile_model(model: torch.nn.Module, recipe: str = "regional", backend: str = "inductor") -> str:

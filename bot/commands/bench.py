@@ -214,7 +214,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 row.median_ms, row.min_ms, row.max_ms, row.n = lat["median_ms"], lat["min_ms"], lat["max_ms"], lat["n"]
                 row.per_pass_ms = m["per_pass_ms"]
                 row.window = m.get("window")
-                row.graphs = f"{m['graphs']['graphs']} graph(s), {m['graphs']['breaks']} break(s)" if "graphs" in m else ""
+                row.graphs = f"{m['graphs']['graphs']} graph(s), {m['graphs']['breaks']} break(s)" if "graphs" in m else ""  # None: not recorded
             if "outputs" in m:
                 outputs[f"{label}:{mode}"] = m["outputs"]["file"]
                 owner[f"{label}:{mode}"] = label  # labels and modes both may hold ':'

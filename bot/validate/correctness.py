@@ -16,10 +16,10 @@ from pathlib import Path
 
 from bot.errors import OptbotError, RunnerError
 from bot.jobs import JobOutcome, run_job
+from bot.tolerance import NO_FARTHER
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
 from bot.validate.speed import base_fallbacks
-from bot.tolerance import NO_FARTHER
 from bot.validate.verdict import Correctness, OutputCheck
 from bot.workload import Shape
 from runner.job import parse_mode

@@ -108,7 +108,7 @@ def added_breaks(mode: str, base: dict, cand: dict) -> str:
     (runner/modes.compile_report): inductor fuses nothing across a break, so a kernel dynamo cannot
     trace costs the fusions around it, whatever it saves itself. Reported, not judged (speed is)."""
     b, c = base.get("graphs") or {}, cand.get("graphs") or {}
-    if not b or not c or c.get("breaks", 0) <= b.get("breaks", 0):
+    if not b or not c or (c.get("breaks") or 0) <= (b.get("breaks") or 0):
         return ""
     first = (c.get("top") or [{}])[0]
     where = f"; most at {first['at']}: {first['why'][:160]}" if first.get("at") else ""

@@ -202,3 +202,29 @@ def test_a_candidate_that_adds_graph_breaks_is_reported_in_its_compiled_modes(fl
     more = {"graphs": {"graphs": 3, "breaks": 2, "top": [{"at": "m.py:3", "why": "x", "count": 2}]}}
     assert added_breaks("compile", same, more) == ("the candidate adds graph breaks under compile (base 1, "
                                                    "candidate 2; most at m.py:3: x)")
+
+
+def test_a_users_torch_logs_is_left_as_set(monkeypatch):
+    """A user who debugs with TORCH_LOGS keeps what they asked for: the compile report does not replace
+    it, and says so where that leaves graph breaks unrecorded (breaks None)."""
+    import torch
+
+    from bot.profile_report import compile_lines
+    from runner.modes import compile_model, compile_report, uncompile
+
+    monkeypatch.setenv("TORCH_LOGS", "recompiles")
+
+    class Split(torch.nn.Module):
+        def forward(self, x):
+            x = x.sin()
+            print("a host call dynamo cannot trace")
+            return x.cos()
+
+    m = Split()
+    compile_model(m, "whole", backend="aot_eager")
+    m(torch.randn(8))
+    r = compile_report()
+    assert r["graphs"] == 2 and r["breaks"] is None, r
+    assert compile_lines({"compile_report": r}) == [
+        "compiled: 2 graph(s), graph breaks not recorded (TORCH_LOGS without graph_breaks)"]
+    uncompile(m)
