@@ -50,17 +50,24 @@ def panel(ax, bench: dict) -> None:
         ax.axhline(bench["roofline_ms"], color="#c0392b", ls="--", lw=1)
         ax.text(len(modes) - 0.5, bench["roofline_ms"], f"compute floor {bench['roofline_ms']:.0f}", fontsize=7,
                 ha="right", va="bottom", color="#c0392b")
+    if bench.get("roofline_fp8_ms") and bench.get("quant"):  # a --quant run: the FP8 floor is the one that binds
+        ax.axhline(bench["roofline_fp8_ms"], color="#c0392b", ls="-.", lw=1)
+        ax.text(len(modes) - 0.5, bench["roofline_fp8_ms"], f"compute floor, FP8 linear {bench['roofline_fp8_ms']:.0f}",
+                fontsize=7, ha="right", va="bottom", color="#c0392b")
     if bench.get("best_compile_ms"):
         ax.axhline(bench["best_compile_ms"], color="#555", ls=":", lw=1)
-        ax.text(-0.5, bench["best_compile_ms"] * 1.12, f"best upstream compile ({bench['best_compile_mode']}) "
+        what = "the bar" if bench.get("bar_note") else "best upstream compile"  # bar_note: no compile row ran
+        ax.text(-0.5, bench["best_compile_ms"] * 1.12, f"{what} ({bench['best_compile_mode']}) "
                 f"{bench['best_compile_ms']:.0f}", fontsize=7, ha="left", va="bottom", color="#555")
     ax.set_xticks(range(len(modes)))
     ax.set_xticklabels([m.replace("+", "\n+") for m in modes], fontsize=7)
     env = bench.get("env", {})
-    ax.set_title(f"{bench['workload']} · {bench['preset']} · {bench['dtype']} · {env.get('device_name', bench['device'])}",
-                 fontsize=9)
+    quant = "".join(f" (candidates at {q.partition('+')[2]})" for q in bench.get("quant") or {})
+    ax.set_title(f"{bench['workload']} · {bench['preset']} · {bench['dtype']}{quant} · "
+                 f"{env.get('device_name', bench['device'])}", fontsize=9)
     ax.set_ylabel("ms per step (median)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylim(0, max((r.get("median_ms") or 0) for r in rows) * 1.3)  # room for the legend above the bars
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
 
 
 def main(out: str, files: list[str]) -> None:
