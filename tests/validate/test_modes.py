@@ -142,6 +142,19 @@ def test_the_compare_job_applies_a_pairs_own_bound(tmp_path):
     assert checks["across, wrong"]["ok"] is False
 
 
+def _split_by_a_print():
+    """A module dynamo must split in two: a host call between two ops."""
+    import torch
+
+    class Split(torch.nn.Module):
+        def forward(self, x):
+            x = x.sin()
+            print("a host call dynamo cannot trace")  # the break
+            return x.cos()
+
+    return Split()
+
+
 def test_a_compiled_step_reports_its_graphs_and_graph_breaks():
     """runner/modes.compile_report: a compile recipe counts dynamo's graphs and records each graph
     break with where (the user code's file:line) and why; `optbot profile --mode compile*` prints it
@@ -153,13 +166,7 @@ def test_a_compiled_step_reports_its_graphs_and_graph_breaks():
     from bot.profile_report import compile_lines
     from runner.modes import compile_model, compile_report, uncompile
 
-    class Split(torch.nn.Module):
-        def forward(self, x):
-            x = x.sin()
-            print("a host call dynamo cannot trace")  # the break
-            return x.cos()
-
-    m = Split()
+    m = _split_by_a_print()
     compile_model(m, "whole", backend="aot_eager")
     x = torch.randn(8)
     torch.testing.assert_close(m(x), x.sin().cos())
@@ -214,13 +221,7 @@ def test_a_users_torch_logs_is_left_as_set(monkeypatch):
 
     monkeypatch.setenv("TORCH_LOGS", "recompiles")
 
-    class Split(torch.nn.Module):
-        def forward(self, x):
-            x = x.sin()
-            print("a host call dynamo cannot trace")
-            return x.cos()
-
-    m = Split()
+    m = _split_by_a_print()
     compile_model(m, "whole", backend="aot_eager")
     m(torch.randn(8))
     r = compile_report()
