@@ -214,7 +214,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
                 row.median_ms, row.min_ms, row.max_ms, row.n = lat["median_ms"], lat["min_ms"], lat["max_ms"], lat["n"]
                 row.per_pass_ms = m["per_pass_ms"]
                 row.window = m.get("window")
-                row.graphs = f"{m['graphs']['graphs']} graph(s), {m['graphs']['breaks']} break(s)" if "graphs" in m else ""  # None: not recorded
+                if g := m.get("graphs"):  # breaks None: the user's TORCH_LOGS left them unrecorded
+                    row.graphs = f"{g['graphs']} graph(s), " + ("breaks not recorded" if g["breaks"] is None else f"{g['breaks']} break(s)")
             if "outputs" in m:
                 outputs[f"{label}:{mode}"] = m["outputs"]["file"]
                 owner[f"{label}:{mode}"] = label  # labels and modes both may hold ':'
@@ -349,9 +350,8 @@ def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: d
     for c in cout.result["checks"]:
         k, judged = c["label"], c.get("against") == "unquantized"
         ok[k] = bool(ok.get(k, True) and c["ok"]) if judged else None
-        if "rel_l2" in c:
-            found.setdefault(k, []).append(f"{c['output']} {c['rel_l2']:.3g}" + (
-                f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else ""))
+        found.setdefault(k, []).append(c["reason"] if "rel_l2" not in c else f"{c['output']} {c['rel_l2']:.3g}" + (
+            f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else ""))  # no distance: why (shape, NaN)
     fail = f"; FAIL: farther from the unquantized model than {NO_FARTHER:g}x {qref} eager"
     return {k: (f"vs {against[k]}: rel L2 {', '.join(v)}" + (fail if ok[k] is False else ""), ok[k])
             for k, v in found.items()}
