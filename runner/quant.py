@@ -147,7 +147,9 @@ def torchao_weights(model: torch.nn.Module) -> str:
     """Every nn.Linear's weight as torchao's Float8Tensor, built with torchao's own constructors and
     Float8DynamicActivationFloat8WeightConfig(PerRow)'s settings: what its quantize_ makes on a GPU,
     for a CPU, where quantize_ refuses float8 but the tensor and its linear run (the analyzer's and the
-    inductor probe's tests of the GPU's recipe form). Returns the implementation's name."""
+    inductor probe's tests of the GPU's recipe form; tests/kernel_store/compile_blocks.py's
+    `--fp8-form torchao`: the store's FP8 stacks on the weight type the GPU gives them). Only the
+    eligible layers, as quantize_'s filter in `apply`. Returns the implementation's name."""
     import torchao
     import torchao.quantization as ao
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor, QuantizeTensorToFloat8Kwargs
@@ -156,7 +158,7 @@ def torchao_weights(model: torch.nn.Module) -> str:
     act_g, w_g = cfg.granularity
     act = QuantizeTensorToFloat8Kwargs(cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
                                        hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)
-    for lin in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
+    for lin in [m for m in model.modules() if eligible(m)]:
         lin.weight = torch.nn.Parameter(Float8Tensor.from_hp(
             lin.weight.detach(), float8_dtype=cfg.weight_dtype, granularity=w_g, mm_config=cfg.mm_config,
             kernel_preference=cfg.kernel_preference, act_quant_kwargs=act), requires_grad=False)

@@ -362,10 +362,13 @@ def test_an_entry_that_enables_a_mode_is_offered_where_the_run_checks_it():
     def ids(*a, **k):
         return {(e.id, o) for e, o in match(store, OPPS, *a, **k) if e.enables}
 
-    both = {("sglang-fp8-quant-compile", ""), ("sglang-fp8-static-quant-inductor", "")}
-    assert ids("sglang", "h200", "flux2", modes=four, precision="bfloat16+fp8") == both
-    # the second includes the first's fixes and conflicts with it: generate offers only the second
-    assert superseded_by([e for e, _ in both], store) == {"sglang-fp8-quant-compile": "sglang-fp8-static-quant-inductor"}
+    chain = ("sglang-fp8-quant-compile", "sglang-fp8-static-quant-inductor", "sglang-fp8-linear-whole-graph")
+    assert ids("sglang", "h200", "flux2", modes=four, precision="bfloat16+fp8") == {(e, "") for e in chain}
+    # each includes the one before it and conflicts with it: generate offers only the newest
+    newest = chain[-1]
+    assert superseded_by(list(chain), store) == {old: newest for old in chain[:-1]}
+    # where the newest is not offered (rejected on this machine), the one before it is
+    assert superseded_by(list(chain[:-1]), store) == {chain[0]: chain[1]}
     assert ids("sglang", "h100", "flux2", modes=("eager", "compile"), precision="bfloat16+fp8")
     assert not ids("sglang", "h200", "flux2", modes=four, precision="bfloat16")  # bf16 compiles upstream
     assert not ids("sglang", "h200", "flux2", modes=("eager", "graph"), precision="bfloat16+fp8")

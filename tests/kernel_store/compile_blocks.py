@@ -66,7 +66,17 @@ def _capture_emulated():
 
 
 def main(workload: str, engine_root: str, out: str, fullgraph: bool, shape: list[int] | None,
-         precision: str = "float32", eager_only: bool = False) -> None:
+         precision: str = "float32", eager_only: bool = False, fp8_form: str = "") -> None:
+    if fp8_form == "torchao":
+        # the weight type torchao's recipe gives on a GPU (an nn.Linear whose weight is a Float8Tensor),
+        # not optbot's emulation (an Fp8Linear): a patch that tells a quantized linear apart by its
+        # module type misses torchao's, which only the GPU showed (2026-12-06: the absorb-bias entry
+        # took torchao's MLPs away from the GELU + quantization entry)
+        from runner import quant
+
+        def _torchao(model, recipe, device):
+            return {"recipe": recipe, "implementation": quant.torchao_weights(model)}
+        quant.apply = _torchao
     wl = load_workload(workload)
     pre = wl.preset("tiny")
     s = min([pre.shapes, *pre.extra_shapes], key=lambda s: s.resolution[0] * s.resolution[1] + s.text_tokens)
@@ -128,4 +138,5 @@ if __name__ == "__main__":
     main(*sys.argv[1:4], fullgraph="--no-fullgraph" not in opts,
          shape=[int(v) for v in opts[opts.index("--shape") + 1].split(",")] if "--shape" in opts else None,
          precision=opts[opts.index("--precision") + 1] if "--precision" in opts else "float32",
-         eager_only="--eager-only" in opts)
+         eager_only="--eager-only" in opts,
+         fp8_form=opts[opts.index("--fp8-form") + 1] if "--fp8-form" in opts else "")

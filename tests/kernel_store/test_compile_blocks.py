@@ -40,14 +40,19 @@ USABLE = [e for e in load_store(SHIPPED_STORE) if e.status not in UNUSABLE and e
 # An FP8 entry's stack runs at float32+fp8 (the recipe applied: its path engages only there).
 QWEN_BF16 = ("qwen-image-cfg-modulation-cache", "qwen-image-absorb-bias", "qwen-image-qkv-norm-rope-epilogue",
              "qwen-image-hoist-host-copies", "qwen-image-linear-gelu-epilogue", "qwen-image-norm-modulate")
+QWEN_FP8 = tuple(e for e in QWEN_BF16 if e != "qwen-image-linear-gelu-epilogue") + ("qwen-image-fp8-gelu-quant",)
+FLUX2_FP8 = ("flux2-qkv-norm-rope-epilogue", "flux2-norm-modulate", "flux2-fp8-swiglu-quant")
 STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modulate", "flux2-merge-qkv"), "float32"),
           ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-swiglu", "flux2-norm-modulate"), "float32"),
           ("qwen-image", QWEN_BF16, "float32"),
           # linear-gelu-epilogue keeps the unfused path on a quantized linear (its op never runs there)
-          ("qwen-image", tuple(e for e in QWEN_BF16 if e != "qwen-image-linear-gelu-epilogue")
-           + ("qwen-image-fp8-gelu-quant",), "float32+fp8"),
+          ("qwen-image", QWEN_FP8, "float32+fp8"),
           # under FP8 the SwiGLU + quantization entry takes every SwiGLU (flux2-swiglu's op never runs)
-          ("flux2", ("flux2-qkv-norm-rope-epilogue", "flux2-norm-modulate", "flux2-fp8-swiglu-quant"), "float32+fp8")]
+          ("flux2", FLUX2_FP8, "float32+fp8"),
+          # the same two stacks on torchao's form of the recipe, what a GPU with torchao runs (an
+          # nn.Linear holding a Float8Tensor weight, not optbot's Fp8Linear): "PRECISION/torchao"
+          ("qwen-image", QWEN_FP8, "float32+fp8/torchao"),
+          ("flux2", FLUX2_FP8, "float32+fp8/torchao")]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
 # interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
 # text tokens) the nine runs (then one per entry too) took 231 s on the 2-core development machine, at this one 64 to 153 s
@@ -58,7 +63,12 @@ SHAPE = "48,80,7"
 def _key_id(key) -> str:
     wl, ids, precision = key
     name = ids[0] if len(ids) == 1 else f"{wl}-stack-" + "+".join(i.removeprefix(wl + "-") for i in ids)
-    return name if precision == "float32" else f"{name}-{precision.replace('+', '-')}"
+    return name if precision == "float32" else f"{name}-{precision.replace('+', '-').replace('/', '-')}"
+
+
+def _dtype(precision: str) -> str:
+    """The job's precision of a key's "PRECISION[/FORM]"."""
+    return precision.split("/")[0]
 
 
 def _run(engine_src: Path, workload: str, out: Path, precision: str, eager_only: bool = False) -> dict:
@@ -66,7 +76,8 @@ def _run(engine_src: Path, workload: str, out: Path, precision: str, eager_only:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(engine_src), str(ROOT)]), TRITON_INTERPRET="1",
                OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE,
-                           "--precision", precision, *(["--eager-only"] * eager_only)],
+                           "--precision", _dtype(precision), *(["--eager-only"] * eager_only),
+                           *(["--fp8-form", precision.split("/")[1]] if "/" in precision else [])],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(Path(str(out) + ".json").read_text())
@@ -90,7 +101,7 @@ def compiled(request, diffusers_engine, base_worktree, tmp_path_factory):
     d = tmp_path_factory.mktemp("compile-blocks")
     # each stack's child, and one eager-only child of the base engine per (workload, precision)
     runs = {key: (srcs[key], key[0], d / _key_id(key), key[2], False) for key in keys}
-    runs.update({("base", wl, p): (base_worktree / "src", wl, d / f"base-{wl}-{p}", p, True)
+    runs.update({("base", wl, p): (base_worktree / "src", wl, d / f"base-{wl}-{p.replace('/', '-')}", p, True)
                  for wl, _, p in keys})
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return {key: (pool.submit(_run, *args), args[2]) for key, args in runs.items()}
@@ -117,7 +128,7 @@ def _check(compiled, key) -> dict:
     # (inside a real capture it fails), no device read (capture forbids it), the same outputs
     assert res.get("capture_error") is None, res["capture_error"]
     assert res["capture_new_graphs"] == 0, "the blocks were compiled anew under capture"
-    tol = load_workload(key[0]).tolerance[key[2]]
+    tol = load_workload(key[0]).tolerance[_dtype(key[2])]
     outs = torch.load(str(out) + ".pt")
     assert outs["eager"].keys() == outs["compiled"].keys() == outs["captured"].keys()
     for k, ref in outs["eager"].items():
