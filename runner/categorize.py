@@ -38,10 +38,27 @@ _NAME_RULES = (
 )
 
 
+# inductor's generated pointwise / reduction kernels (its matmul templates are triton_tem_*): named
+# after the aten ops they fuse, so a name holding "_scaled_mm" is the scale or input preparation of an
+# FP8 GEMM, never the GEMM itself (cuBLAS runs it)
+_INDUCTOR_GENERATED = ("triton_poi_", "triton_red_", "triton_per_")
+
+
+def _inductor_quantization(n: str) -> bool:
+    """An inductor kernel that casts to float8 with a scale: per-token dynamic (abs, amax, clamp) or
+    static (a reciprocal scale, clamp, cast), fused or not with the op that produced its input."""
+    return "clamp" in n and "_to_copy" in n and ("amax" in n or "reciprocal" in n)
+
+
 def categorize(name: str, op: str = "", module_class: str = "") -> str:
     n, o = name.lower(), op.lower()
     if any(k in n for k in _ATTN_NAME):
         return "attention"
+    if n.startswith(_INDUCTOR_GENERATED):
+        if _inductor_quantization(n):
+            return "quantization"
+        # the GEMM keywords of the name rules below would catch "_scaled_mm" and "_mm_"
+        n = n.replace("_scaled_mm", "").replace("_mm_", "_")
     cat = None
     for keys, c in _OP_RULES:
         if o and any(k in o for k in keys):

@@ -6,7 +6,8 @@ copy, counted as bytes read + bytes written. A ceiling is a best case, so it is 
 
 With `fp8=True` (bench's floor rows), also the FP8 matmul ceiling: `torch._scaled_mm` on float8
 e4m3 operands with row-wise float32 scales and a bf16 output, the form an FP8 deployment's linear
-layers take (dynamic per-token activation scales, per-channel weight scales). Measured where it
+layers take (dynamic per-token activation scales, per-channel weight scales), with fast accumulation
+on a GPU as the deployments set it. Measured where it
 runs: a CUDA device of compute capability 8.9 or newer, and the CPU (where torch emulates it,
 slower than float32: the figure says so rather than flattering anything). Elsewhere it is None
 with the reason.
@@ -70,7 +71,11 @@ def _fp8_operands(device: str):
 
 
 def _fp8_mm(a, b, sa, sb):
-    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    # fast accumulation on the GPU, as both FP8 deployments run their GEMMs (torchao's Float8MMConfig
+    # default, SGLang's FP8 GEMM): without it Hopper's FP8 products promote partial sums more often and
+    # run slower, so the "ceiling" sat below the steps' own GEMMs (FLUX.2's at 1,431 TFLOP/s against
+    # 1,182 measured here, H100, 2026-12-06)
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=a.is_cuda)
 
 
 def _sustained_rate(device: str, dtype: torch.dtype) -> tuple[float, tuple[int, int, int]]:
@@ -126,7 +131,8 @@ def measure(device: str, dtype: torch.dtype, fp8: bool = False, sustained: bool 
             try:
                 f_rate, f_shape = _best_rate(device, _fp8_operands(device), _fp8_mm)
                 out.update(fp8_matmul_tflops=round(f_rate, 2), fp8_matmul_shape=list(f_shape),
-                           fp8_matmul_form="_scaled_mm e4m3 x e4m3, row-wise fp32 scales, bf16 out")
+                           fp8_matmul_form="_scaled_mm e4m3 x e4m3, row-wise fp32 scales, bf16 out"
+                           + (", fast accumulation" if device.startswith("cuda") else ""))
             except RuntimeError as e:  # a build without the kernel for this device
                 why = f"_scaled_mm failed: {error_line(e)}"
         if why:

@@ -101,6 +101,14 @@ def test_flop_count_matches_hand_count(toy_profile):
     ("void at::native::vectorized_elementwise_kernel<4, at::native::mul_kernel", "aten::mul", "", "elementwise"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::pow_kernel", "aten::pow", "RMSNorm", "normalization"),
     ("triton_poi_fused_add_mul_0", "", "", "elementwise"),
+    # inductor's FP8 quantization kernels (H100 profiles, 2026-12-06): named after _scaled_mm's input
+    # preparation, never the GEMM; per-token (amax) and static (reciprocal scale), fused with a producer
+    ("triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_gelu_t_unsqueeze_view_4", "", "", "quantization"),
+    ("triton_poi_fused__to_copy_clamp_mul_reciprocal_0", "", "", "quantization"),
+    ("triton_poi_fused__scaled_mm__to_copy_cat_clamp_clone_expand_mul_reciprocal_silu_slice_split", "", "", "quantization"),
+    ("triton_poi_fused__scaled_mm_clone_expand_view_0", "", "", "elementwise"),  # the repeated scale: no cast, no GEMM
+    ("triton_poi_fused_clamp_mul_0", "", "", "elementwise"),  # a clamp alone is no quantization
+    ("triton_tem_fused_mm_0", "", "", "gemm"),  # inductor's own matmul template is one
     ("fused_quantize_fp8_e4m3_kernel", "", "", "quantization"),
     ("Memcpy HtoD (Pageable -> Device)", "", "", "copy"),
 ])

@@ -161,13 +161,12 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     qref = f"upstream+{quant}" if quant else "upstream"
     if quant:  # the same upstream at the quantized precision (runner/job.split_precision)
         variants.append((qref, qt, variants[0][2], t.checkout.base_sha))
-    for candidate in candidates:
+    from bot.validate.resolve import candidate_labels, resolve_candidate
+
+    for candidate, label in zip(candidates, candidate_labels(list(candidates))):
         # the validator's resolution: a commit/branch on top of the base, or a patch file (applied
         # and committed deterministically in its own worktree)
-        from bot.validate.resolve import resolve_candidate
-
         rev = resolve_candidate(t.checkout, candidate, t.checkout.base_sha)
-        label = "candidate" if len(candidates) == 1 else f"candidate:{Path(candidate).stem if Path(candidate).is_file() else candidate}"
         variants.append((label, qt, rev.worktree, rev.sha))
     for name in extra_engines:
         spec = t.workload.engine(name)

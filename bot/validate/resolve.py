@@ -79,6 +79,24 @@ def resolve_candidate(checkout: EngineCheckout, spec: str, base_sha: str) -> Rev
     return Revision(spec, sha, base_sha, wt, commits, trailers)
 
 
+def candidate_labels(specs: list[str]) -> list[str]:
+    """Row names of several candidates (bench): "candidate" for one, else candidate:<name>, a patch
+    file named by its store entry's folder (kernel_store/<entry>/patch.diff) or its stem, a ref by
+    itself; a name already taken gets #2, #3 (two patch.diff rows once shared one name)."""
+    if len(specs) == 1:
+        return ["candidate"]
+    out: list[str] = []
+    for spec in specs:
+        p = Path(spec)
+        name = (p.parent.name if p.name == "patch.diff" and p.parent.name else p.stem) if p.is_file() else spec
+        label, n = f"candidate:{name}", 1
+        while label in out:
+            n += 1
+            label = f"candidate:{name}#{n}"
+        out.append(label)
+    return out
+
+
 def _commit_patch(checkout: EngineCheckout, patch: Path, base_sha: str) -> tuple[str, Path]:
     try:
         text = patch.read_text()

@@ -121,7 +121,7 @@ def test_refusals():
     with pytest.raises(ValueError, match="recipe must be one of"):
         op.gelu_quant(torch.randn(2, 8), "nvfp4")
     if op.triton is not None and (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
-        with pytest.raises(ValueError, match="block_n must be a power of 2"):
+        with pytest.raises(ValueError, match="block_n must be 0 \(the default\) or a power of 2"):
             op.gelu_quant(make_inputs((2, 8), "float32", DEVICE, 0)[0], block_n=100)
 
 
@@ -164,3 +164,21 @@ def test_torchao_path_is_torchaos_own_linear_bit_for_bit():
         q, s = op.gelu_quant(h, w.recipe)
         got = op.fp8_linear(q, s, w, lin.bias, h.dtype)
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("recipe", op.RECIPES)
+@pytest.mark.parametrize("shape", [(5, 4099), (3, 12288)])
+def test_one_pass_and_two_passes_give_the_same_bytes(recipe, shape):
+    """The default holds a row of up to 16384 values in registers and computes its GELU once; a block
+    shorter than the row takes two passes, computing it twice. Same arithmetic, so the same e4m3
+    bytes and scales, whichever runs (Qwen-Image's MLP hidden is 12288: one pass)."""
+    if op.triton is None or not (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("the Triton path runs on CUDA or under TRITON_INTERPRET=1")
+    (h,) = make_inputs(shape, "bfloat16", DEVICE, 3)
+    assert op._config(shape[-1], 0, 0)[0] >= shape[-1]  # the default is one pass here
+    q1, s1 = op.gelu_quant(h, recipe)
+    q2, s2 = op.gelu_quant(h, recipe, block_n=1024, num_warps=4)
+    assert op.last_path() == "triton"
+    assert torch.equal(s1, s2) and torch.equal(q1.view(torch.uint8), q2.view(torch.uint8))
+    with pytest.raises(ValueError, match="power of 2"):
+        op.gelu_quant(h, recipe, block_n=1000)

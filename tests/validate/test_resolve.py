@@ -120,3 +120,20 @@ def test_one_trailer_parser_for_validator_and_generators():
     assert lists(msg)["Optbot-Kind"] == ["absorb-bias"] and lists(msg)["Optbot-Removes-Kernels"] == []
     assert lists(msg)["Optbot-Generator"] == ["variant-search", "extra"]
     assert {k: trailer_values(v) for k, v in text(msg).items()} == lists(msg)
+
+
+def test_bench_names_each_candidate_row_apart(tmp_path):
+    """Two store patches are both patch.diff: each row is named by its entry's folder (2026-12-06, an
+    H100 bench gave two rows "candidate:patch" and only their commit told them apart); a ref is its
+    own name, one candidate is "candidate", and a name met twice is numbered."""
+    from bot.validate.resolve import candidate_labels
+
+    a, b = tmp_path / "entry-a" / "patch.diff", tmp_path / "entry-b" / "patch.diff"
+    other = tmp_path / "stack7.patch"
+    for p in (a, b, other):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("")
+    assert candidate_labels([str(a)]) == ["candidate"]
+    assert candidate_labels([str(a), str(b), str(other), "optbot/flux2/abc"]) == [
+        "candidate:entry-a", "candidate:entry-b", "candidate:stack7", "candidate:optbot/flux2/abc"]
+    assert candidate_labels([str(a), str(a)]) == ["candidate:entry-a", "candidate:entry-a#2"]
