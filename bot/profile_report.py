@@ -60,7 +60,7 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
         c.print("note: on cpu the profiled step includes Python and profiler overhead between ops; "
                 "categories add up op self-times only")
     c.print(f"step: {p['total_ms']:.2f} ms unprofiled, {p['profiled_span_ms']:.2f} ms under the profiler · {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'} "
-            f"· device idle between kernels: {idle}")
+            f"· device idle (unprofiled median minus kernel time: it carries the latency's spread): {idle}")
     t = Table(title=f"time by category ({p['device']})")
     t.add_column("category")
     t.add_column("ms", justify="right")
@@ -126,7 +126,7 @@ def markdown(p: dict, meta: dict) -> str:
         f"- mode: {_mode(p)}",
         *[f"- {ln.strip()}" for ln in compile_lines(p)],
         f"- step: {p['total_ms']:.3f} ms unprofiled, {p['profiled_span_ms']:.3f} ms under the profiler, {p['launches']} {'kernel launches' if p['device'] == 'cuda' else 'ops'}, "
-        f"idle between kernels: {idle}",
+        f"device idle (unprofiled median minus kernel time: it carries the latency's spread): {idle}",
         f"- engine: {meta['engine']} @ `{env['engine_sha']}` (model loaded from `{env['engine_file']}`)",
         f"- command: `{meta['command']}`",
         "",

@@ -5,8 +5,8 @@ input per token on every call: GELU writes g = gelu(h) in bf16, then abs, amax, 
 a cast to e4m3 read g back (torchao's recipe: six kernels in eager; inductor fuses them under
 compile). This kernel computes the GELU from h, rounds it to h's dtype where the unfused code
 stores g, takes the row's amax, and writes the e4m3 values and the float32 per-row scale (a row of up
-to 16384 values is read once and its GELU kept in registers; a longer one is read twice, the second
-time from cache): the down projection's `_scaled_mm` takes them as they are.
+to 16384 values is read once and its GELU kept in registers, in up to four blocks; a longer one is
+read twice, the second time from cache): the down projection's `_scaled_mm` takes them as they are.
 
     h: [M, N] (the up projection's output, bf16 on the GPU); returns (q [M, N] e4m3, scale [M, 1] f32)
 
@@ -103,28 +103,51 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, ROUND: tl.constexpr,
+    def _gelu_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, ROUND: tl.constexpr, CUDA_MATH: tl.constexpr):
+        """Block c of the row: (gelu values, rounded where the unfused code stores them, columns, mask)."""
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = cols < N
+        g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
+        if ROUND:  # where the unfused code stores g in h's dtype (bf16)
+            g = _round_bf16(g)
+        return g, cols, m
+
+    @triton.jit
+    def _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
+        v = tl.minimum(tl.maximum(_div(g, scale, CUDA_MATH), -448.0), 448.0)
+        if F8_STORE:
+            tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+        else:
+            tl.store(Q + row * sq + cols, v, mask=m)
+
+    @triton.jit
+    def _amax(g, m):
+        return tl.max(tl.where(m, tl.abs(g), 0.0), axis=0)
+
+    @triton.jit
+    def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROUND: tl.constexpr,
                            TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
-        """One program per row. ONE_PASS (the row fits one block, BLOCK_N >= N): the GELU once, held
-        in registers for the amax and the quantization. Otherwise two passes over blocks: the GELU
-        and the row's amax, then the GELU again (the row is in L1/L2 by then), divided by the scale,
-        clamped, stored as e4m3 (or float32, F8_STORE off: the interpreter)."""
+        """One program per row. CHUNKS 1-4 (the row fits that many blocks): one pass, the row's GELU
+        computed once and held in registers for the amax and the quantization. CHUNKS 0: two passes
+        over blocks, the GELU and the row's amax, then the GELU again (the row is in L1/L2 by then),
+        divided by the scale, clamped, stored as e4m3 (or float32, F8_STORE off: the interpreter)."""
         row = tl.program_id(0).to(tl.int64)
-        if ONE_PASS:
-            cols = tl.arange(0, BLOCK_N)
-            m = cols < N
-            g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
-            if ROUND:  # where the unfused code stores g in h's dtype (bf16)
-                g = _round_bf16(g)
-            a = tl.max(tl.where(m, tl.abs(g), 0.0), axis=0)
+        if CHUNKS > 0:  # the blocks as separate values: Triton holds no list of tensors
+            g0, c0, m0 = _gelu_chunk(H, row, sh, 0, N, BLOCK_N, ROUND, CUDA_MATH)
+            a = _amax(g0, m0)
+            if CHUNKS > 1:
+                g1, c1, m1 = _gelu_chunk(H, row, sh, 1, N, BLOCK_N, ROUND, CUDA_MATH)
+                a = tl.maximum(a, _amax(g1, m1))
+            if CHUNKS > 2:
+                g2, c2, m2 = _gelu_chunk(H, row, sh, 2, N, BLOCK_N, ROUND, CUDA_MATH)
+                a = tl.maximum(a, _amax(g2, m2))
+            if CHUNKS > 3:
+                g3, c3, m3 = _gelu_chunk(H, row, sh, 3, N, BLOCK_N, ROUND, CUDA_MATH)
+                a = tl.maximum(a, _amax(g3, m3))
         else:
             amax = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                m = cols < N
-                g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
-                if ROUND:
-                    g = _round_bf16(g)
+                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, CUDA_MATH)
                 amax = tl.maximum(amax, tl.where(m, tl.abs(g), 0.0))
             a = tl.max(amax, axis=0)
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
@@ -134,24 +157,18 @@ if triton is not None:
         else:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
-        if ONE_PASS:
-            v = tl.minimum(tl.maximum(_div(g, scale, CUDA_MATH), -448.0), 448.0)
-            if F8_STORE:
-                tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
-            else:
-                tl.store(Q + row * sq + cols, v, mask=m)
+        if CHUNKS > 0:
+            _store_chunk(Q, row, sq, g0, c0, m0, scale, F8_STORE, CUDA_MATH)
+            if CHUNKS > 1:
+                _store_chunk(Q, row, sq, g1, c1, m1, scale, F8_STORE, CUDA_MATH)
+            if CHUNKS > 2:
+                _store_chunk(Q, row, sq, g2, c2, m2, scale, F8_STORE, CUDA_MATH)
+            if CHUNKS > 3:
+                _store_chunk(Q, row, sq, g3, c3, m3, scale, F8_STORE, CUDA_MATH)
         else:
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                m = cols < N
-                g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
-                if ROUND:
-                    g = _round_bf16(g)
-                v = tl.minimum(tl.maximum(_div(g, scale, CUDA_MATH), -448.0), 448.0)
-                if F8_STORE:
-                    tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
-                else:
-                    tl.store(Q + row * sq + cols, v, mask=m)
+                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, CUDA_MATH)
+                _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE, CUDA_MATH)
 
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
@@ -167,21 +184,29 @@ def _use_triton(h: torch.Tensor) -> bool:
     return not _aside() and triton is not None and (h.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-# The whole row in one block, up to this many values (Qwen-Image's MLP hidden, 12288, fits): 32 float32
-# values a thread at 16 warps, in registers. Measured on an H100 (2026-12-06, compile + graph, 240 calls
-# a step): two passes, block 2048, 8 warps, 24.97 ms, slower than inductor's own fusion of the
-# unfused ops (21.8 ms); each pass computes the GELU with CUDA's tanhf and a correctly rounded
-# division, so the kernel is bound by arithmetic, not by its bytes (0.05 ms an image call at 3 TB/s).
+# One pass holds the row in registers, in at most MAX_CHUNKS blocks of at most ONE_PASS_MAX values in
+# all (Qwen-Image's MLP hidden, 12288: three blocks of 4096, no lane idle; 24 float32 values a thread at
+# 16 warps). Measured on an H100 (2026-12-06, compile + graph, 240 calls a step): two passes, block
+# 2048, 8 warps, 24.97 ms, slower than inductor's own fusion of the unfused ops (21.80 ms); each pass
+# computes the GELU with CUDA's tanhf and a correctly rounded division, so the kernel is bound by
+# arithmetic, not by its bytes (0.05 ms an image call at 3 TB/s).
 ONE_PASS_MAX = 16384
+MAX_CHUNKS = 4
 
 
-def _config(n: int, block_n: int, num_warps: int) -> Tuple[int, int]:
-    """(BLOCK_N, num_warps): 0 picks the default, one pass with the row in registers where it fits."""
+def _config(n: int, block_n: int, num_warps: int) -> Tuple[int, int, int]:
+    """(BLOCK_N, CHUNKS, num_warps); 0 picks the default. CHUNKS: the blocks a one-pass row takes (1 to
+    MAX_CHUNKS), or 0 (two passes) where the row needs more. The default block: the fewest blocks with
+    the fewest idle lanes, where the row fits ONE_PASS_MAX; else 2048, two passes."""
     if block_n == 0:
-        block_n = triton.next_power_of_2(n) if n <= ONE_PASS_MAX else 2048
+        fits = [(c * triton.next_power_of_2(-(-n // c)) - n, c) for c in range(1, MAX_CHUNKS + 1)
+                if c * triton.next_power_of_2(-(-n // c)) <= ONE_PASS_MAX]
+        block_n = triton.next_power_of_2(-(-n // min(fits)[1])) if n and fits else 2048
+    chunks = -(-n // block_n)
+    chunks = chunks if chunks <= MAX_CHUNKS else 0
     if num_warps == 0:
-        num_warps = 16 if block_n >= 8192 else 8
-    return block_n, num_warps
+        num_warps = 16 if chunks and chunks * block_n >= 8192 else 8
+    return block_n, chunks, num_warps
 
 
 def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -195,10 +220,10 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
     f8_store = not interpreted
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=h.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-    block_n, num_warps = _config(N, block_n, num_warps)
+    block_n, chunks, num_warps = _config(N, block_n, num_warps)
     if M:
         _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
-                                 ONE_PASS=block_n >= N, ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
+                                 CHUNKS=chunks, ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
                                  F8_STORE=f8_store,
                                  CUDA_MATH=not interpreted and libdevice is not None,
                                  num_warps=num_warps)
@@ -228,7 +253,7 @@ _OP = _register()
 def gelu_quant(h: torch.Tensor, recipe: str = "torchao", block_n: int = 0,
                num_warps: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values [M, N], float32 scales [M, 1]) of gelu_tanh(h) under `recipe` (module docstring).
-    block_n, num_warps: 0 the default (`_config`); a block of at least the row's length is one pass."""
+    block_n, num_warps: 0 the default (`_config`); a row of at most four blocks is one pass."""
     global _last_path
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")

@@ -167,7 +167,7 @@ def test_torchao_path_is_torchaos_own_linear_bit_for_bit():
 
 
 @pytest.mark.parametrize("recipe", op.RECIPES)
-@pytest.mark.parametrize("shape", [(5, 4099), (3, 12288)])
+@pytest.mark.parametrize("shape", [(5, 4099), (2, 4000), (3, 12288)])
 def test_one_pass_and_two_passes_give_the_same_bytes(recipe, shape):
     """The default holds a row of up to 16384 values in registers and computes its GELU once; a block
     shorter than the row takes two passes, computing it twice. Same arithmetic, so the same e4m3
@@ -175,10 +175,28 @@ def test_one_pass_and_two_passes_give_the_same_bytes(recipe, shape):
     if op.triton is None or not (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
         pytest.skip("the Triton path runs on CUDA or under TRITON_INTERPRET=1")
     (h,) = make_inputs(shape, "bfloat16", DEVICE, 3)
-    assert op._config(shape[-1], 0, 0)[0] >= shape[-1]  # the default is one pass here
+    assert op._config(shape[-1], 0, 0)[1] > 0  # the default is one pass here
     q1, s1 = op.gelu_quant(h, recipe)
-    q2, s2 = op.gelu_quant(h, recipe, block_n=1024, num_warps=4)
-    assert op.last_path() == "triton"
-    assert torch.equal(s1, s2) and torch.equal(q1.view(torch.uint8), q2.view(torch.uint8))
+    # every one-pass form (1 to 4 blocks: 4000 in 4 of 1024) and two passes (more blocks than 4)
+    chunks = {op._config(shape[-1], b, 0)[1] for b in (512, 1024, 2048, 4096, 8192, 16384)}
+    assert 0 in chunks and len(chunks) >= 3, chunks
+    for block_n in (512, 1024, 2048, 4096, 8192, 16384):
+        q2, s2 = op.gelu_quant(h, recipe, block_n=block_n, num_warps=4)
+        assert op.last_path() == "triton"
+        assert torch.equal(s1, s2) and torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)), block_n
     with pytest.raises(ValueError, match="power of 2"):
         op.gelu_quant(h, recipe, block_n=1000)
+
+
+def test_the_default_block_leaves_no_lane_idle_where_it_can():
+    """(BLOCK_N, CHUNKS, num_warps) by row length: Qwen-Image's 12288 is three blocks of 4096 in one
+    pass; a row over 16384 values takes two passes; a block smaller than a quarter of the row too."""
+    if op.triton is None:
+        pytest.skip("no triton")
+    assert op._config(12288, 0, 0) == (4096, 3, 16)
+    assert op._config(3072, 0, 0) == (1024, 3, 8)
+    assert op._config(4099, 0, 0) == (2048, 3, 8)    # 4099: the split with the fewest idle lanes
+    assert op._config(64, 0, 0) == (64, 1, 8)
+    assert op._config(20000, 0, 0) == (2048, 0, 8)    # over ONE_PASS_MAX: two passes
+    assert op._config(12288, 2048, 0) == (2048, 0, 8)  # six blocks: two passes
+    assert op._config(12288, 16384, 0) == (16384, 1, 16)
