@@ -139,7 +139,9 @@ def knowledge_block(pattern: str | None, engine: str | None, hardware: str | Non
              for le in agent_lessons("", pattern, engine, hardware, lessons_dir)]
     n_lessons = len(items)
     items += [_Item(f"store entry {e.id}", _example_text(e)) for e in worked_examples(pattern, engine, workload, store_dir)]
-    kept, left, used = [], [], 0
+    # the two section headers count against the budget too (reserved whether or not both appear)
+    headers = ("## Lessons from earlier runs (caveats first)", "## Worked examples: validated kernel-store entries, in full")
+    kept, left, used = [], [], sum(len(h) + 2 for h in headers)
     for i, it in enumerate(items):
         if used + len(it.text) + 2 <= max_chars:
             kept.append((i, it))
@@ -150,9 +152,9 @@ def knowledge_block(pattern: str | None, engine: str | None, hardware: str | Non
     ls = [it.text for i, it in kept if i < n_lessons]
     ex = [it.text for i, it in kept if i >= n_lessons]
     if ls:
-        parts += ["## Lessons from earlier runs (caveats first)"] + ls
+        parts += [headers[0]] + ls
     if ex:
-        parts += ["## Worked examples: validated kernel-store entries, in full"] + ex
+        parts += [headers[1]] + ex
     if left:
         parts.append("Left out for space (read_lessons / read_store show them): " + "; ".join(left))
     return "\n\n".join(parts) if parts else "No lessons or store entries match this pattern, engine and hardware yet."
