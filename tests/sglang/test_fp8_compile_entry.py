@@ -144,14 +144,10 @@ for name, (f, (sa, sb)) in cases.items():
 
 
 def _dispatch_under_compile(python_dir: Path) -> dict[str, str]:
-    import os
-    import subprocess
+    from tests.sglang.conftest import run_in_engine
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-c", DISPATCH, str(python_dir)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines() if ln.split(" ", 1)[0] in ("rowwise", "modelopt", "modelopt-native"))
+    out = run_in_engine(DISPATCH, python_dir)
+    return dict(ln.split(" ", 1) for ln in out.strip().splitlines() if ln.split(" ", 1)[0] in ("rowwise", "modelopt", "modelopt-native"))
 
 
 @pytest.mark.slow

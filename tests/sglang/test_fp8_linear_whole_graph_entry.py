@@ -9,9 +9,6 @@ child with the engine's python/ on its path (the base's or the patched worktree'
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +16,9 @@ import pytest
 from bot.generate.replay import apply_entry
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
+from tests.sglang.conftest import run_in_engine
 
 ENTRY = "sglang-fp8-linear-whole-graph"
-ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("triton")
 
@@ -65,12 +62,8 @@ print(json.dumps(got))
 
 
 def _child(python_dir: Path) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", SGLANG_ENABLE_FP8_GEMM_CONFIG_TUNE="0",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(python_dir), str(ROOT), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(python_dir)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_in_engine(CHILD, python_dir, TRITON_INTERPRET="1", SGLANG_ENABLE_FP8_GEMM_CONFIG_TUNE="0")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -6,9 +6,6 @@ worktree's), the Triton interpreter standing in for the GPU in eager calls."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import pytest
 from bot.generate.replay import apply_entry
 from bot.knowledge.location import SHIPPED_STORE
 from bot.knowledge.store import get_entry
+from tests.sglang.conftest import run_in_engine
 
 ENTRY = "sglang-fp8-static-quant-inductor"
 
@@ -77,12 +75,7 @@ print(json.dumps(got))
 
 
 def _child(python_dir: Path) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")])))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(python_dir)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads(run_in_engine(CHILD, python_dir, TRITON_INTERPRET="1").strip().splitlines()[-1])
 
 
 @pytest.mark.slow
