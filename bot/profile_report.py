@@ -82,8 +82,8 @@ def print_terminal(p: dict, meta: dict, console: Console | None = None) -> None:
     c.print(f"  linear {r['linear_tflop']:.4g} TFLOP + attention {r['attention_tflop']:.4g} TFLOP -> compute floor "
             f"{r['compute_floor_ms']:.3f} ms{_fp8_floor_note(r)}; GEMM at {_fmt(r['gemm_pct_of_peak'])}% of peak, attention at "
             f"{_fmt(r['attention_pct_of_peak'])}%")
-    c.print(f"  memory-bound ops move ~{r['memory_bound_gb']:.4g} GB -> floor {r['memory_bound_floor_ms']:.3f} ms; "
-            f"achieved {_fmt(r['memory_bound_pct_of_peak'])}% of copy bandwidth")
+    c.print(f"  memory-bound ops move ~{r['memory_bound_gb']:.4g} GB ({r.get('memory_bound_basis', 'estimated from op shapes')}) "
+            f"-> floor {r['memory_bound_floor_ms']:.3f} ms; achieved {_fmt(r['memory_bound_pct_of_peak'])}% of copy bandwidth")
 
 
 def _fp8_floor_note(r: dict) -> str:
@@ -150,7 +150,7 @@ def markdown(p: dict, meta: dict) -> str:
               f"| compute floor ({r.get('compute_floor_basis', 'all FLOPs at the matmul ceiling')}) | {r['compute_floor_ms']:.3f} ms |",
               f"| GEMM achieved | {_fmt(r['gemm_tflops_achieved'] and round(r['gemm_tflops_achieved'], 1))} TFLOP/s ({_fmt(r['gemm_pct_of_peak'])}%) |",
               f"| attention achieved | {_fmt(r['attention_tflops_achieved'] and round(r['attention_tflops_achieved'], 1))} TFLOP/s ({_fmt(r['attention_pct_of_peak'])}%) |",
-              f"| memory-bound bytes (estimated from op shapes) | {r['memory_bound_gb']:.4g} GB |",
+              f"| memory-bound bytes ({r.get('memory_bound_basis', 'estimated from op shapes')}) | {r['memory_bound_gb']:.4g} GB |",
               f"| memory-bound floor | {r['memory_bound_floor_ms']:.3f} ms |",
               f"| memory-bound achieved | {_fmt(r['memory_bound_gbps_achieved'] and round(r['memory_bound_gbps_achieved'], 1))} GB/s ({_fmt(r['memory_bound_pct_of_peak'])}%) |",
               "", "## Environment", "", "```"]

@@ -53,7 +53,13 @@ def run(job) -> dict:
         "memory_bound_gb": mem_bytes / 1e9,
         "memory_bound_floor_ms": mem_bytes / bw * 1e3,
         "memory_bound_gbps_achieved": mem_bytes / (mem_ms * 1e-3) / 1e9 if mem_ms else None,
+        "memory_bound_basis": "estimated from op shapes",
     }
+    if mode.startswith("compile"):
+        # inductor's fused kernels run under no aten op, so they carry no shapes: the bytes are those of
+        # the aten ops left (an H100 FP8 profile said "~0 GB", 2026-12-06), and no rate follows from them
+        roofline.update(memory_bound_basis="op shapes of the aten ops left; inductor's kernels carry none: a lower bound",
+                        memory_bound_gbps_achieved=None)
     roofline["gemm_pct_of_peak"] = _pct(roofline["gemm_tflops_achieved"], gemm_peak)
     roofline["attention_pct_of_peak"] = _pct(roofline["attention_tflops_achieved"], ceil["matmul_tflops"])
     roofline["memory_bound_pct_of_peak"] = _pct(roofline["memory_bound_gbps_achieved"], ceil["copy_gbps"])
