@@ -63,12 +63,17 @@ SHAPE = "48,80,7"
 def _key_id(key) -> str:
     wl, ids, precision = key
     name = ids[0] if len(ids) == 1 else f"{wl}-stack-" + "+".join(i.removeprefix(wl + "-") for i in ids)
-    return name if precision == "float32" else f"{name}-{precision.replace('+', '-').replace('/', '-')}"
+    return name if precision == "float32" else f"{name}-{_slug(precision)}"
 
 
-def _dtype(precision: str) -> str:
-    """The job's precision of a key's "PRECISION[/FORM]"."""
-    return precision.split("/")[0]
+def _split(precision: str) -> tuple[str, str]:
+    """A key's "PRECISION[/FORM]" -> (the job's precision, the FP8 form or "")."""
+    dtype, _, form = precision.partition("/")
+    return dtype, form
+
+
+def _slug(precision: str) -> str:
+    return precision.replace("+", "-").replace("/", "-")
 
 
 def _run(engine_src: Path, workload: str, out: Path, precision: str, eager_only: bool = False) -> dict:
@@ -76,8 +81,8 @@ def _run(engine_src: Path, workload: str, out: Path, precision: str, eager_only:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(engine_src), str(ROOT)]), TRITON_INTERPRET="1",
                OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(HELPER), workload, str(engine_src), str(out), "--shape", SHAPE,
-                           "--precision", _dtype(precision), *(["--eager-only"] * eager_only),
-                           *(["--fp8-form", precision.split("/")[1]] if "/" in precision else [])],
+                           "--precision", _split(precision)[0], *(["--eager-only"] * eager_only),
+                           *(["--fp8-form", _split(precision)[1]] if _split(precision)[1] else [])],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(Path(str(out) + ".json").read_text())
@@ -101,7 +106,7 @@ def compiled(request, diffusers_engine, base_worktree, tmp_path_factory):
     d = tmp_path_factory.mktemp("compile-blocks")
     # each stack's child, and one eager-only child of the base engine per (workload, precision)
     runs = {key: (srcs[key], key[0], d / _key_id(key), key[2], False) for key in keys}
-    runs.update({("base", wl, p): (base_worktree / "src", wl, d / f"base-{wl}-{p.replace('/', '-')}", p, True)
+    runs.update({("base", wl, p): (base_worktree / "src", wl, d / f"base-{wl}-{_slug(p)}", p, True)
                  for wl, _, p in keys})
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return {key: (pool.submit(_run, *args), args[2]) for key, args in runs.items()}
@@ -128,7 +133,7 @@ def _check(compiled, key) -> dict:
     # (inside a real capture it fails), no device read (capture forbids it), the same outputs
     assert res.get("capture_error") is None, res["capture_error"]
     assert res["capture_new_graphs"] == 0, "the blocks were compiled anew under capture"
-    tol = load_workload(key[0]).tolerance[_dtype(key[2])]
+    tol = load_workload(key[0]).tolerance[_split(key[2])[0]]
     outs = torch.load(str(out) + ".pt")
     assert outs["eager"].keys() == outs["compiled"].keys() == outs["captured"].keys()
     for k, ref in outs["eager"].items():
