@@ -4,7 +4,7 @@ torch's unfused ops and inductor's fusion of them, with the two bounds of each s
 Variants (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
 - two-pass: blocks of 2048, the GELU computed twice (the entry before 2026-12-06);
 - one-pass: the default config (the row in registers), at 8, 16 and 32 warps;
-- one-pass, fast arithmetic: CUDA_MATH off on the GPU, i.e. Triton's own float32 division
+- one-pass, fast arithmetic: EXACT off on the GPU (the entry's default since 2026-12-06), i.e. Triton's own float32 division
   (approximate, as inductor's generated kernels divide) and tanh through exp, where the entry uses
   libdevice's tanhf and a correctly rounded division (torch's CUDA kernels' arithmetic). Every
   variant is reported with how many e4m3 codes differ from the unfused ops and from inductor's
@@ -37,6 +37,7 @@ def _load():
     path = ROOT / "kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py"
     spec = importlib.util.spec_from_file_location("gelu_quant_micro_kernel", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dynamo imports a compiled function's module by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -86,13 +87,13 @@ def main() -> int:
     bw = _copy_bandwidth()
     compiled = torch.compile(lambda h: gq.reference(h, "torchao"), fullgraph=True)
 
-    def launch(h, block_n=0, warps=0, cuda_math=True):
+    def launch(h, block_n=0, warps=0, exact=True):
         M, N = h.shape
         q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
         s = torch.empty((M, 1), dtype=torch.float32, device=h.device)
         bn, chunks, nw = gq._config(N, block_n, warps)
         gq._gelu_quant_kernel[(M,)](h, q, s, N, h.stride(0), q.stride(0), BLOCK_N=bn, CHUNKS=chunks, ROUND=True,
-                                    TORCHAO=True, F8_STORE=True, CUDA_MATH=cuda_math, num_warps=nw)
+                                    TORCHAO=True, F8_STORE=True, CUDA_MATH=True, EXACT=exact, num_warps=nw)
         return q, s
 
     rows = []

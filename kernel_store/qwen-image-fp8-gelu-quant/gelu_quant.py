@@ -21,6 +21,13 @@ binade edges (measured with triton 3.9: 1.5-4% of random values off by one binad
 TRITON_INTERPRET=1 the kernel stores the clamped float32 values and torch casts them (RTNE, the
 cast the recipes use). The GPU kernel test checks the in-kernel cast against torch's bit for bit.
 
+Arithmetic on the GPU (`ARITHMETIC`): "fast" (the default) computes tanh through exp and divides
+with Triton's own float32 division, as inductor's kernels divide; "exact" computes as torch's CUDA
+kernels do (libdevice's tanhf, a correctly rounded division). Measured on an H100 (2026-12-06,
+benchmarks/gelu_quant_micro.py): fast 98 us an image call against exact's 142 and inductor's fusion
+154, and its e4m3 bytes and scales equal the unfused ops' at both of Qwen-Image's shapes (0 of 56.6M
+codes differ: g is rounded to bf16 before it is quantized, which absorbs the last bits).
+
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1; else the torch
 reference (the recipes' own ops). Under torch.compile the Triton path is the registered op
 optbot::gelu_quant (custom_op with a fake) so the graph keeps it whole. No
@@ -64,15 +71,17 @@ def reference(h: torch.Tensor, recipe: str = "torchao") -> Tuple[torch.Tensor, t
 
 if triton is not None:
 
-    # CUDA_MATH (the GPU): the arithmetic of torch's CUDA kernels, so that the fused path rounds where
-    # the unfused one does (in FP8 a last-bit difference can move a value across an e4m3 rounding
-    # edge, a 6-12% step): GELU's operations in its kernel's order with CUDA's tanhf (libdevice's), a
-    # tensor / tensor as a correctly rounded division (Triton's own float32 `/` is an approximate one
-    # there), a tensor / Python number as a multiplication by the number's reciprocal
-    # (BinaryDivTrueKernel.cu). The interpreter runs numpy, whose division is torch's CPU one.
+    # CUDA_MATH (the GPU): a tensor / Python number as torch's CUDA kernels compute it, a multiplication
+    # by the number's reciprocal (BinaryDivTrueKernel.cu), so the per-row scale is the recipe's bit for
+    # bit. EXACT (ARITHMETIC "exact", the GPU): per element too, the arithmetic of torch's CUDA kernels,
+    # so that the fused path rounds where the unfused one does (in FP8 a last-bit difference can move a
+    # value across an e4m3 rounding edge, a 6-12% step): GELU's operations in its kernel's order with
+    # CUDA's tanhf (libdevice's), a tensor / tensor as a correctly rounded division (Triton's own
+    # float32 `/` is an approximate one there). The interpreter runs numpy, whose division is torch's
+    # CPU one.
     @triton.jit
-    def _div(x, y, CUDA_MATH: tl.constexpr):
-        if CUDA_MATH:
+    def _div(x, y, EXACT: tl.constexpr):
+        if EXACT:
             return libdevice.div_rn(x, y)
         return x / y
 
@@ -83,12 +92,12 @@ if triton is not None:
         return x / 448.0
 
     @triton.jit
-    def _gelu_tanh(x, CUDA_MATH: tl.constexpr):
+    def _gelu_tanh(x, EXACT: tl.constexpr):
         # 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
         u = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
-        if CUDA_MATH:
+        if EXACT:
             t = libdevice.tanh(u)
-        else:  # tanh through exp, stable for large |u| (the interpreter has no libdevice)
+        else:  # tanh through exp, stable for large |u| (fast; and the interpreter has no libdevice)
             t = 1.0 - 2.0 / (tl.exp(2.0 * tl.abs(u)) + 1.0)
             t = tl.where(u < 0, -t, t)
         return 0.5 * x * (1.0 + t)
@@ -103,18 +112,18 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _gelu_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, ROUND: tl.constexpr, CUDA_MATH: tl.constexpr):
+    def _gelu_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, ROUND: tl.constexpr, EXACT: tl.constexpr):
         """Block c of the row: (gelu values, rounded where the unfused code stores them, columns, mask)."""
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         m = cols < N
-        g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), CUDA_MATH)
+        g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), EXACT)
         if ROUND:  # where the unfused code stores g in h's dtype (bf16)
             g = _round_bf16(g)
         return g, cols, m
 
     @triton.jit
-    def _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
-        v = tl.minimum(tl.maximum(_div(g, scale, CUDA_MATH), -448.0), 448.0)
+    def _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
+        v = tl.minimum(tl.maximum(_div(g, scale, EXACT), -448.0), 448.0)
         if F8_STORE:
             tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
         else:
@@ -126,28 +135,29 @@ if triton is not None:
 
     @triton.jit
     def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROUND: tl.constexpr,
-                           TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
+                           TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
+                           EXACT: tl.constexpr):
         """One program per row. CHUNKS 1-4 (the row fits that many blocks): one pass, the row's GELU
         computed once and held in registers for the amax and the quantization. CHUNKS 0: two passes
         over blocks, the GELU and the row's amax, then the GELU again (the row is in L1/L2 by then),
         divided by the scale, clamped, stored as e4m3 (or float32, F8_STORE off: the interpreter)."""
         row = tl.program_id(0).to(tl.int64)
         if CHUNKS > 0:  # the blocks as separate values: Triton holds no list of tensors
-            g0, c0, m0 = _gelu_chunk(H, row, sh, 0, N, BLOCK_N, ROUND, CUDA_MATH)
+            g0, c0, m0 = _gelu_chunk(H, row, sh, 0, N, BLOCK_N, ROUND, EXACT)
             a = _amax(g0, m0)
             if CHUNKS > 1:
-                g1, c1, m1 = _gelu_chunk(H, row, sh, 1, N, BLOCK_N, ROUND, CUDA_MATH)
+                g1, c1, m1 = _gelu_chunk(H, row, sh, 1, N, BLOCK_N, ROUND, EXACT)
                 a = tl.maximum(a, _amax(g1, m1))
             if CHUNKS > 2:
-                g2, c2, m2 = _gelu_chunk(H, row, sh, 2, N, BLOCK_N, ROUND, CUDA_MATH)
+                g2, c2, m2 = _gelu_chunk(H, row, sh, 2, N, BLOCK_N, ROUND, EXACT)
                 a = tl.maximum(a, _amax(g2, m2))
             if CHUNKS > 3:
-                g3, c3, m3 = _gelu_chunk(H, row, sh, 3, N, BLOCK_N, ROUND, CUDA_MATH)
+                g3, c3, m3 = _gelu_chunk(H, row, sh, 3, N, BLOCK_N, ROUND, EXACT)
                 a = tl.maximum(a, _amax(g3, m3))
         else:
             amax = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
-                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, CUDA_MATH)
+                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, EXACT)
                 amax = tl.maximum(amax, tl.where(m, tl.abs(g), 0.0))
             a = tl.max(amax, axis=0)
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
@@ -158,17 +168,17 @@ if triton is not None:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
         if CHUNKS > 0:
-            _store_chunk(Q, row, sq, g0, c0, m0, scale, F8_STORE, CUDA_MATH)
+            _store_chunk(Q, row, sq, g0, c0, m0, scale, F8_STORE, EXACT)
             if CHUNKS > 1:
-                _store_chunk(Q, row, sq, g1, c1, m1, scale, F8_STORE, CUDA_MATH)
+                _store_chunk(Q, row, sq, g1, c1, m1, scale, F8_STORE, EXACT)
             if CHUNKS > 2:
-                _store_chunk(Q, row, sq, g2, c2, m2, scale, F8_STORE, CUDA_MATH)
+                _store_chunk(Q, row, sq, g2, c2, m2, scale, F8_STORE, EXACT)
             if CHUNKS > 3:
-                _store_chunk(Q, row, sq, g3, c3, m3, scale, F8_STORE, CUDA_MATH)
+                _store_chunk(Q, row, sq, g3, c3, m3, scale, F8_STORE, EXACT)
         else:
             for start in range(0, N, BLOCK_N):
-                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, CUDA_MATH)
-                _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE, CUDA_MATH)
+                g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, EXACT)
+                _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE, EXACT)
 
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
@@ -184,12 +194,16 @@ def _use_triton(h: torch.Tensor) -> bool:
     return not _aside() and triton is not None and (h.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
+# "fast" or "exact" (module docstring): the GPU's arithmetic; the interpreter always computes as numpy
+ARITHMETIC = "fast"
+
 # One pass holds the row in registers, in at most MAX_CHUNKS blocks of at most ONE_PASS_MAX values in
 # all (Qwen-Image's MLP hidden, 12288: three blocks of 4096, no lane idle; 24 float32 values a thread at
 # 16 warps). Measured on an H100 (2026-12-06, compile + graph, 240 calls a step): two passes, block
 # 2048, 8 warps, 24.97 ms, slower than inductor's own fusion of the unfused ops (21.80 ms); each pass
 # computes the GELU with CUDA's tanhf and a correctly rounded division, so the kernel is bound by
-# arithmetic, not by its bytes (0.05 ms an image call at 3 TB/s).
+# arithmetic, not by its bytes (0.05 ms an image call at 3 TB/s). One pass (same GPU, micro, 120 calls
+# of each shape a step): 19.20 ms exact, 13.31 ms fast; inductor's fusion 21.05.
 ONE_PASS_MAX = 16384
 MAX_CHUNKS = 4
 
@@ -226,6 +240,7 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
                                  CHUNKS=chunks, ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
                                  F8_STORE=f8_store,
                                  CUDA_MATH=not interpreted and libdevice is not None,
+                                 EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
                                  num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 
@@ -257,6 +272,8 @@ def gelu_quant(h: torch.Tensor, recipe: str = "torchao", block_n: int = 0,
     global _last_path
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
+    if ARITHMETIC not in ("fast", "exact"):
+        raise ValueError(f"ARITHMETIC must be 'fast' or 'exact', not {ARITHMETIC!r}")
     if not _use_triton(h) or h.dtype not in (torch.float32, torch.bfloat16):  # fp16: the reference
         _last_path = "torch"
         return reference(h, recipe)
