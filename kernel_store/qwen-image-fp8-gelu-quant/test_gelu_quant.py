@@ -144,7 +144,7 @@ def test_refusals():
     with pytest.raises(ValueError, match="recipe must be one of"):
         op.gelu_quant(torch.randn(2, 8), "nvfp4")
     if op.triton is not None and (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
-        with pytest.raises(ValueError, match="block_n must be 0 \(the default\) or a power of 2"):
+        with pytest.raises(ValueError, match=r"block_n must be 0 \(the default\) or a power of 2"):
             op.gelu_quant(make_inputs((2, 8), "float32", DEVICE, 0)[0], block_n=100)
 
 
@@ -157,11 +157,14 @@ def test_compiles_whole():
     assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 
-def test_torchao_path_is_torchaos_own_linear_bit_for_bit():
+def test_torchao_path_is_torchaos_own_linear_bit_for_bit(monkeypatch):
     """A down projection quantized the way torchao's Float8DynamicActivationFloat8WeightConfig
     (PerRow) quantizes it, built with torchao's own constructors (its quantize_ refuses float8 on
     the CPU, its Float8Tensor and linear run there): gelu_quant + fp8_linear give exactly what
-    torchao's linear gives on the unfused GELU (its bf16 scale division, its bias in _scaled_mm)."""
+    torchao's linear gives on the unfused GELU (its bf16 scale division, its bias in _scaled_mm).
+    On the GPU under ARITHMETIC "exact": on an H100 (2026-12-06) the "fast" default failed this
+    equality (the fast test bounds how far it may move); the exact form here is not yet run there."""
+    monkeypatch.setattr(op, "ARITHMETIC", "exact")
     ao = pytest.importorskip("torchao.quantization")
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import (Float8Tensor,
                                                                               QuantizeTensorToFloat8Kwargs)
