@@ -1,21 +1,27 @@
-"""GELU + FP8 per-row quantization at Qwen-Image's MLP shapes: the store kernel's variants against
-torch's unfused ops and inductor's fusion of them, with the two bounds of each shape.
+"""An activation + FP8 per-row quantization kernel's variants against torch's unfused ops and
+inductor's fusion of them, at the workload's shapes, with the byte bound of each shape: the GELU of
+Qwen-Image's MLP (`--kernel gelu`, the default) or FLUX.2's SwiGLU (`--kernel swiglu`: its exact
+two-pass form, a wider block, and the fast arithmetic below).
 
-Variants (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
+Variants of the GELU kernel (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
 - two-pass: blocks of 2048, the GELU computed twice (the entry before 2026-12-06);
 - one-pass: the default config (the row in registers), at 8, 16 and 32 warps;
-- one-pass, fast arithmetic: EXACT off on the GPU (the entry's default since 2026-12-06), i.e. Triton's own float32 division
-  (approximate, as inductor's generated kernels divide) and tanh through exp, where the entry uses
-  libdevice's tanhf and a correctly rounded division (torch's CUDA kernels' arithmetic). Every
-  variant is reported with how many e4m3 codes differ from the unfused ops and from inductor's
-  fusion (the FP8 gate's evidence is inductor's own distance from eager, docs/fp8.md).
+- one-pass, fast arithmetic: EXACT off on the GPU (the entry's default since 2026-12-06), i.e.
+  Triton's own float32 division (approximate, as inductor's generated kernels divide) and tanh
+  through exp, where the exact form uses libdevice's tanhf and a correctly rounded division (torch's
+  CUDA kernels' arithmetic).
+Of the SwiGLU kernel (kernel_store/flux2-fp8-swiglu-quant/swiglu_quant.py; its rows are 18432 wide,
+over the GELU kernel's one-pass limit): two passes at block 2048 / 8 warps (the entry) and 4096 / 16,
+each exact and fast (libdevice's expf and the correctly rounded division, or Triton's exp and `/`).
+Every variant is reported with how many e4m3 codes differ from the unfused ops and from inductor's
+fusion (the FP8 gate's evidence is inductor's own distance from eager, docs/fp8.md).
 
-Times are medians of CUDA-graph replays (50 calls a graph; the image call's h is 100 MB, over the
-50 MB L2). The bound printed is the bytes (bf16 in, e4m3 out, float32 scales) over the copy bandwidth
-measured in the same process; a variant far above it is bound by its arithmetic (libdevice's tanhf
-and the correctly rounded division are tens of instructions an element).
+Times are medians of CUDA-graph replays (50 calls a graph; the largest inputs, 100-340 MB, are over
+the 50 MB L2). The bound printed is the bytes (bf16 in, e4m3 out, float32 scales) over the copy bandwidth
+measured in the same process; a variant far above it is bound by its arithmetic (libdevice's tanhf or
+expf and the correctly rounded division are tens of instructions an element).
 
-    python benchmarks/gelu_quant_micro.py [--json FILE]
+    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu] [--json FILE]
 """
 from __future__ import annotations
 
@@ -29,13 +35,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = [(4096, 12288), (512, 12288)]
-CALLS_PER_STEP = 120  # 60 blocks x 2 CFG passes, per stream
 
 
-def _load():
-    path = ROOT / "kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py"
-    spec = importlib.util.spec_from_file_location("gelu_quant_micro_kernel", path)
+def _load(rel: str):
+    path = ROOT / "kernel_store" / rel
+    spec = importlib.util.spec_from_file_location("micro_kernel_" + path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dynamo imports a compiled function's module by name
     spec.loader.exec_module(mod)
@@ -76,15 +80,10 @@ def _copy_bandwidth() -> float:
     return 2 * x.numel() / (ms / 1e3)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU (the variants differ only in the GPU's arithmetic)", file=sys.stderr)
-        return 2
-    gq = _load()
-    bw = _copy_bandwidth()
+def _gelu_cases():
+    """(label, shape, calls a step, input bytes, {variant: fn -> (q, scale)}) at Qwen-Image's MLP:
+    image and text tokens x 12288, 120 calls each a step (60 blocks x 2 CFG passes)."""
+    gq = _load("qwen-image-fp8-gelu-quant/gelu_quant.py")
     compiled = torch.compile(lambda h: gq.reference(h, "torchao"), fullgraph=True)
 
     def launch(h, block_n=0, warps=0, exact=True):
@@ -96,47 +95,94 @@ def main() -> int:
                                     TORCHAO=True, F8_STORE=True, CUDA_MATH=True, EXACT=exact, num_warps=nw)
         return q, s
 
-    rows = []
-    for M, N in SHAPES:
+    for M, N in [(4096, 12288), (512, 12288)]:
         torch.manual_seed(0)
         h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
-        ref_q, ref_s = gq.reference(h, "torchao")
-        ind_q, ind_s = compiled(h)
-        nbytes = M * N * 2 + M * N + M * 4
-        variants = {
-            "torch eager (unfused)": lambda: gq.reference(h, "torchao"),
-            "inductor fusion": lambda: compiled(h),
-            "two-pass, block 2048": lambda: launch(h, 2048),
-            "one-pass (default warps)": lambda: launch(h),
-            "one-pass, 8 warps": lambda: launch(h, 0, 8),
-            "one-pass, 32 warps": lambda: launch(h, 0, 32),
-            "one-pass, fast arithmetic": lambda: launch(h, 0, 0, False),
+        yield f"{M} x {N}", (M, N), 120, M * N * 2, {
+            "torch eager (unfused)": lambda h=h: gq.reference(h, "torchao"),
+            "inductor fusion": lambda h=h: compiled(h),
+            "two-pass, block 2048": lambda h=h: launch(h, 2048),
+            "one-pass (default warps)": lambda h=h: launch(h),
+            "one-pass, 8 warps": lambda h=h: launch(h, 0, 8),
+            "one-pass, 32 warps": lambda h=h: launch(h, 0, 32),
+            "one-pass, fast arithmetic": lambda h=h: launch(h, 0, 0, False),
         }
+
+
+def _swiglu_cases():
+    """The same at FLUX.2's: the single-stream blocks' [attention output 6144 | SwiGLU of 2 x 18432]
+    over 4608 tokens (48 calls a step), the double-stream blocks' SwiGLU over 4096 image and 512 text
+    tokens (8 calls each); one pass a step."""
+    sq = _load("flux2-fp8-swiglu-quant/swiglu_quant.py")
+    compiled = torch.compile(lambda x, p: sq.reference(x, p, "torchao"), fullgraph=True)
+
+    def launch(x, p, block_n=2048, warps=8, exact=True):
+        half, M = x.shape[-1] // 2, x.shape[0]
+        pw = p.shape[-1] if p is not None else 0
+        q = torch.empty((M, pw + half), dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+        pp = p if p is not None else x
+        sq._swiglu_quant_kernel[(M,)](x, pp, q, s, half, pw, x.stride(0), pp.stride(0), q.stride(0), BLOCK_N=block_n,
+                                      ROUND=True, TORCHAO=True, F8_STORE=True, CUDA_MATH=True, EXACT=exact,
+                                      num_warps=warps)
+        return q, s
+
+    for M, P, W, calls in [(4608, 6144, 36864, 48), (4096, 0, 36864, 8), (512, 0, 36864, 8)]:
+        torch.manual_seed(0)
+        x = torch.randn(M, W, device="cuda", dtype=torch.bfloat16) * 2
+        p = torch.randn(M, P, device="cuda", dtype=torch.bfloat16) if P else None
+        yield f"{M} x ({P} + {W} // 2)", (M, P, W), calls, (M * W + M * P) * 2, {
+            "torch eager (unfused)": lambda x=x, p=p: sq.reference(x, p, "torchao"),
+            "inductor fusion": lambda x=x, p=p: compiled(x, p),
+            "two-pass, block 2048 (the entry)": lambda x=x, p=p: launch(x, p),
+            "two-pass, block 4096, 16 warps": lambda x=x, p=p: launch(x, p, 4096, 16),
+            "two-pass, fast arithmetic": lambda x=x, p=p: launch(x, p, exact=False),
+            "two-pass, fast, block 4096, 16 warps": lambda x=x, p=p: launch(x, p, 4096, 16, False),
+        }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("gelu", "swiglu"), default="gelu",
+                    help="gelu: qwen-image-fp8-gelu-quant at Qwen-Image's shapes; swiglu: flux2-fp8-swiglu-quant "
+                         "at FLUX.2's")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (the variants differ only in the GPU's arithmetic)", file=sys.stderr)
+        return 2
+    bw = _copy_bandwidth()
+    rows = []
+    for label, shape, calls, inputs, variants in (_gelu_cases() if args.kernel == "gelu" else _swiglu_cases()):
+        ref_q, ref_s = variants["torch eager (unfused)"]()
+        ind_q, _ = variants["inductor fusion"]()
+        M, N = ref_q.shape
+        nbytes = inputs + M * N + M * 4  # what the kernel reads, then e4m3 values and float32 scales
         bound_ms = nbytes / bw * 1e3
-        print(f"\n[{M} x {N}] bytes {nbytes / 1e6:.1f} MB, byte bound {bound_ms * 1e3:.1f} us "
-              f"at {bw / 1e12:.2f} TB/s (copy measured here)")
+        print(f"\n[{label}] bytes {nbytes / 1e6:.1f} MB, byte bound {bound_ms * 1e3:.1f} us "
+              f"at {bw / 1e12:.2f} TB/s (copy measured here), {calls} calls a step")
         for name, fn in variants.items():
             ms = _graph_time(fn)
             q, s = fn()
             diff_ref = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
             diff_ind = int((q.view(torch.uint8) != ind_q.view(torch.uint8)).sum())
-            rows.append({"shape": [M, N], "variant": name, "us": ms * 1e3, "bound_us": bound_ms * 1e3,
-                         "ms_per_step": ms * CALLS_PER_STEP, "codes_differ_from_eager": diff_ref,
+            rows.append({"shape": list(shape), "variant": name, "us": ms * 1e3, "bound_us": bound_ms * 1e3,
+                         "calls_per_step": calls, "ms_per_step": ms * calls, "codes_differ_from_eager": diff_ref,
                          "codes_differ_from_inductor": diff_ind,
                          "scales_equal_eager": bool(torch.equal(s, ref_s))})
             print(f"  {name:34s} {ms * 1e3:8.1f} us  x{ms / bound_ms:4.1f} bound  "
-                  f"{ms * CALLS_PER_STEP:6.2f} ms/step  e4m3 codes != eager {diff_ref}, != inductor {diff_ind}")
+                  f"{ms * calls:6.2f} ms/step  e4m3 codes != eager {diff_ref}, != inductor {diff_ind}")
     per_step = {}
     for r in rows:
         per_step[r["variant"]] = per_step.get(r["variant"], 0.0) + r["ms_per_step"]
-    print("\nper step (120 calls of each shape):")
+    print("\nper step:")
     for k, v in per_step.items():
         print(f"  {k:34s} {v:6.2f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "python": platform.python_version(),
-            "copy_bandwidth_Bps": bw, "command": "python " + " ".join(sys.argv), "rows": rows,
+            "kernel": args.kernel, "copy_bandwidth_Bps": bw, "command": "python " + " ".join(sys.argv), "rows": rows,
             "per_step_ms": per_step}, indent=1))
     return 0
 

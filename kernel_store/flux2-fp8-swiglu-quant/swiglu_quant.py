@@ -90,15 +90,18 @@ if triton is not None:
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.float32, bitcast=True)
 
-    # CUDA_MATH (the GPU): the arithmetic of torch's CUDA kernels, so that the fused path rounds where
-    # the unfused one does (in FP8 a last-bit difference can move a value across an e4m3 rounding
-    # edge, a 6-12% step): a tensor / tensor is a correctly rounded division (Triton's own float32 `/`
-    # is an approximate one there), a tensor / Python number multiplies by the number's reciprocal
-    # (BinaryDivTrueKernel.cu), silu calls CUDA's expf (libdevice's). The interpreter runs numpy,
-    # whose division and exp are torch's CPU ones for these purposes (the CPU tests compare bytes).
+    # CUDA_MATH (the GPU): a tensor / Python number multiplies by the number's reciprocal, as torch's
+    # CUDA kernels do (BinaryDivTrueKernel.cu): the per-row scale is the recipe's bit for bit.
+    # EXACT (ARITHMETIC "exact", the GPU): per element too, the arithmetic of torch's CUDA kernels, so
+    # that the fused path rounds where the unfused one does (in FP8 a last-bit difference can move a
+    # value across an e4m3 rounding edge, a 6-12% step): a tensor / tensor is a correctly rounded
+    # division (Triton's own float32 `/` is an approximate one there), silu calls CUDA's expf
+    # (libdevice's). Off ("fast", and the interpreter): Triton's exp and division. The interpreter
+    # runs numpy, whose division and exp are torch's CPU ones for these purposes (the CPU tests
+    # compare bytes).
     @triton.jit
-    def _div(x, y, CUDA_MATH: tl.constexpr):
-        if CUDA_MATH:
+    def _div(x, y, EXACT: tl.constexpr):
+        if EXACT:
             return libdevice.div_rn(x, y)
         return x / y
 
@@ -109,12 +112,12 @@ if triton is not None:
         return x / 448.0
 
     @triton.jit
-    def _swiglu(X, row, sx, cols, m, I, ROUND: tl.constexpr, CUDA_MATH: tl.constexpr):
+    def _swiglu(X, row, sx, cols, m, I, ROUND: tl.constexpr, EXACT: tl.constexpr):
         a = tl.load(X + row * sx + cols, mask=m, other=0.0).to(tl.float32)
         b = tl.load(X + row * sx + I + cols, mask=m, other=0.0).to(tl.float32)
         # F.silu's formula
-        if CUDA_MATH:
-            s = _div(a, 1.0 + libdevice.exp(-a), CUDA_MATH)
+        if EXACT:
+            s = _div(a, 1.0 + libdevice.exp(-a), EXACT)
         else:
             s = a / (1.0 + tl.exp(-a))
         if ROUND:  # silu(a) is stored in x's dtype, then the product is
@@ -123,8 +126,8 @@ if triton is not None:
         return s * b
 
     @triton.jit
-    def _quant_store(Q, row, sq, cols, v, m, scale, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
-        v = tl.minimum(tl.maximum(_div(v, scale, CUDA_MATH), -448.0), 448.0)
+    def _quant_store(Q, row, sq, cols, v, m, scale, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
+        v = tl.minimum(tl.maximum(_div(v, scale, EXACT), -448.0), 448.0)
         if F8_STORE:
             tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
         else:
@@ -132,7 +135,8 @@ if triton is not None:
 
     @triton.jit
     def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                             TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr):
+                             TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
+                             EXACT: tl.constexpr):
         """One program per row. Pass 1: the prefix's |values| and the SwiGLU's, the row's amax.
         Pass 2 (the row is in L1/L2 by then): the same values divided by the scale, clamped, stored
         as e4m3 (float32 with F8_STORE off: the interpreter), the prefix at columns [0, PW), the
@@ -147,7 +151,7 @@ if triton is not None:
         for start in range(0, I, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
-            amax = tl.maximum(amax, tl.where(m, tl.abs(_swiglu(X, row, sx, cols, m, I, ROUND, CUDA_MATH)), 0.0))
+            amax = tl.maximum(amax, tl.where(m, tl.abs(_swiglu(X, row, sx, cols, m, I, ROUND, EXACT)), 0.0))
         a = tl.max(amax, axis=0)
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
             scale = _div448(a, CUDA_MATH)
@@ -160,12 +164,18 @@ if triton is not None:
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < PW
             p = tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32)
-            _quant_store(Q, row, sq, cols, p, m, scale, F8_STORE, CUDA_MATH)
+            _quant_store(Q, row, sq, cols, p, m, scale, F8_STORE, EXACT)
         for start in range(0, I, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
-            _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, CUDA_MATH), m, scale, F8_STORE, CUDA_MATH)
+            _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, EXACT), m, scale, F8_STORE, EXACT)
 
+
+# "exact" or "fast" (the comment above _div): the GPU's per-element arithmetic. Exact until measured:
+# the Qwen-Image GELU kernel's fast form ran 1.44x faster on an H100 and moved no e4m3 code
+# (kernel_store/qwen-image-fp8-gelu-quant, lessons/exact-arithmetic-costs-where-a-kernel-is-arithmetic-bound.md);
+# this kernel's is measured by `python benchmarks/gelu_quant_micro.py --kernel swiglu`.
+ARITHMETIC = "exact"
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
 # reference ops, which inductor then fuses itself (docs/store.md).
@@ -202,6 +212,7 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
         _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
+                                   EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
                                    num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 
@@ -234,6 +245,8 @@ def swiglu_quant(x: torch.Tensor, prefix: Optional[torch.Tensor] = None, recipe:
     global _last_path
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
+    if ARITHMETIC not in ("fast", "exact"):
+        raise ValueError(f"ARITHMETIC must be 'fast' or 'exact', not {ARITHMETIC!r}")
     if x.shape[-1] % 2:
         raise ValueError(f"x's last dim must be even (the SwiGLU's two halves), not {x.shape[-1]}")
     if prefix is not None and (prefix.shape[:-1] != x.shape[:-1] or prefix.dtype != x.dtype
