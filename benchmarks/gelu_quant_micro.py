@@ -1,7 +1,8 @@
 """An activation + FP8 per-row quantization kernel's variants against torch's unfused ops and
 inductor's fusion of them, at the workload's shapes, with the byte bound of each shape: the GELU of
-Qwen-Image's MLP (`--kernel gelu`, the default) or FLUX.2's SwiGLU (`--kernel swiglu`: its exact
-two-pass form, a wider block, and the fast arithmetic below).
+Qwen-Image's MLP (`--kernel gelu`, the default), FLUX.2's SwiGLU (`--kernel swiglu`: its exact
+two-pass form, a wider block, and the fast arithmetic below), or Qwen-Image's norm + modulation
+(`--kernel norm-quant`: the prototype in benchmarks/norm_quant_proto.py).
 
 Variants of the GELU kernel (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
 - two-pass: blocks of 2048, the GELU computed twice (the entry before 2026-12-06);
@@ -21,7 +22,7 @@ the 50 MB L2). The bound printed is the bytes (bf16 in, e4m3 out, float32 scales
 measured in the same process; a variant far above it is bound by its arithmetic (libdevice's tanhf or
 expf and the correctly rounded division are tens of instructions an element).
 
-    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu] [--json FILE]
+    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu|norm-quant] [--json FILE]
 """
 from __future__ import annotations
 
@@ -141,11 +142,51 @@ def _swiglu_cases():
         }
 
 
+
+def _norm_quant_cases():
+    """Qwen-Image's LayerNorm + modulation and the FP8 quantization of its output (the QKV and MLP
+    inputs): image and text tokens x 3072, 240 calls each a step (norm1 and norm2 of 60 blocks, 2
+    CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
+    norm + modulation kernel followed by inductor's compiled quantization (the stack today), and the
+    prototype that does both in one pass (benchmarks/norm_quant_proto.py)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    proto = importlib.import_module("norm_quant_proto")
+    nm = _load("qwen-image-norm-modulate/qwen_norm_modulate.py")
+    compiled = torch.compile(lambda x, sh, sc: proto.reference(x, sh, sc), fullgraph=True)
+
+    def quant(y):
+        s = (y.abs().amax(dim=-1, keepdim=True) / 448.0).to(torch.float32)
+        return (y.to(torch.float32) / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+
+    cquant = torch.compile(quant, fullgraph=True)
+
+    def store_then_inductor(x, sh, sc):
+        y = nm.norm_modulate(x[None], sh[None, None], sc[None, None], 1e-6)[0]
+        return cquant(y)
+
+    for M in (4096, 512):
+        torch.manual_seed(0)
+        x = torch.randn(M, 3072, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
+        sh = torch.randn(3072, device="cuda", dtype=torch.bfloat16) * 0.5
+        sc = torch.randn(3072, device="cuda", dtype=torch.bfloat16) * 0.5
+        yield f"{M} x 3072", (M, 3072), 240, M * 3072 * 2, {
+            "torch eager (unfused)": lambda x=x, sh=sh, sc=sc: proto.reference(x, sh, sc),
+            "inductor fusion": lambda x=x, sh=sh, sc=sc: compiled(x, sh, sc),
+            "store norm+mod kernel, inductor quant": lambda x=x, sh=sh, sc=sc: store_then_inductor(x, sh, sc),
+            "prototype, one pass (fast)": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc),
+            "prototype, one pass (exact)": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc, exact=True),
+            "prototype, 8 warps": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc, num_warps=8),
+        }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("gelu", "swiglu"), default="gelu",
+    ap.add_argument("--kernel", choices=("gelu", "swiglu", "norm-quant"), default="gelu",
                     help="gelu: qwen-image-fp8-gelu-quant at Qwen-Image's shapes; swiglu: flux2-fp8-swiglu-quant "
-                         "at FLUX.2's")
+                         "at FLUX.2's; norm-quant: Qwen-Image's norm + modulation + quantization "
+                         "(benchmarks/norm_quant_proto.py against inductor and the store's kernel)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -153,7 +194,8 @@ def main() -> int:
         return 2
     bw = _copy_bandwidth()
     rows = []
-    for label, shape, calls, inputs, variants in (_gelu_cases() if args.kernel == "gelu" else _swiglu_cases()):
+    cases = {"gelu": _gelu_cases, "swiglu": _swiglu_cases, "norm-quant": _norm_quant_cases}[args.kernel]
+    for label, shape, calls, inputs, variants in cases():
         ref_q, ref_s = variants["torch eager (unfused)"]()
         ind_q, _ = variants["inductor fusion"]()
         M, N = ref_q.shape
