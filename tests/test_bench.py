@@ -122,3 +122,28 @@ def test_a_compiled_quantized_candidate_is_set_against_the_same_mode_where_upstr
     assert compare_pair("cand:graph", "graph", "g", q, outs, q, across)[0]["base"] == "q"
     assert compare_pair("upstream:compile", "compile", "uc", "upstream", outs, q, across) == (
         {"label": "upstream:compile", "base": "u", "candidate": "uc", "tolerance": across}, "")
+
+
+def test_the_terminal_table_keeps_long_notes_as_footnotes():
+    """A committed FP8 bench (H100): each note over NOTE_INLINE characters becomes [n] in its row and
+    the whole note a line under the table; short notes stay; the markdown keeps every note inline."""
+    import io
+
+    from rich.console import Console
+
+    from benchmarks.profile_places import load
+    from bot.bench_report import NOTE_INLINE, markdown, print_table
+    from bot.commands.bench import BenchResult, BenchRow
+
+    data = load(ROOT / "benchmarks/results/h100-qwen-fp8-onepass-20261206/bench-qwen-image-fast.json")
+    fields = set(BenchResult.__dataclass_fields__)
+    res = BenchResult(**{k: v for k, v in data.items() if k in fields and k != "rows"})
+    res.rows = [BenchRow(**r) for r in data["rows"]]
+    buf = io.StringIO()
+    print_table(Console(file=buf, width=150), res)
+    text = buf.getvalue()
+    long_notes = [r for r in res.rows if len(r.error or "; ".join(filter(None, [r.graphs, r.correctness]))) > NOTE_INLINE]
+    assert long_notes and "[1] upstream+fp8 eager: cond: rel L2 0.095" in text
+    assert f"[{len(long_notes) + 3}] roofline compute floor, FP8 linear: linear 125.3 TFLOP" in text  # three floors
+    assert "│ reference" in text  # upstream eager's short note stays in its row
+    assert "cond: rel L2 0.095, max abs 0.969" in markdown(res)  # the markdown keeps notes in the table

@@ -184,7 +184,8 @@ def test_what_an_fp8_run_learns_loads_back_as_a_store_entry(tmp_path):
 def test_the_bench_says_what_each_fp8_row_ran_and_what_it_left_unquantized():
     """`optbot bench --quant fp8` prints what each FP8 row ran, its reach, and why layers stayed in
     their dtype (SGLang's own FP8 leaves the embedders and modulations in bfloat16, as its checkpoints do)."""
-    from bot.commands.bench import BenchResult, _quant_lines
+    from bot.commands.bench import BenchResult
+    from bot.bench_report import _quant_lines
 
     m = torch.nn.ModuleDict({"proj": torch.nn.Linear(64, 96), "head": torch.nn.Linear(96, 32), "odd": torch.nn.Linear(64, 10)})
     note = quant.apply(m, "fp8", "cpu")

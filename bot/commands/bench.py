@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
 
+from bot.bench_report import markdown, print_table
 from bot.commands.common import command_line, parse_modes, workload_options, write_json
 from bot.engine import add_worktree, checkout_engine
 from bot.jobs import run_job
@@ -293,7 +293,7 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
         for row in res.rows:
             if row.median_ms:
                 row.vs_compile = best.median_ms / row.median_ms
-    _print(console, res)
+    print_table(console, res)
     write_json(run_dir / "bench.json", asdict(res))
     (run_dir / "bench.md").write_text(markdown(res))
     if json_path is not None:
@@ -371,79 +371,3 @@ def compare_pair(key: str, mode: str, outputs_file: str, ref_label: str, outputs
     if across and compiled:
         pair["tolerance"] = across
     return pair, ""
-
-
-def _fmt(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _table_rows(res: BenchResult) -> list[list[str]]:
-    rows = []
-    for r in res.rows:
-        spread = f"{_fmt(r.min_ms)}–{_fmt(r.max_ms)}" if r.median_ms else "-"
-        ok = "-" if r.correct is None else ("ok" if r.correct else "WRONG")
-        rows.append([r.variant, r.mode, _fmt(r.median_ms), spread, str(r.n or "-"), _fmt(r.per_pass_ms),
-                     _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
-                     _fmt(r.vs_compile, ".3f") + ("x" if r.vs_compile else ""), ok,
-                     r.error or "; ".join(filter(None, [r.graphs, r.correctness]))])
-    if res.roofline_ms is not None:
-        rows.append(["roofline", "compute floor", _fmt(res.roofline_ms), "-", "-", _fmt(res.roofline_ms / res.passes), "-",
-                     "-", "-", res.roofline_basis])
-    if res.roofline_sustained_ms is not None:
-        rows.append(["roofline", "compute floor, sustained", _fmt(res.roofline_sustained_ms), "-", "-",
-                     _fmt(res.roofline_sustained_ms / res.passes), "-", "-", "-", res.roofline_sustained_basis])
-    if res.roofline_fp8_basis:
-        fp8 = res.roofline_fp8_ms
-        rows.append(["roofline", "compute floor, FP8 linear", _fmt(fp8), "-", "-",
-                     _fmt(fp8 / res.passes if fp8 is not None else None), "-", "-", "-", res.roofline_fp8_basis])
-    return rows
-
-
-HEAD = ["variant", "mode", "step ms (median)", "min–max", "N", "per pass ms", "vs upstream eager", "vs best compile",
-        "outputs", "notes"]
-
-
-def _bar(res: BenchResult) -> str:
-    if res.best_compile_ms is None:
-        return "No upstream torch.compile row ran correct: there is no compile bar in this run."
-    if res.bar_note:
-        return (f"The bar: {res.best_compile_mode} at {res.best_compile_ms:.2f} ms/step, the fastest row of the "
-                f"quantized upstream: {res.bar_note}, so that is what a user of it runs (\"vs best compile\" > 1 "
-                "is faster than it).")
-    return (f"The bar: the best upstream torch.compile recipe of this run, {res.best_compile_mode} at "
-            f"{res.best_compile_ms:.2f} ms/step (\"vs best compile\" > 1 is faster than it).")
-
-
-def _quant_lines(res: BenchResult) -> list[str]:
-    """What each --quant row ran: the implementation (torchao's or optbot's emulation) and its reach."""
-    return [f"{label}: {q['implementation']}; {q['linear_layers']} linear layers ({q['form']})"
-            + (f"; left unquantized: {', '.join(q['left_unquantized'])}" if q.get("left_unquantized") else "")
-            + (f" ({q['left_unquantized_why']})" if q.get("left_unquantized") and q.get("left_unquantized_why") else "")
-            for label, q in res.quant.items()]
-
-
-def _print(console: Console, res: BenchResult) -> None:
-    env = res.env
-    t = Table(title=f"optbot bench {res.workload} · {res.preset} · {res.dtype} · measured on {res.device} "
-                    f"({env.get('device_name', '?')}) · {res.passes} pass(es) per step")
-    for h in HEAD:
-        t.add_column(h, overflow="fold")
-    for row in _table_rows(res):
-        t.add_row(*row)
-    console.print(t)
-    console.print(_bar(res))
-    for line in _quant_lines(res):
-        console.print(line, markup=False)
-
-
-def markdown(res: BenchResult) -> str:
-    env = res.env
-    lines = [f"# optbot bench: {res.workload} ({res.preset}, {res.dtype}"
-             + "".join(f"; candidates at {q.partition('+')[2]}, beside upstream and {q}" for q in res.quant) + ")", "",
-             f"Measured on **{res.device} ({env.get('device_name', '?')})**, shape {res.shape}, "
-             f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
-             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(r) + " |" for r in _table_rows(res)]
-    lines += ["", _bar(res)] + [f"- {line}" for line in _quant_lines(res)]
-    lines += ["", "```"] + [f"{k}: {v}" for k, v in env.items()] + ["```", ""]
-    return "\n".join(lines)
