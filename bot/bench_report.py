@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from runner.job import parse_mode
+
 if TYPE_CHECKING:
     from bot.commands.bench import BenchResult
 
@@ -45,6 +47,9 @@ HEAD = ["variant", "mode", "step ms (median)", "min–max", "N", "per pass ms", 
 
 def _bar(res: BenchResult) -> str:
     if res.best_compile_ms is None:
+        if not any(r.variant.startswith("upstream") and parse_mode(r.mode)[0] is not None for r in res.rows):
+            return ("No upstream torch.compile row was asked for (--modes): there is no compile bar in this run "
+                    "(on cuda the default modes include the compile recipes).")
         return "No upstream torch.compile row ran correct: there is no compile bar in this run."
     if res.bar_note:
         return (f"The bar: {res.best_compile_mode} at {res.best_compile_ms:.2f} ms/step, the fastest row of the "

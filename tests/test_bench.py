@@ -147,3 +147,16 @@ def test_the_terminal_table_keeps_long_notes_as_footnotes():
     assert f"[{len(long_notes) + 3}] roofline compute floor, FP8 linear: linear 125.3 TFLOP" in text  # three floors
     assert "│ reference" in text  # upstream eager's short note stays in its row
     assert "cond: rel L2 0.095, max abs 0.969" in markdown(res)  # the markdown keeps notes in the table
+
+
+def test_the_bar_line_says_whether_compile_rows_were_asked_for():
+    """No compile bar because none was asked for (the CPU's default: eager) is told apart from
+    compile rows that ran and failed."""
+    from bot.bench_report import _bar
+    from bot.commands.bench import BenchResult, BenchRow
+
+    res = BenchResult("flux2", "tiny", "cpu", "float32", {}, 1,
+                      rows=[BenchRow(variant="upstream", mode="eager", device="cpu", median_ms=15.0, correct=True)])
+    assert "was asked for" in _bar(res)
+    res.rows.append(BenchRow(variant="upstream", mode="compile", device="cpu", error="crashed"))
+    assert _bar(res) == "No upstream torch.compile row ran correct: there is no compile bar in this run."
