@@ -36,13 +36,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from runner.timing import capture_graph  # noqa: E402
 
 
 def _load(rel: str):
-    path = ROOT / "kernel_store" / rel
+    """A kernel file (ROOT-relative) as a module registered under its name (dynamo imports a compiled
+    function's module by name)."""
+    path = ROOT / rel
     spec = importlib.util.spec_from_file_location("micro_kernel_" + path.stem, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dynamo imports a compiled function's module by name
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -50,22 +54,12 @@ def _load(rel: str):
 def _graph_time(fn, reps: int = 50, trials: int = 7) -> float:
     """Median ms of one call, from CUDA-graph replays of `reps` calls."""
     fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
+    replay = capture_graph(lambda: [fn() for _ in range(reps)], warmup=1)
     times = []
     for _ in range(trials):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        replay()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / reps)
@@ -84,17 +78,12 @@ def _copy_bandwidth() -> float:
 def _gelu_cases():
     """(label, shape, calls a step, input bytes, {variant: fn -> (q, scale)}) at Qwen-Image's MLP:
     image and text tokens x 12288, 120 calls each a step (60 blocks x 2 CFG passes)."""
-    gq = _load("qwen-image-fp8-gelu-quant/gelu_quant.py")
+    gq = _load("kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py")
     compiled = torch.compile(lambda h: gq.reference(h, "torchao"), fullgraph=True)
 
-    def launch(h, block_n=0, warps=0, exact=True):
-        M, N = h.shape
-        q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=h.device)
-        s = torch.empty((M, 1), dtype=torch.float32, device=h.device)
-        bn, chunks, nw = gq._config(N, block_n, warps)
-        gq._gelu_quant_kernel[(M,)](h, q, s, N, h.stride(0), q.stride(0), BLOCK_N=bn, CHUNKS=chunks, ROUND=True,
-                                    TORCHAO=True, F8_STORE=True, CUDA_MATH=True, EXACT=exact, num_warps=nw)
-        return q, s
+    def launch(h, block_n=0, warps=0, exact=True):  # the entry's own launch, its arithmetic chosen here
+        gq.ARITHMETIC = "exact" if exact else "fast"
+        return gq._launch(h, True, block_n, warps)
 
     for M, N in [(4096, 12288), (512, 12288)]:
         torch.manual_seed(0)
@@ -114,19 +103,12 @@ def _swiglu_cases():
     """The same at FLUX.2's: the single-stream blocks' [attention output 6144 | SwiGLU of 2 x 18432]
     over 4608 tokens (48 calls a step), the double-stream blocks' SwiGLU over 4096 image and 512 text
     tokens (8 calls each); one pass a step."""
-    sq = _load("flux2-fp8-swiglu-quant/swiglu_quant.py")
+    sq = _load("kernel_store/flux2-fp8-swiglu-quant/swiglu_quant.py")
     compiled = torch.compile(lambda x, p: sq.reference(x, p, "torchao"), fullgraph=True)
 
-    def launch(x, p, block_n=2048, warps=8, exact=True):
-        half, M = x.shape[-1] // 2, x.shape[0]
-        pw = p.shape[-1] if p is not None else 0
-        q = torch.empty((M, pw + half), dtype=torch.float8_e4m3fn, device=x.device)
-        s = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-        pp = p if p is not None else x
-        sq._swiglu_quant_kernel[(M,)](x, pp, q, s, half, pw, x.stride(0), pp.stride(0), q.stride(0), BLOCK_N=block_n,
-                                      ROUND=True, TORCHAO=True, F8_STORE=True, CUDA_MATH=True, EXACT=exact,
-                                      num_warps=warps)
-        return q, s
+    def launch(x, p, block_n=2048, warps=8, exact=True):  # the entry's own launch, its arithmetic chosen here
+        sq.ARITHMETIC = "exact" if exact else "fast"
+        return sq._launch(x, p, True, block_n, warps)
 
     for M, P, W, calls in [(4608, 6144, 36864, 48), (4096, 0, 36864, 8), (512, 0, 36864, 8)]:
         torch.manual_seed(0)
@@ -149,18 +131,10 @@ def _norm_quant_cases():
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
     norm + modulation kernel followed by inductor's compiled quantization (the stack today), and the
     prototype that does both in one pass (benchmarks/norm_quant_proto.py)."""
-    import importlib
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    proto = importlib.import_module("norm_quant_proto")
-    nm = _load("qwen-image-norm-modulate/qwen_norm_modulate.py")
+    proto = _load("benchmarks/norm_quant_proto.py")
+    nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
     compiled = torch.compile(lambda x, sh, sc: proto.reference(x, sh, sc), fullgraph=True)
-
-    def quant(y):
-        s = (y.abs().amax(dim=-1, keepdim=True) / 448.0).to(torch.float32)
-        return (y.to(torch.float32) / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
-
-    cquant = torch.compile(quant, fullgraph=True)
+    cquant = torch.compile(proto.quantize_rows, fullgraph=True)
 
     def store_then_inductor(x, sh, sc):
         y = nm.norm_modulate(x[None], sh[None, None], sc[None, None], 1e-6)[0]

@@ -39,10 +39,13 @@ E4M3_MAX = 448.0
 def reference(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6):
     """The unfused ops: LayerNorm without affine, * (1 + scale) + shift in x's dtype, then torchao's
     per-row quantization (amax / 448 in x's dtype, widened)."""
-    y = F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift
+    return quantize_rows(F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift)
+
+
+def quantize_rows(y: torch.Tensor):
+    """torchao's PerRow activation quantization of y: (e4m3 values, float32 scales [M, 1])."""
     s = (y.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).to(torch.float32)
-    q = (y.to(torch.float32) / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, s
+    return (y.to(torch.float32) / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
 
 
 if triton is not None:
