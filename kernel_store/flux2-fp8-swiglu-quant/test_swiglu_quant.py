@@ -85,7 +85,7 @@ def test_bytes_and_scales_are_the_recipes(recipe, dtype, p):
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's arithmetic (ARITHMETIC): torch's CUDA kernels")
 @pytest.mark.parametrize("recipe", op.RECIPES)
 def test_on_the_gpu_the_bytes_are_the_unfused_ops_exactly(recipe, monkeypatch):
-    """With ARITHMETIC "exact" (the default) the kernel computes as torch's CUDA kernels do (expf, correctly rounded division,
+    """With ARITHMETIC "exact" the kernel computes as torch's CUDA kernels do (expf, correctly rounded division,
     the reciprocal for a division by a number): the e4m3 bytes and the scales equal the unfused ops'
     at FLUX.2's single-block width, so the fused path is the FP8 baseline itself, not a neighbour of
     it (docs/fp8.md: a last-bit difference can cross an e4m3 edge and grow through the blocks)."""
@@ -186,11 +186,14 @@ def test_compiles_whole(p):
 
 
 @pytest.mark.parametrize("p", [0, 64])
-def test_torchao_path_is_torchaos_own_linear_bit_for_bit(p):
+def test_torchao_path_is_torchaos_own_linear_bit_for_bit(p, monkeypatch):
     """An output projection quantized the way torchao's Float8DynamicActivationFloat8WeightConfig
     (PerRow) quantizes it, built with torchao's own constructors (its quantize_ refuses float8 on
     the CPU, its Float8Tensor and linear run there): swiglu_quant + fp8_linear give exactly what
-    torchao's linear gives on the unfused SwiGLU and concatenation (its bf16 scale division)."""
+    torchao's linear gives on the unfused SwiGLU and concatenation (its bf16 scale division).
+    On the GPU under ARITHMETIC "exact": "fast" moves a few codes (its own test bounds them), as the
+    Qwen-Image GELU kernel's fast form failed the same test there."""
+    monkeypatch.setattr(op, "ARITHMETIC", "exact")
     ao = pytest.importorskip("torchao.quantization")
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import (Float8Tensor,
                                                                               QuantizeTensorToFloat8Kwargs)
