@@ -36,10 +36,18 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-try:  # the engine's package, or the kernel store's folder (its tests put it on sys.path)
+try:  # the engine's package
     from .gelu_quant import RECIPES, fp8_linear, fp8_weight
-except ImportError:
-    from gelu_quant import RECIPES, fp8_linear, fp8_weight
+except ImportError:  # a kernel store folder, this file loaded by its path: the sibling file, once per process
+    import importlib.util as _ilu
+    import sys as _sys
+
+    _name = "optbot_store_gelu_quant_" + str(abs(hash(os.path.dirname(os.path.abspath(__file__)))))
+    if _name not in _sys.modules:
+        _spec = _ilu.spec_from_file_location(_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gelu_quant.py"))
+        _sys.modules[_name] = _ilu.module_from_spec(_spec)
+        _spec.loader.exec_module(_sys.modules[_name])
+    RECIPES, fp8_linear, fp8_weight = (getattr(_sys.modules[_name], n) for n in ("RECIPES", "fp8_linear", "fp8_weight"))
 
 try:
     import triton
