@@ -2,7 +2,7 @@
 inductor's fusion of them, at the workload's shapes, with the byte bound of each shape: the GELU of
 Qwen-Image's MLP (`--kernel gelu`, the default), FLUX.2's SwiGLU (`--kernel swiglu`: its exact
 two-pass form, a wider block, and the fast arithmetic below), or Qwen-Image's norm + modulation
-(`--kernel norm-quant`: the prototype in benchmarks/norm_quant_proto.py).
+(`--kernel norm-quant`: kernel_store/qwen-image-fp8-norm-quant/norm_quant.py).
 
 Variants of the GELU kernel (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
 - two-pass: blocks of 2048, the GELU computed twice (the entry before 2026-12-06);
@@ -129,29 +129,36 @@ def _norm_quant_cases():
     """Qwen-Image's LayerNorm + modulation and the FP8 quantization of its output (the QKV and MLP
     inputs): image and text tokens x 3072, 240 calls each a step (norm1 and norm2 of 60 blocks, 2
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
-    norm + modulation kernel followed by inductor's compiled quantization (the stack today), and the
-    prototype that does both in one pass (benchmarks/norm_quant_proto.py)."""
-    proto = _load("benchmarks/norm_quant_proto.py")
+    norm + modulation kernel followed by inductor's compiled quantization (the stack before
+    qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (8 warps, its default;
+    16; exact arithmetic). Until 2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
+    nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
-    compiled = torch.compile(lambda x, sh, sc: proto.reference(x, sh, sc), fullgraph=True)
-    cquant = torch.compile(proto.quantize_rows, fullgraph=True)
+    compiled = torch.compile(lambda x, sh, sc: nq.reference(x, sh, sc, 1e-6), fullgraph=True)
+    cquant = torch.compile(lambda y: nq.quantize_rows(y, "torchao"), fullgraph=True)
 
     def store_then_inductor(x, sh, sc):
-        y = nm.norm_modulate(x[None], sh[None, None], sc[None, None], 1e-6)[0]
-        return cquant(y)
+        return cquant(nm.norm_modulate(x, sh[:, None], sc[:, None], 1e-6))
+
+    def entry(x, sh, sc, num_warps=0, arithmetic="fast"):
+        before, nq.ARITHMETIC = nq.ARITHMETIC, arithmetic
+        try:
+            return nq.norm_modulate_quant(x, sh, sc, 1e-6, "torchao", num_warps)
+        finally:
+            nq.ARITHMETIC = before
 
     for M in (4096, 512):
         torch.manual_seed(0)
-        x = torch.randn(M, 3072, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
-        sh = torch.randn(3072, device="cuda", dtype=torch.bfloat16) * 0.5
-        sc = torch.randn(3072, device="cuda", dtype=torch.bfloat16) * 0.5
+        x = torch.randn(1, M, 3072, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
+        sh = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16) * 0.5
+        sc = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16) * 0.5
         yield f"{M} x 3072", (M, 3072), 240, M * 3072 * 2, {
-            "torch eager (unfused)": lambda x=x, sh=sh, sc=sc: proto.reference(x, sh, sc),
+            "torch eager (unfused)": lambda x=x, sh=sh, sc=sc: nq.reference(x, sh, sc, 1e-6),
             "inductor fusion": lambda x=x, sh=sh, sc=sc: compiled(x, sh, sc),
             "store norm+mod kernel, inductor quant": lambda x=x, sh=sh, sc=sc: store_then_inductor(x, sh, sc),
-            "prototype, one pass (fast)": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc),
-            "prototype, one pass (exact)": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc, exact=True),
-            "prototype, 8 warps": lambda x=x, sh=sh, sc=sc: proto.norm_modulate_quant(x, sh, sc, num_warps=8),
+            "norm_quant, one pass (the entry: fast, 8 warps)": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc),
+            "norm_quant, 16 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 16),
+            "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
         }
 
 
@@ -160,7 +167,7 @@ def main() -> int:
     ap.add_argument("--kernel", choices=("gelu", "swiglu", "norm-quant"), default="gelu",
                     help="gelu: qwen-image-fp8-gelu-quant at Qwen-Image's shapes; swiglu: flux2-fp8-swiglu-quant "
                          "at FLUX.2's; norm-quant: Qwen-Image's norm + modulation + quantization "
-                         "(benchmarks/norm_quant_proto.py against inductor and the store's kernel)")
+                         "(kernel_store/qwen-image-fp8-norm-quant's kernel against inductor and the store's norm kernel)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():

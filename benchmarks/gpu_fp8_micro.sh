@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The FP8 kernels' GPU questions in one short call (about 90 s on an H100): both FP8 entries' kernel
+# The FP8 kernels' GPU questions in one short call (about 120 s on an H100): the three FP8 entries' kernel
 # tests (the exact forms bit for bit, the fast forms' bound), then the three microbenchmarks of
 # benchmarks/gelu_quant_micro.py (the GELU kernel, the SwiGLU kernel exact and fast, the norm +
-# modulation + quantization prototype against inductor's fusion). Carry .whl-sgl-b and .sgl-engine:
+# modulation + quantization kernel of qwen-image-fp8-norm-quant against inductor's fusion). Carry .whl-sgl-b and .sgl-engine:
 #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd bash benchmarks/gpu_fp8_micro.sh
 # Writes kernel-tests.txt and {gelu,swiglu,norm-quant}-micro.{json,txt} under $OUT (else $RES, else
 # benchmarks/results/<gpu>-<date>/).
@@ -14,6 +14,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$RES/nvi
 rc=0
 timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
   kernel_store/qwen-image-fp8-gelu-quant/test_gelu_quant.py kernel_store/flux2-fp8-swiglu-quant/test_swiglu_quant.py \
+  kernel_store/qwen-image-fp8-norm-quant/test_norm_quant.py \
   2>&1 | tail -30 | tee "$RES/kernel-tests.txt" || rc=1
 for k in gelu swiglu norm-quant; do
   timeout 150 python3 benchmarks/gelu_quant_micro.py --kernel "$k" --json "$RES/$k-micro.json" 2>&1 \
