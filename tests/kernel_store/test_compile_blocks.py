@@ -58,7 +58,10 @@ STACKS = [("flux2", ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-norm-modula
           ("qwen-image", QWEN_FP8, "float32+fp8/torchao"),
           ("flux2", FLUX2_FP8, "float32+fp8/torchao"),
           ("qwen-image", QWEN_FP8_ROWS, "float32+fp8"),
-          ("qwen-image", QWEN_FP8_ROWS, "float32+fp8/torchao")]
+          ("qwen-image", QWEN_FP8_ROWS, "float32+fp8/torchao"),
+          # flux2-fp8-norm-quant includes the three FLUX2_FP8 entries: FLUX.2's FP8 stack is that entry alone
+          ("flux2", ("flux2-fp8-norm-quant",), "float32+fp8"),
+          ("flux2", ("flux2-fp8-norm-quant",), "float32+fp8/torchao")]
 # The tiny preset's model at a smaller shape than its own (15 image + 7 text tokens, odd sizes): the
 # interpreter makes one Python call per Triton program: at the preset's smallest shape (176 x 240, 19
 # text tokens) the nine runs (then one per entry too) took 231 s on the 2-core development machine, at this one 64 to 153 s
@@ -173,17 +176,22 @@ def test_the_stacks_cover_every_entry():
         assert {e.id for e in USABLE if wl in e.workloads} <= stacked, wl
 
 
+# Each op is attributed to the file that defines its function (a kernel file may load a sibling file of
+# its entry, which then registers that file's op first: qwen-image-fp8-norm-quant's norm_quant.py loads
+# gelu_quant.py)
 _REGISTER_PROBE = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 from torch._library.custom_ops import OPDEFS
-added = {}
 for i, path in enumerate(sys.argv[1:]):
-    before = set(OPDEFS)
     for copy in ("store", "engine"):  # the same file imported twice, as the store's and an engine's copy
         spec = importlib.util.spec_from_file_location(f"probe_{i}_{copy}", path)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    added[path] = sorted(set(OPDEFS) - before)
-print(json.dumps(added))
+added = {path: [] for path in sys.argv[1:]}
+for name, opdef in OPDEFS.items():
+    src = os.path.realpath(opdef._init_fn.__code__.co_filename)
+    if src in added:
+        added[src].append(name)
+print(json.dumps({p: sorted(v) for p, v in added.items()}))
 """
 
 
@@ -197,7 +205,7 @@ def test_every_kernel_file_registers_ops_of_its_own_once():
     for f in (f for e in USABLE for f in e.kernel_files()):
         if f.read_bytes() not in seen:
             seen.add(f.read_bytes())
-            files.append(str(f))
+            files.append(os.path.realpath(f))
     proc = subprocess.run([sys.executable, "-c", _REGISTER_PROBE, *files], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert proc.returncode == 0, proc.stderr[-3000:]
