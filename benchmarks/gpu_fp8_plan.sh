@@ -10,7 +10,11 @@
 #   profile-f3    FLUX.2's FP8 stack under compile + CUDA graph (never profiled: 34 ms above its floor)
 #   profile-s8    the Qwen-Image stack under compile + CUDA graph (what the 1.2x still needs)
 #   eager-s7d, eager-s8   both Qwen-Image stacks' eager profiles (the 241 ms eager difference)
-# PLAN_DRY=1 prints the steps instead of running them. Writes $OUT/steps.txt (each step's exit and wall).
+# and, asked for by name in a call of its own (551 s on an H100 for the same bench of two stacks), with
+# STEPS=bench-f1 DEADLINE=590: FLUX.2's FP8 stack
+# with flux2-fp8-norm-quant (f1.patch, the entry alone) against the three-entry stack (f3.patch) in one bench.
+# STEPS="a b ..." runs those steps only. PLAN_DRY=1 prints the steps instead of running them. Writes
+# $OUT/steps.txt (each step's exit and wall).
 set -uo pipefail
 OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh 2>/dev/null || echo gpu)-fp8-plan-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
@@ -19,6 +23,8 @@ export OPTBOT_WHEELS_INSTALLED=1 PYTHONUNBUFFERED=1
 S8=benchmarks/results/h100-qwen-fp8-normquant-20261206/s8.patch
 S7D=benchmarks/results/h100-qwen-fp8-onepass-20261206/s7d.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
+F1=benchmarks/results/cpu-flux2-fp8-normquant-20261206/f1.patch
+STEPS="${STEPS:-bench-s8 profile-f3 profile-s8 eager-s8 eager-s7d}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"
@@ -26,6 +32,7 @@ work=/tmp/optbot-fp8-plan
 step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy to $OUT), pack it
   local name=$1 need=$2
   shift 2
+  [[ " $STEPS " == *" $name "* ]] || return 0
   local left=$(( DEADLINE - ($(date +%s) - t0) ))
   if (( left < need )); then
     echo "$name: skipped, $left s left of $DEADLINE, needs about $need" | tee -a "$OUT/steps.txt"
@@ -49,4 +56,6 @@ step profile-f3 90 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh f
 step profile-s8 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S8" --quant fp8 --iters 5
 step eager-s8 60 env MODE=eager bash benchmarks/gpu_analyze_patch.sh qwen-image "$S8" --quant fp8 --iters 3
 step eager-s7d 60 env MODE=eager bash benchmarks/gpu_analyze_patch.sh qwen-image "$S7D" --quant fp8 --iters 3
+step bench-f1 520 env TAG=f1 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F1" --candidate "$F3" \
+  --modes eager --other-modes eager,compile+graph --iters 3
 cat "$OUT/steps.txt"
