@@ -85,9 +85,18 @@ def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str
     """{entry id: the offered entry whose entry.yaml `supersedes` names it}. Such an entry's changes are
     part of the offered one's and their patches conflict: combine would keep whichever came first, so
     the generate step does not offer it (it is offered again when the superseding entry is not: no
-    match, a conflict, known rejected on this machine)."""
+    match, a conflict, known rejected on this machine). Through a chain, the last superseder stands:
+    flux2-qk-rmsnorm-rope is in flux2-qkv-norm-rope-epilogue, and that in flux2-fp8-norm-quant."""
     by_id = {e.id: e for e in entries}
-    return {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
+    direct = {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
+    out = {}
+    for old, eid in direct.items():
+        seen = {old}
+        while eid in direct and eid not in seen:  # (load_store refuses two entries superseding each other)
+            seen.add(eid)
+            eid = direct[eid]
+        out[old] = eid
+    return out
 
 
 # Kinds whose kernel computes the opportunity's last value itself (a norm's modulated output, an

@@ -377,3 +377,15 @@ def test_an_entry_that_enables_a_mode_is_offered_where_the_run_checks_it():
     assert not ids("sglang", "h200", "qwen-image", modes=four, precision="bfloat16+fp8")  # not tried there
     # without the run's modes (a caller that does not say), nothing is offered by mode
     assert not ids("sglang", "h200", "flux2")
+
+
+def test_through_a_chain_of_supersedes_the_last_superseder_stands():
+    """flux2-fp8-norm-quant includes flux2-qkv-norm-rope-epilogue, which includes flux2-qk-rmsnorm-rope and
+    flux2-merge-qkv: with all offered, each is skipped for the FP8 entry (the note names the entry offered);
+    without it, the epilogue entry stands for the two it includes."""
+    store = load_store(SHIPPED_STORE)
+    flux = ("flux2-qk-rmsnorm-rope", "flux2-merge-qkv", "flux2-qkv-norm-rope-epilogue", "flux2-norm-modulate",
+            "flux2-fp8-swiglu-quant", "flux2-fp8-norm-quant")
+    assert superseded_by(list(flux), store) == {old: "flux2-fp8-norm-quant" for old in flux[:-1]}
+    assert superseded_by(list(flux[:-1]), store) == {"flux2-qk-rmsnorm-rope": "flux2-qkv-norm-rope-epilogue",
+                                                     "flux2-merge-qkv": "flux2-qkv-norm-rope-epilogue"}
