@@ -134,7 +134,9 @@ fi
 if ! python3 -c "import diffusers" 2>/dev/null && [[ -f "$OPTBOT_HOME/downloads/diffusers-0.42.1.tar.gz" ]]; then
   python3 -m bot engine init diffusers > /dev/null && export PYTHONPATH="$PYTHONPATH:$OPTBOT_HOME/engines/diffusers-0.42.1/src"
 fi
-[[ -d "$eng/.git" ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
+# `cmd` also serves diffusers-only work (benchmarks/gpu_fp8_plan.sh), carried without .sgl-engine when the
+# tree, .whl-sgl-b and .sgl-engine together pass one call's 64 MiB
+[[ -d "$eng/.git" || "$what" == cmd ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
   echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
     | tee "$D/blocker.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$D/nvidia-smi.txt"
