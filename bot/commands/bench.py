@@ -349,8 +349,10 @@ def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: d
     for c in cout.result["checks"]:
         k, judged = c["label"], c.get("against") == "unquantized"
         ok[k] = bool(ok.get(k, True) and c["ok"]) if judged else None
+        # no distance: why (shape, NaN); the trusted rewrite's largest element error too (the evidence
+        # for the precision's atol: docs/fp8.md)
         found.setdefault(k, []).append(c["reason"] if "rel_l2" not in c else f"{c['output']} {c['rel_l2']:.3g}" + (
-            f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else ""))  # no distance: why (shape, NaN)
+            f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else f", max abs {c['max_abs']:.3g}"))
     fail = f"; FAIL: farther from the unquantized model than {NO_FARTHER:g}x {qref} eager"
     return {k: (f"vs {against[k]}: rel L2 {', '.join(v)}" + (fail if ok[k] is False else ""), ok[k])
             for k, v in found.items()}

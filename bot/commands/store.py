@@ -11,7 +11,7 @@ from bot.commands.common import command_line, github_option, knowledge_options, 
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
-from bot.knowledge.store import get_entry, load_store
+from bot.knowledge.store import added_file_content, get_entry, load_store, patch_added_files, replace_added_file
 from bot.paths import new_run_dir
 from bot.target import require_device
 
@@ -32,6 +32,8 @@ def command():
       optbot store check --device cuda --gpus 2 --record
                                                  on GPUs: also microbenchmarks and end-to-end
                                                  speed on the full preset, into bench.json
+      optbot store sync-sources ENTRY            after editing ENTRY's kernel files: write them
+                                                 back into its patch.diff
       optbot store record-bench results.json     write GPU numbers into each entry's bench.json
       optbot store tune qwen-image-absorb-bias --gpus 2
                                                  variant search over its config space, no commit
@@ -73,6 +75,39 @@ def show_cmd(knowledge, entry_id):
     click.echo("\nbench.json:" if bench else "\nbench.json: (none)")
     if bench:
         click.echo(bench.dumps().rstrip()[:4000])
+
+
+@command.command("sync-sources")
+@_store_opt
+@click.argument("entry_ids", nargs=-1, required=True)
+def sync_sources_cmd(knowledge, entry_ids):
+    """Write an entry's edited kernel sources back into its patch.diff.
+
+    A store kernel is edited in its entry folder (kernel_store/ENTRY/*.py, where its tests run);
+    patch.diff adds the same file to the engine, and `store check` rejects the entry until the two
+    are byte-identical. This rewrites each kernel file's new-file hunk in patch.diff from the folder's
+    copy (the engine's other edits untouched) and says which changed. Then re-validate:
+
+    \b
+      optbot store sync-sources qwen-image-fp8-norm-quant
+      optbot store check qwen-image-fp8-norm-quant
+    """
+    for eid in entry_ids:
+        e = get_entry(eid, knowledge.kernel_store)
+        patch = e.patch_path.read_text()
+        added, changed = patch_added_files(patch), []
+        for src in e.kernel_files():
+            targets = [p for p in added if Path(p).name == src.name]
+            if not targets:
+                raise ConfigError(e.patch_path, "kernel sources", src.name,
+                                  "patch.diff adds no file of this name: add it to the patch by hand")
+            content = src.read_text()
+            if added_file_content(patch, targets[0]) != content:
+                patch = replace_added_file(patch, targets[0], content)
+                changed.append(src.name)
+        if changed:
+            e.patch_path.write_text(patch)
+        click.echo(f"{eid}: {'rewrote ' + ', '.join(changed) + ' in patch.diff' if changed else 'patch.diff already holds every kernel source'}")
 
 
 @command.command("check")

@@ -15,6 +15,8 @@ Where the store is comes from location.py: a `root` of None below means its kern
 """
 from __future__ import annotations
 
+import hashlib
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,6 +367,33 @@ def added_file_content(patch_text: str, path: str) -> str | None:
                         body[-1] = body[-1].rstrip("\n")
             return "".join(body)
     return None
+
+
+def replace_added_file(patch_text: str, path: str, content: str) -> str:
+    """`patch_text` with the file it creates at `path` rewritten to `content`: the hunk's lines, its
+    `@@ -0,0 +1,N @@` header and the `index` line's blob id (what `git diff` writes for that content),
+    everything else byte for byte. A kernel source edited in its entry folder goes back into patch.diff
+    this way (`optbot store sync-sources`; `store check` demands the two be identical)."""
+    lines = patch_text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("+++ ") and line[4:].strip() in (f"b/{path}", path) and i and lines[i - 1].strip() == "--- /dev/null":
+            end = i + 1
+            while end < len(lines) and not lines[end].startswith("diff --git"):
+                end += 1
+            body = content.splitlines(keepends=True)
+            hunk = [f"@@ -0,0 +1{'' if len(body) == 1 else f',{len(body)}'} @@\n"] if body else []
+            hunk += ["+" + ln for ln in body]
+            if body and not body[-1].endswith("\n"):
+                hunk[-1] += "\n"
+                hunk.append("\\ No newline at end of file\n")
+            head = lines[:i + 1]
+            for j in range(i - 1, max(i - 5, -1), -1):  # the index line of this file's header
+                if head[j].startswith("index 0000000.."):
+                    blob = hashlib.sha1(b"blob %d\0" % len(content.encode()) + content.encode()).hexdigest()
+                    head[j] = re.sub(r"^index 0000000\.\.[0-9a-f]+", f"index 0000000..{blob[:7]}", head[j])
+                    break
+            return "".join(head + hunk + lines[end:])
+    raise ValueError(f"the patch creates no file {path}")
 
 
 def set_status(entry_dir: Path, status: str) -> None:
