@@ -43,8 +43,11 @@ from runner.timing import capture_graph  # noqa: E402
 def _load(rel: str):
     """A kernel file (ROOT-relative) as a module registered under its name (dynamo imports a compiled
     function's module by name)."""
-    path = ROOT / rel
-    spec = importlib.util.spec_from_file_location("micro_kernel_" + path.stem, path)
+    return _load_file(ROOT / rel, "micro_kernel_" + Path(rel).stem)
+
+
+def _load_file(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -75,57 +78,71 @@ def _copy_bandwidth() -> float:
     return 2 * x.numel() / (ms / 1e3)
 
 
-def _gelu_cases():
+def _gelu_cases(before: str = ""):
     """(label, shape, calls a step, input bytes, {variant: fn -> (q, scale)}) at Qwen-Image's MLP:
-    image and text tokens x 12288, 120 calls each a step (60 blocks x 2 CFG passes)."""
-    gq = _load("kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py")
+    image and text tokens x 12288, 120 calls each a step (60 blocks x 2 CFG passes). The kernel is
+    the live entry's copy (kernel_store/qwen-image-fp8-norm-quant/gelu_quant.py); `before`, a folder
+    holding an earlier gelu_quant.py, adds that file's one pass (fast) beside it."""
+    gq = _load("kernel_store/qwen-image-fp8-norm-quant/gelu_quant.py")
+    old = _load_file(Path(before) / "gelu_quant.py", "before_gelu_quant") if before else None
     compiled = torch.compile(lambda h: gq.reference(h, "torchao"), fullgraph=True)
 
-    def launch(h, block_n=0, warps=0, exact=True):  # the entry's own launch, its arithmetic chosen here
-        gq.ARITHMETIC = "exact" if exact else "fast"
-        return gq._launch(h, True, block_n, warps)
+    def launch(h, block_n=0, warps=0, exact=True, mod=gq):  # the entry's own launch, its arithmetic chosen here
+        mod.ARITHMETIC = "exact" if exact else "fast"
+        return mod._launch(h, True, block_n, warps)
 
     for M, N in [(4096, 12288), (512, 12288)]:
         torch.manual_seed(0)
         h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
-        yield f"{M} x {N}", (M, N), 120, M * N * 2, {
+        variants = {
             "torch eager (unfused)": lambda h=h: gq.reference(h, "torchao"),
             "inductor fusion": lambda h=h: compiled(h),
-            "two-pass, block 2048": lambda h=h: launch(h, 2048),
-            "one-pass (default warps)": lambda h=h: launch(h),
-            "one-pass, 8 warps": lambda h=h: launch(h, 0, 8),
-            "one-pass, 32 warps": lambda h=h: launch(h, 0, 32),
-            "one-pass, fast arithmetic": lambda h=h: launch(h, 0, 0, False),
+            "one-pass, exact": lambda h=h: launch(h),
+            "one-pass, fast (default warps)": lambda h=h: launch(h, 0, 0, False),
+            "one-pass, fast, 8 warps": lambda h=h: launch(h, 0, 8, False),
+            "one-pass, fast, 32 warps": lambda h=h: launch(h, 0, 32, False),
+            "two-pass, fast, block 2048, 4 warps": lambda h=h: launch(h, 2048, 4, False),
         }
+        if old is not None:
+            variants["before: one-pass, fast (default warps)"] = lambda h=h: launch(h, 0, 0, False, old)
+            variants["before: one-pass, fast, 32 warps"] = lambda h=h: launch(h, 0, 32, False, old)
+        yield f"{M} x {N}", (M, N), 120, M * N * 2, variants
 
 
-def _swiglu_cases():
+def _swiglu_cases(before: str = ""):
     """The same at FLUX.2's: the single-stream blocks' [attention output 6144 | SwiGLU of 2 x 18432]
     over 4608 tokens (48 calls a step), the double-stream blocks' SwiGLU over 4096 image and 512 text
-    tokens (8 calls each); one pass a step."""
-    sq = _load("kernel_store/flux2-fp8-swiglu-quant/swiglu_quant.py")
+    tokens (8 calls each); one pass a step. The live entry's copy
+    (kernel_store/flux2-fp8-norm-quant/swiglu_quant.py) at several blocks, warps and loop unroll
+    factors; `before`: an earlier swiglu_quant.py beside it."""
+    sq = _load("kernel_store/flux2-fp8-norm-quant/swiglu_quant.py")
+    old = _load_file(Path(before) / "swiglu_quant.py", "before_swiglu_quant") if before else None
     compiled = torch.compile(lambda x, p: sq.reference(x, p, "torchao"), fullgraph=True)
 
-    def launch(x, p, block_n=2048, warps=8, exact=True):  # the entry's own launch, its arithmetic chosen here
-        sq.ARITHMETIC = "exact" if exact else "fast"
-        return sq._launch(x, p, True, block_n, warps)
+    def launch(x, p, block_n=2048, warps=8, exact=True, unroll=1, mod=sq):
+        mod.ARITHMETIC = "exact" if exact else "fast"
+        mod.UNROLL = unroll
+        return mod._launch(x, p, True, block_n, warps)
 
     for M, P, W, calls in [(4608, 6144, 36864, 48), (4096, 0, 36864, 8), (512, 0, 36864, 8)]:
         torch.manual_seed(0)
         x = torch.randn(M, W, device="cuda", dtype=torch.bfloat16) * 2
         p = torch.randn(M, P, device="cuda", dtype=torch.bfloat16) if P else None
-        yield f"{M} x ({P} + {W} // 2)", (M, P, W), calls, (M * W + M * P) * 2, {
+        variants = {
             "torch eager (unfused)": lambda x=x, p=p: sq.reference(x, p, "torchao"),
             "inductor fusion": lambda x=x, p=p: compiled(x, p),
-            "two-pass, block 2048 (the entry)": lambda x=x, p=p: launch(x, p),
-            "two-pass, block 4096, 16 warps": lambda x=x, p=p: launch(x, p, 4096, 16),
-            "two-pass, fast arithmetic": lambda x=x, p=p: launch(x, p, exact=False),
-            "two-pass, fast, block 4096, 16 warps": lambda x=x, p=p: launch(x, p, 4096, 16, False),
+            "fast, block 2048, 8 warps (the entry)": lambda x=x, p=p: launch(x, p, exact=False),
         }
+        for block, warps, unroll in [(2048, 8, 2), (2048, 8, 4), (2048, 16, 1), (2048, 16, 2), (4096, 16, 1),
+                                     (4096, 16, 2), (1024, 4, 1), (1024, 4, 4), (2048, 32, 1)]:
+            variants[f"fast, block {block}, {warps} warps, unroll {unroll}"] = (
+                lambda x=x, p=p, b=block, w=warps, u=unroll: launch(x, p, b, w, False, u))
+        if old is not None:
+            variants["before: fast, block 2048, 8 warps"] = lambda x=x, p=p: launch(x, p, 2048, 8, False, 1, old)
+        yield f"{M} x ({P} + {W} // 2)", (M, P, W), calls, (M * W + M * P) * 2, variants
 
 
-
-def _norm_quant_cases():
+def _norm_quant_cases(before: str = ""):
     """Qwen-Image's LayerNorm + modulation and the FP8 quantization of its output (the QKV and MLP
     inputs): image and text tokens x 3072, 240 calls each a step (norm1 and norm2 of 60 blocks, 2
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
@@ -134,32 +151,38 @@ def _norm_quant_cases():
     16; exact arithmetic). Until 2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
     nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
+    old = _load_file(Path(before) / "norm_quant.py", "before_norm_quant") if before else None
     compiled = torch.compile(lambda x, sh, sc: nq.reference(x, sh, sc, 1e-6), fullgraph=True)
     cquant = torch.compile(lambda y: nq.quantize_rows(y, "torchao"), fullgraph=True)
 
     def store_then_inductor(x, sh, sc):
         return cquant(nm.norm_modulate(x, sh[:, None], sc[:, None], 1e-6))
 
-    def entry(x, sh, sc, num_warps=0, arithmetic="fast"):
-        before, nq.ARITHMETIC = nq.ARITHMETIC, arithmetic
+    def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq):
+        was, mod.ARITHMETIC = mod.ARITHMETIC, arithmetic
         try:
-            return nq.norm_modulate_quant(x, sh, sc, 1e-6, "torchao", num_warps)
+            return mod.norm_modulate_quant(x, sh, sc, 1e-6, "torchao", num_warps)
         finally:
-            nq.ARITHMETIC = before
+            mod.ARITHMETIC = was
 
     for M in (4096, 512):
         torch.manual_seed(0)
         x = torch.randn(1, M, 3072, device="cuda", dtype=torch.bfloat16) * 3 + 0.5
         sh = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16) * 0.5
         sc = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16) * 0.5
-        yield f"{M} x 3072", (M, 3072), 240, M * 3072 * 2, {
+        variants = {
             "torch eager (unfused)": lambda x=x, sh=sh, sc=sc: nq.reference(x, sh, sc, 1e-6),
             "inductor fusion": lambda x=x, sh=sh, sc=sc: compiled(x, sh, sc),
             "store norm+mod kernel, inductor quant": lambda x=x, sh=sh, sc=sc: store_then_inductor(x, sh, sc),
             "norm_quant, one pass (the entry: fast, 8 warps)": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc),
             "norm_quant, 16 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 16),
             "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
+            "norm_quant, 4 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4),
         }
+        if old is not None:
+            variants["before: norm_quant, 8 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 8, "fast", old)
+            variants["before: norm_quant, 4 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4, "fast", old)
+        yield f"{M} x 3072", (M, 3072), 240, M * 3072 * 2, variants
 
 
 def main() -> int:
@@ -168,6 +191,9 @@ def main() -> int:
                     help="gelu: qwen-image-fp8-gelu-quant at Qwen-Image's shapes; swiglu: flux2-fp8-swiglu-quant "
                          "at FLUX.2's; norm-quant: Qwen-Image's norm + modulation + quantization "
                          "(kernel_store/qwen-image-fp8-norm-quant's kernel against inductor and the store's norm kernel)")
+    ap.add_argument("--before", default="", metavar="DIR",
+                    help="a folder holding earlier copies of the kernel files (gelu_quant.py, swiglu_quant.py, "
+                         "norm_quant.py): their variants run beside the live entries' (before / after an edit)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -176,7 +202,7 @@ def main() -> int:
     bw = _copy_bandwidth()
     rows = []
     cases = {"gelu": _gelu_cases, "swiglu": _swiglu_cases, "norm-quant": _norm_quant_cases}[args.kernel]
-    for label, shape, calls, inputs, variants in cases():
+    for label, shape, calls, inputs, variants in cases(args.before):
         ref_q, ref_s = variants["torch eager (unfused)"]()
         ind_q, _ = variants["inductor fusion"]()
         M, N = ref_q.shape
@@ -185,8 +211,13 @@ def main() -> int:
         print(f"\n[{label}] bytes {nbytes / 1e6:.1f} MB, byte bound {bound_ms * 1e3:.1f} us "
               f"at {bw / 1e12:.2f} TB/s (copy measured here), {calls} calls a step")
         for name, fn in variants.items():
-            ms = _graph_time(fn)
-            q, s = fn()
+            try:
+                ms = _graph_time(fn)
+                q, s = fn()
+            except Exception as e:  # one variant's failure (a config the compiler refuses) loses no other row
+                print(f"  {name:34s} FAILED: {type(e).__name__}: {str(e)[:300]}")
+                rows.append({"shape": list(shape), "variant": name, "error": f"{type(e).__name__}: {str(e)[:1000]}"})
+                continue
             diff_ref = int((q.view(torch.uint8) != ref_q.view(torch.uint8)).sum())
             diff_ind = int((q.view(torch.uint8) != ind_q.view(torch.uint8)).sum())
             rows.append({"shape": list(shape), "variant": name, "us": ms * 1e3, "bound_us": bound_ms * 1e3,
@@ -197,7 +228,8 @@ def main() -> int:
                   f"{ms * calls:6.2f} ms/step  e4m3 codes != eager {diff_ref}, != inductor {diff_ind}")
     per_step = {}
     for r in rows:
-        per_step[r["variant"]] = per_step.get(r["variant"], 0.0) + r["ms_per_step"]
+        if "ms_per_step" in r:
+            per_step[r["variant"]] = per_step.get(r["variant"], 0.0) + r["ms_per_step"]
     print("\nper step:")
     for k, v in per_step.items():
         print(f"  {k:34s} {v:6.2f} ms")

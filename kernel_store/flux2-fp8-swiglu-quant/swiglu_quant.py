@@ -136,7 +136,7 @@ if triton is not None:
     @triton.jit
     def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
                              TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                             EXACT: tl.constexpr):
+                             EXACT: tl.constexpr, UNROLL: tl.constexpr = 1):
         """One program per row. Pass 1: the prefix's |values| and the SwiGLU's, the row's amax.
         Pass 2 (the row is in L1/L2 by then): the same values divided by the scale, clamped, stored
         as e4m3 (float32 with F8_STORE off: the interpreter), the prefix at columns [0, PW), the
@@ -148,7 +148,7 @@ if triton is not None:
             m = cols < PW
             p = tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(p))
-        for start in range(0, I, BLOCK_N):
+        for start in tl.range(0, I, BLOCK_N, loop_unroll_factor=UNROLL):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
             amax = tl.maximum(amax, tl.where(m, tl.abs(_swiglu(X, row, sx, cols, m, I, ROUND, EXACT)), 0.0))
@@ -165,7 +165,7 @@ if triton is not None:
             m = cols < PW
             p = tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32)
             _quant_store(Q, row, sq, cols, p, m, scale, F8_STORE, EXACT)
-        for start in range(0, I, BLOCK_N):
+        for start in tl.range(0, I, BLOCK_N, loop_unroll_factor=UNROLL):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
             _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, EXACT), m, scale, F8_STORE, EXACT)
@@ -180,6 +180,10 @@ ARITHMETIC = "fast"
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
 # reference ops, which inductor then fuses itself (docs/store.md).
 UNDER_COMPILE = "op"
+
+# The SwiGLU loops' unroll factor (tl.range's loop_unroll_factor): unrolled, a pass issues the next
+# block's loads before the last block's arithmetic ends (no barrier sits inside either loop)
+UNROLL = 1
 
 
 def _aside() -> bool:
@@ -213,7 +217,7 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
                                    EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
-                                   num_warps=num_warps)
+                                   UNROLL=UNROLL, num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 
 

@@ -112,20 +112,38 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _gelu_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, ROUND: tl.constexpr, EXACT: tl.constexpr):
-        """Block c of the row: (gelu values, rounded where the unfused code stores them, columns, mask)."""
+    def _load_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+        """Block c of the row as float32 (columns, mask); EVEN: the row is whole blocks, no mask."""
         cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
         m = cols < N
-        g = _gelu_tanh(tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32), EXACT)
-        if ROUND:  # where the unfused code stores g in h's dtype (bf16)
-            g = _round_bf16(g)
-        return g, cols, m
+        if EVEN:
+            x = tl.load(H + row * sh + cols).to(tl.float32)
+        else:
+            x = tl.load(H + row * sh + cols, mask=m, other=0.0).to(tl.float32)
+        return x, cols, m
 
     @triton.jit
-    def _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
+    def _act(x, ROUND: tl.constexpr, EXACT: tl.constexpr):
+        """The GELU, rounded where the unfused code stores it in h's dtype (bf16)."""
+        g = _gelu_tanh(x, EXACT)
+        if ROUND:
+            g = _round_bf16(g)
+        return g
+
+    @triton.jit
+    def _gelu_chunk(H, row, sh, c, N, BLOCK_N: tl.constexpr, ROUND: tl.constexpr, EXACT: tl.constexpr):
+        """Block c of the row: (gelu values, rounded where the unfused code stores them, columns, mask)."""
+        x, cols, m = _load_chunk(H, row, sh, c, N, BLOCK_N, False)
+        return _act(x, ROUND, EXACT), cols, m
+
+    @triton.jit
+    def _store_chunk(Q, row, sq, g, cols, m, scale, F8_STORE: tl.constexpr, EXACT: tl.constexpr,
+                     EVEN: tl.constexpr = False):
         v = tl.minimum(tl.maximum(_div(g, scale, EXACT), -448.0), 448.0)
         if F8_STORE:
-            tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+            v = v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        if EVEN:
+            tl.store(Q + row * sq + cols, v)
         else:
             tl.store(Q + row * sq + cols, v, mask=m)
 
@@ -136,24 +154,34 @@ if triton is not None:
     @triton.jit
     def _gelu_quant_kernel(H, Q, S, N, sh, sq, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROUND: tl.constexpr,
                            TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                           EXACT: tl.constexpr):
-        """One program per row. CHUNKS 1-4 (the row fits that many blocks): one pass, the row's GELU
-        computed once and held in registers for the amax and the quantization. CHUNKS 0: two passes
-        over blocks, the GELU and the row's amax, then the GELU again (the row is in L1/L2 by then),
-        divided by the scale, clamped, stored as e4m3 (or float32, F8_STORE off: the interpreter)."""
+                           EXACT: tl.constexpr, EVEN: tl.constexpr):
+        """One program per row. CHUNKS 1-4 (the row fits that many blocks): one pass, the row's loads
+        all issued before any arithmetic (each block's load waits on no reduction of the one before),
+        its GELU computed once and held in registers, one reduction for the amax, then the
+        quantization. CHUNKS 0: two passes over blocks, the GELU and the row's amax, then the GELU
+        again (the row is in L1/L2 by then), divided by the scale, clamped, stored as e4m3 (or float32,
+        F8_STORE off: the interpreter). EVEN: N is whole blocks (one pass only), no masks."""
         row = tl.program_id(0).to(tl.int64)
         if CHUNKS > 0:  # the blocks as separate values: Triton holds no list of tensors
-            g0, c0, m0 = _gelu_chunk(H, row, sh, 0, N, BLOCK_N, ROUND, EXACT)
-            a = _amax(g0, m0)
+            x0, c0, m0 = _load_chunk(H, row, sh, 0, N, BLOCK_N, EVEN)
             if CHUNKS > 1:
-                g1, c1, m1 = _gelu_chunk(H, row, sh, 1, N, BLOCK_N, ROUND, EXACT)
-                a = tl.maximum(a, _amax(g1, m1))
+                x1, c1, m1 = _load_chunk(H, row, sh, 1, N, BLOCK_N, EVEN)
             if CHUNKS > 2:
-                g2, c2, m2 = _gelu_chunk(H, row, sh, 2, N, BLOCK_N, ROUND, EXACT)
-                a = tl.maximum(a, _amax(g2, m2))
+                x2, c2, m2 = _load_chunk(H, row, sh, 2, N, BLOCK_N, EVEN)
             if CHUNKS > 3:
-                g3, c3, m3 = _gelu_chunk(H, row, sh, 3, N, BLOCK_N, ROUND, EXACT)
-                a = tl.maximum(a, _amax(g3, m3))
+                x3, c3, m3 = _load_chunk(H, row, sh, 3, N, BLOCK_N, EVEN)
+            g0 = _act(x0, ROUND, EXACT)
+            am = tl.abs(g0) if EVEN else tl.where(m0, tl.abs(g0), 0.0)
+            if CHUNKS > 1:
+                g1 = _act(x1, ROUND, EXACT)
+                am = tl.maximum(am, tl.abs(g1) if EVEN else tl.where(m1, tl.abs(g1), 0.0))
+            if CHUNKS > 2:
+                g2 = _act(x2, ROUND, EXACT)
+                am = tl.maximum(am, tl.abs(g2) if EVEN else tl.where(m2, tl.abs(g2), 0.0))
+            if CHUNKS > 3:
+                g3 = _act(x3, ROUND, EXACT)
+                am = tl.maximum(am, tl.abs(g3) if EVEN else tl.where(m3, tl.abs(g3), 0.0))
+            a = tl.max(am, axis=0)
         else:
             amax = tl.zeros([BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
@@ -168,13 +196,13 @@ if triton is not None:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
         if CHUNKS > 0:
-            _store_chunk(Q, row, sq, g0, c0, m0, scale, F8_STORE, EXACT)
+            _store_chunk(Q, row, sq, g0, c0, m0, scale, F8_STORE, EXACT, EVEN)
             if CHUNKS > 1:
-                _store_chunk(Q, row, sq, g1, c1, m1, scale, F8_STORE, EXACT)
+                _store_chunk(Q, row, sq, g1, c1, m1, scale, F8_STORE, EXACT, EVEN)
             if CHUNKS > 2:
-                _store_chunk(Q, row, sq, g2, c2, m2, scale, F8_STORE, EXACT)
+                _store_chunk(Q, row, sq, g2, c2, m2, scale, F8_STORE, EXACT, EVEN)
             if CHUNKS > 3:
-                _store_chunk(Q, row, sq, g3, c3, m3, scale, F8_STORE, EXACT)
+                _store_chunk(Q, row, sq, g3, c3, m3, scale, F8_STORE, EXACT, EVEN)
         else:
             for start in range(0, N, BLOCK_N):
                 g, cols, m = _gelu_chunk(H, row, sh, start // BLOCK_N, N, BLOCK_N, ROUND, EXACT)
@@ -237,7 +265,8 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
     block_n, chunks, num_warps = _config(N, block_n, num_warps)
     if M:
         _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
-                                 CHUNKS=chunks, ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
+                                 CHUNKS=chunks, EVEN=bool(chunks) and N % block_n == 0,
+                                 ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
                                  F8_STORE=f8_store,
                                  CUDA_MATH=not interpreted and libdevice is not None,
                                  EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",

@@ -109,19 +109,20 @@ if triton is not None:
                                BLOCK_D: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
                                F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
         """One program per token, its row whole in registers: mean, variance, the modulation, the
-        row's amax, then the e4m3 values and the scale."""
+        row's amax, then the e4m3 values and the scale. Every load is issued before the first
+        reduction (a load after a reduction's barrier waits for it: one memory latency more a row)."""
         row = tl.program_id(0).to(tl.int64)
         b = row // S
         t = row % S
         cols = tl.arange(0, BLOCK_D)
         m = cols < D
         x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
+        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
+        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         mean = tl.sum(x, axis=0) / D
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / D
         n = xc * (1.0 / tl.sqrt(var + eps))
-        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:  # where the unfused code stores each value in bf16
             y = _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
         else:
