@@ -119,9 +119,9 @@ def _swiglu_cases(before: str = ""):
     old = _load_file(Path(before) / "swiglu_quant.py", "before_swiglu_quant") if before else None
     compiled = torch.compile(lambda x, p: sq.reference(x, p, "torchao"), fullgraph=True)
 
-    def launch(x, p, block_n=2048, warps=8, exact=True, unroll=1, mod=sq):
+    def launch(x, p, block_n=2048, warps=8, exact=True, unroll=1, mod=sq, one_pass=False):
         mod.ARITHMETIC = "exact" if exact else "fast"
-        mod.UNROLL = unroll
+        mod.UNROLL, mod.ONE_PASS = unroll, one_pass
         return mod._launch(x, p, True, block_n, warps)
 
     for M, P, W, calls in [(4608, 6144, 36864, 48), (4096, 0, 36864, 8), (512, 0, 36864, 8)]:
@@ -133,8 +133,11 @@ def _swiglu_cases(before: str = ""):
             "inductor fusion": lambda x=x, p=p: compiled(x, p),
             "fast, block 2048, 8 warps (the entry)": lambda x=x, p=p: launch(x, p, exact=False),
         }
-        for block, warps, unroll in [(2048, 8, 2), (2048, 8, 4), (2048, 16, 1), (2048, 16, 2), (4096, 16, 1),
-                                     (4096, 16, 2), (1024, 4, 1), (1024, 4, 4), (2048, 32, 1)]:
+        for warps in (16, 32):
+            variants[f"one pass, fast, block 2048, {warps} warps"] = (
+                lambda x=x, p=p, w=warps: launch(x, p, 2048, w, False, one_pass=True))
+        variants["one pass, exact, block 2048, 32 warps"] = lambda x=x, p=p: launch(x, p, 2048, 32, True, one_pass=True)
+        for block, warps, unroll in [(2048, 8, 2), (2048, 16, 1), (4096, 16, 1), (1024, 4, 4)]:
             variants[f"fast, block {block}, {warps} warps, unroll {unroll}"] = (
                 lambda x=x, p=p, b=block, w=warps, u=unroll: launch(x, p, b, w, False, u))
         if old is not None:

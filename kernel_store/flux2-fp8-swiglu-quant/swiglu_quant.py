@@ -134,6 +134,134 @@ if triton is not None:
             tl.store(Q + row * sq + cols, v, mask=m)
 
     @triton.jit
+    def _ld2(X, row, sx, c, I, BLOCK_N: tl.constexpr):
+        """Block c of the SwiGLU's two halves, as loaded (columns, mask)."""
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = cols < I
+        a = tl.load(X + row * sx + cols, mask=m, other=0.0)
+        b = tl.load(X + row * sx + I + cols, mask=m, other=0.0)
+        return a, b, cols, m
+
+    @triton.jit
+    def _ld1(P, row, sp, c, PW, BLOCK_N: tl.constexpr):
+        cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = cols < PW
+        return tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32), cols, m
+
+    @triton.jit
+    def _act2(a, b, m, ROUND: tl.constexpr, EXACT: tl.constexpr):
+        """_swiglu's arithmetic on loaded halves; 0 outside the row (the amax ignores it)."""
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        if EXACT:
+            s = _div(a, 1.0 + libdevice.exp(-a), EXACT)
+        else:
+            s = a / (1.0 + tl.exp(-a))
+        if ROUND:
+            s = _round_bf16(s)
+            v = _round_bf16(s * b)
+        else:
+            v = s * b
+        return tl.where(m, v, 0.0)
+
+    @triton.jit
+    def _swiglu_quant_row_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, PC: tl.constexpr,
+                                 IC: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
+                                 F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
+        """One pass, one program per row: the prefix's PC blocks (0-3) and the SwiGLU halves' IC blocks
+        (1-9) all loaded before any arithmetic, the products held in registers for the row's amax (one
+        reduction) and the e4m3 store: the row is read once from memory, where the two-pass kernel
+        reads it again (FLUX.2's single-stream rows are 86 KB: a GPU's worth of them in flight is over
+        its L2, so the second read goes to memory too)."""
+        row = tl.program_id(0).to(tl.int64)
+        if PC > 0:  # the blocks as separate values: Triton holds no list of tensors
+            p0, pc0, pm0 = _ld1(P, row, sp, 0, PW, BLOCK_N)
+        if PC > 1:
+            p1, pc1, pm1 = _ld1(P, row, sp, 1, PW, BLOCK_N)
+        if PC > 2:
+            p2, pc2, pm2 = _ld1(P, row, sp, 2, PW, BLOCK_N)
+        a0, b0, c0, m0 = _ld2(X, row, sx, 0, I, BLOCK_N)
+        if IC > 1:
+            a1, b1, c1, m1 = _ld2(X, row, sx, 1, I, BLOCK_N)
+        if IC > 2:
+            a2, b2, c2, m2 = _ld2(X, row, sx, 2, I, BLOCK_N)
+        if IC > 3:
+            a3, b3, c3, m3 = _ld2(X, row, sx, 3, I, BLOCK_N)
+        if IC > 4:
+            a4, b4, c4, m4 = _ld2(X, row, sx, 4, I, BLOCK_N)
+        if IC > 5:
+            a5, b5, c5, m5 = _ld2(X, row, sx, 5, I, BLOCK_N)
+        if IC > 6:
+            a6, b6, c6, m6 = _ld2(X, row, sx, 6, I, BLOCK_N)
+        if IC > 7:
+            a7, b7, c7, m7 = _ld2(X, row, sx, 7, I, BLOCK_N)
+        if IC > 8:
+            a8, b8, c8, m8 = _ld2(X, row, sx, 8, I, BLOCK_N)
+        v0 = _act2(a0, b0, m0, ROUND, EXACT)
+        am = tl.abs(v0)
+        if PC > 0:
+            am = tl.maximum(am, tl.abs(p0))
+        if PC > 1:
+            am = tl.maximum(am, tl.abs(p1))
+        if PC > 2:
+            am = tl.maximum(am, tl.abs(p2))
+        if IC > 1:
+            v1 = _act2(a1, b1, m1, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v1))
+        if IC > 2:
+            v2 = _act2(a2, b2, m2, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v2))
+        if IC > 3:
+            v3 = _act2(a3, b3, m3, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v3))
+        if IC > 4:
+            v4 = _act2(a4, b4, m4, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v4))
+        if IC > 5:
+            v5 = _act2(a5, b5, m5, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v5))
+        if IC > 6:
+            v6 = _act2(a6, b6, m6, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v6))
+        if IC > 7:
+            v7 = _act2(a7, b7, m7, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v7))
+        if IC > 8:
+            v8 = _act2(a8, b8, m8, ROUND, EXACT)
+            am = tl.maximum(am, tl.abs(v8))
+        a = tl.max(am, axis=0)
+        if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
+            scale = _div448(a, CUDA_MATH)
+            if ROUND:
+                scale = _round_bf16(scale)
+        else:
+            scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
+        tl.store(S + row, scale)
+        if PC > 0:
+            _quant_store(Q, row, sq, pc0, p0, pm0, scale, F8_STORE, EXACT)
+        if PC > 1:
+            _quant_store(Q, row, sq, pc1, p1, pm1, scale, F8_STORE, EXACT)
+        if PC > 2:
+            _quant_store(Q, row, sq, pc2, p2, pm2, scale, F8_STORE, EXACT)
+        _quant_store(Q, row, sq, PW + c0, v0, m0, scale, F8_STORE, EXACT)
+        if IC > 1:
+            _quant_store(Q, row, sq, PW + c1, v1, m1, scale, F8_STORE, EXACT)
+        if IC > 2:
+            _quant_store(Q, row, sq, PW + c2, v2, m2, scale, F8_STORE, EXACT)
+        if IC > 3:
+            _quant_store(Q, row, sq, PW + c3, v3, m3, scale, F8_STORE, EXACT)
+        if IC > 4:
+            _quant_store(Q, row, sq, PW + c4, v4, m4, scale, F8_STORE, EXACT)
+        if IC > 5:
+            _quant_store(Q, row, sq, PW + c5, v5, m5, scale, F8_STORE, EXACT)
+        if IC > 6:
+            _quant_store(Q, row, sq, PW + c6, v6, m6, scale, F8_STORE, EXACT)
+        if IC > 7:
+            _quant_store(Q, row, sq, PW + c7, v7, m7, scale, F8_STORE, EXACT)
+        if IC > 8:
+            _quant_store(Q, row, sq, PW + c8, v8, m8, scale, F8_STORE, EXACT)
+
+    @triton.jit
     def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
                              TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
                              EXACT: tl.constexpr, UNROLL: tl.constexpr = 1):
@@ -185,6 +313,12 @@ UNDER_COMPILE = "op"
 # block's loads before the last block's arithmetic ends (no barrier sits inside either loop)
 UNROLL = 1
 
+# One pass (_swiglu_quant_row_kernel) where the row fits: at most 3 prefix blocks and 9 SwiGLU blocks of
+# block_n (FLUX.2 at 2048: 3 and 9). Off until measured on a GPU (benchmarks/gelu_quant_micro.py
+# --kernel swiglu); the two passes are bit-identical to it (tests).
+ONE_PASS = False
+ONE_PASS_PREFIX_BLOCKS, ONE_PASS_BLOCKS = 3, 9
+
 
 def _aside() -> bool:
     return UNDER_COMPILE == "reference" and torch.compiler.is_compiling()
@@ -212,7 +346,15 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
     f8_store = not interpreted
     q = torch.empty((M, pw + half), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-    if M:
+    pc, ic = -(-pw // block_n), -(-half // block_n)
+    if M and ONE_PASS and pc <= ONE_PASS_PREFIX_BLOCKS and 1 <= ic <= ONE_PASS_BLOCKS:
+        _swiglu_quant_row_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
+                                       BLOCK_N=block_n, PC=pc, IC=ic, ROUND=x.dtype == torch.bfloat16,
+                                       TORCHAO=torchao, F8_STORE=f8_store,
+                                       CUDA_MATH=not interpreted and libdevice is not None,
+                                       EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
+                                       num_warps=num_warps)
+    elif M:
         _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,

@@ -219,3 +219,24 @@ def test_torchao_path_is_torchaos_own_linear_bit_for_bit(p, monkeypatch):
         q, s = op.swiglu_quant(x, prefix, w.recipe)
         got = op.fp8_linear(q, s, w, lin.bias, x.dtype)
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("recipe", op.RECIPES)
+@pytest.mark.parametrize("shape, block_n", [((3, 0, 36), 2), ((5, 24, 198), 16), ((2, 2051, 4100), 256),
+                                            ((1, 64, 4096), 2048), ((4, 0, 4102), 256)])
+def test_one_pass_and_two_passes_give_the_same_bytes(recipe, shape, block_n, monkeypatch):
+    """ONE_PASS holds the row (at most 3 prefix blocks, 9 SwiGLU blocks) in registers and reads it once;
+    the two-pass kernel computes the same values twice. Same arithmetic: the same e4m3 bytes and
+    scales, with a prefix or none, a last block part-filled or whole, one block or nine. A row over
+    the one-pass limits takes the two passes whatever ONE_PASS says."""
+    if op.triton is None or not (DEVICE == "cuda" or op.os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("the Triton path runs on CUDA or under TRITON_INTERPRET=1")
+    x, prefix = make_inputs(shape, "bfloat16", DEVICE, 5)
+    monkeypatch.setattr(op, "ONE_PASS", False)
+    q2, s2 = op.swiglu_quant(x, prefix, recipe, block_n=block_n, num_warps=4)
+    monkeypatch.setattr(op, "ONE_PASS", True)
+    q1, s1 = op.swiglu_quant(x, prefix, recipe, block_n=block_n, num_warps=4)
+    assert op.last_path() == "triton"
+    assert torch.equal(s1, s2) and torch.equal(q1.view(torch.uint8), q2.view(torch.uint8))
+    fits = -(-shape[-2] // block_n) <= op.ONE_PASS_PREFIX_BLOCKS and -(-shape[-1] // 2 // block_n) <= op.ONE_PASS_BLOCKS
+    assert fits == ((shape, block_n) != ((2, 2051, 4100), 256)), "the cases cover both sides of the limit"
