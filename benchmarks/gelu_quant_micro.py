@@ -4,16 +4,19 @@ Qwen-Image's MLP (`--kernel gelu`, the default), FLUX.2's SwiGLU (`--kernel swig
 two-pass form, a wider block, and the fast arithmetic below), or Qwen-Image's norm + modulation
 (`--kernel norm-quant`: kernel_store/qwen-image-fp8-norm-quant/norm_quant.py).
 
-Variants of the GELU kernel (kernel_store/qwen-image-fp8-gelu-quant/gelu_quant.py):
-- two-pass: blocks of 2048, the GELU computed twice (the entry before 2026-12-06);
-- one-pass: the default config (the row in registers), at 8, 16 and 32 warps;
+Variants of the GELU kernel (kernel_store/qwen-image-fp8-norm-quant/gelu_quant.py):
+- two-pass: blocks of 2048, 4 warps, the GELU computed twice;
+- one-pass: the default config (the row in registers, its loads before its one reduction), at 8, 16
+  (the default) and 32 warps;
 - one-pass, fast arithmetic: EXACT off on the GPU (the entry's default since 2026-12-06), i.e.
   Triton's own float32 division (approximate, as inductor's generated kernels divide) and tanh
   through exp, where the exact form uses libdevice's tanhf and a correctly rounded division (torch's
   CUDA kernels' arithmetic).
-Of the SwiGLU kernel (kernel_store/flux2-fp8-swiglu-quant/swiglu_quant.py; its rows are 18432 wide,
-over the GELU kernel's one-pass limit): two passes at block 2048 / 8 warps (the entry) and 4096 / 16,
-each exact and fast (libdevice's expf and the correctly rounded division, or Triton's exp and `/`).
+Of the SwiGLU kernel (kernel_store/flux2-fp8-norm-quant/swiglu_quant.py): one pass (the row's 3 prefix
+and 9 SwiGLU blocks in registers, the entry's default since 2026-12-06) at 16 and 32 warps, fast and
+exact (libdevice's expf and the correctly rounded division, or Triton's exp and `/`), and the two passes
+(the row read twice) at block 2048 / 8, 16 warps and 4096 / 16. `--before DIR` adds an earlier copy of
+each kernel file (DIR/gelu_quant.py, swiglu_quant.py, norm_quant.py) beside the live one.
 Every variant is reported with how many e4m3 codes differ from the unfused ops and from inductor's
 fusion (the FP8 gate's evidence is inductor's own distance from eager, docs/fp8.md).
 
@@ -22,7 +25,7 @@ the 50 MB L2). The bound printed is the bytes (bf16 in, e4m3 out, float32 scales
 measured in the same process; a variant far above it is bound by its arithmetic (libdevice's tanhf or
 expf and the correctly rounded division are tens of instructions an element).
 
-    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu|norm-quant] [--json FILE]
+    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu|norm-quant] [--before DIR] [--json FILE]
 """
 from __future__ import annotations
 
@@ -113,15 +116,15 @@ def _swiglu_cases(before: str = ""):
     """The same at FLUX.2's: the single-stream blocks' [attention output 6144 | SwiGLU of 2 x 18432]
     over 4608 tokens (48 calls a step), the double-stream blocks' SwiGLU over 4096 image and 512 text
     tokens (8 calls each); one pass a step. The live entry's copy
-    (kernel_store/flux2-fp8-norm-quant/swiglu_quant.py) at several blocks, warps and loop unroll
-    factors; `before`: an earlier swiglu_quant.py beside it."""
+    (kernel_store/flux2-fp8-norm-quant/swiglu_quant.py) in its one-pass and two-pass forms at several
+    blocks and warps; `before`: an earlier swiglu_quant.py beside it."""
     sq = _load("kernel_store/flux2-fp8-norm-quant/swiglu_quant.py")
     old = _load_file(Path(before) / "swiglu_quant.py", "before_swiglu_quant") if before else None
     compiled = torch.compile(lambda x, p: sq.reference(x, p, "torchao"), fullgraph=True)
 
-    def launch(x, p, block_n=2048, warps=8, exact=True, unroll=1, mod=sq, one_pass=False):
+    def launch(x, p, block_n=2048, warps=8, exact=True, mod=sq, one_pass=False):
         mod.ARITHMETIC = "exact" if exact else "fast"
-        mod.UNROLL, mod.ONE_PASS = unroll, one_pass
+        mod.ONE_PASS = one_pass
         return mod._launch(x, p, True, block_n, warps)
 
     for M, P, W, calls in [(4608, 6144, 36864, 48), (4096, 0, 36864, 8), (512, 0, 36864, 8)]:
@@ -131,17 +134,17 @@ def _swiglu_cases(before: str = ""):
         variants = {
             "torch eager (unfused)": lambda x=x, p=p: sq.reference(x, p, "torchao"),
             "inductor fusion": lambda x=x, p=p: compiled(x, p),
-            "fast, block 2048, 8 warps (the entry)": lambda x=x, p=p: launch(x, p, exact=False),
+            "two passes, fast, block 2048, 8 warps": lambda x=x, p=p: launch(x, p, exact=False),
         }
-        for warps in (16, 32):
+        for warps in (16, 32):  # 16: the entry's default since 2026-12-06
             variants[f"one pass, fast, block 2048, {warps} warps"] = (
                 lambda x=x, p=p, w=warps: launch(x, p, 2048, w, False, one_pass=True))
-        variants["one pass, exact, block 2048, 32 warps"] = lambda x=x, p=p: launch(x, p, 2048, 32, True, one_pass=True)
-        for block, warps, unroll in [(2048, 8, 2), (2048, 16, 1), (4096, 16, 1), (1024, 4, 4)]:
-            variants[f"fast, block {block}, {warps} warps, unroll {unroll}"] = (
-                lambda x=x, p=p, b=block, w=warps, u=unroll: launch(x, p, b, w, False, u))
+        variants["one pass, exact, block 2048, 16 warps"] = lambda x=x, p=p: launch(x, p, 2048, 16, True, one_pass=True)
+        for block, warps in [(2048, 16), (4096, 16)]:
+            variants[f"two passes, fast, block {block}, {warps} warps"] = (
+                lambda x=x, p=p, b=block, w=warps: launch(x, p, b, w, False))
         if old is not None:
-            variants["before: fast, block 2048, 8 warps"] = lambda x=x, p=p: launch(x, p, 2048, 8, False, 1, old)
+            variants["before: two passes, fast, block 2048, 8 warps"] = lambda x=x, p=p: launch(x, p, 2048, 8, False, old)
         yield f"{M} x ({P} + {W} // 2)", (M, P, W), calls, (M * W + M * P) * 2, variants
 
 

@@ -116,16 +116,13 @@ if triton is not None:
                                  TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
                                  EXACT: tl.constexpr):
         """One program per token, its row whole in registers: (the gated residual add,) mean, variance,
-        the modulation, the row's amax, then the e4m3 values and the scale. Every load is issued before
-        the first reduction (a load after a reduction's barrier waits for it)."""
+        the modulation, the row's amax, then the e4m3 values and the scale."""
         row = tl.program_id(0).to(tl.int64)
         b = row // S
         t = row % S
         cols = tl.arange(0, BLOCK_D)
         m = cols < D
         x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
-        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         if RESIDUAL:  # h + gate * y, each rounded where the unfused code stores it; the new residual kept
             g = tl.load(G + b * smb + cols, mask=m, other=0.0).to(tl.float32)
             yy = tl.load(Y + b * syb + t * sys_ + cols, mask=m, other=0.0).to(tl.float32)
@@ -140,6 +137,8 @@ if triton is not None:
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / D
         n = xc * (1.0 / tl.sqrt(var + eps))
+        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
+        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:  # (1 + scale) * n + shift, each value rounded to bf16 where the unfused code stores it
             y = _round_bf16(_round_bf16(_round_bf16(sc) * _round_bf16(n)) + sh)
         else:

@@ -264,7 +264,7 @@ if triton is not None:
     @triton.jit
     def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
                              TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                             EXACT: tl.constexpr, UNROLL: tl.constexpr = 1):
+                             EXACT: tl.constexpr):
         """One program per row. Pass 1: the prefix's |values| and the SwiGLU's, the row's amax.
         Pass 2 (the row is in L1/L2 by then): the same values divided by the scale, clamped, stored
         as e4m3 (float32 with F8_STORE off: the interpreter), the prefix at columns [0, PW), the
@@ -276,7 +276,7 @@ if triton is not None:
             m = cols < PW
             p = tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(p))
-        for start in tl.range(0, I, BLOCK_N, loop_unroll_factor=UNROLL):
+        for start in range(0, I, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
             amax = tl.maximum(amax, tl.where(m, tl.abs(_swiglu(X, row, sx, cols, m, I, ROUND, EXACT)), 0.0))
@@ -293,7 +293,7 @@ if triton is not None:
             m = cols < PW
             p = tl.load(P + row * sp + cols, mask=m, other=0.0).to(tl.float32)
             _quant_store(Q, row, sq, cols, p, m, scale, F8_STORE, EXACT)
-        for start in tl.range(0, I, BLOCK_N, loop_unroll_factor=UNROLL):
+        for start in range(0, I, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
             _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, EXACT), m, scale, F8_STORE, EXACT)
@@ -309,15 +309,16 @@ ARITHMETIC = "fast"
 # reference ops, which inductor then fuses itself (docs/store.md).
 UNDER_COMPILE = "op"
 
-# The SwiGLU loops' unroll factor (tl.range's loop_unroll_factor): unrolled, a pass issues the next
-# block's loads before the last block's arithmetic ends (no barrier sits inside either loop)
-UNROLL = 1
-
 # One pass (_swiglu_quant_row_kernel) where the row fits: at most 3 prefix blocks and 9 SwiGLU blocks of
-# block_n (FLUX.2 at 2048: 3 and 9). Off until measured on a GPU (benchmarks/gelu_quant_micro.py
-# --kernel swiglu); the two passes are bit-identical to it (tests).
-ONE_PASS = False
+# block_n (FLUX.2 at 2048: 3 and 9), at 16 warps; else the two passes at 8. The two are bit-identical
+# (tests). Measured on an H100 (2026-12-06, benchmarks/results/h100-fp8-loads-first-20261206/, CUDA-graph
+# replays at FLUX.2's three shapes, fast arithmetic): one pass 9.65 ms a step at 16 warps (11.71 at 32)
+# against the two passes' 16.52, whose second read of an 86 KB row misses the L2 once a GPU's worth of
+# rows is in flight; 170 us a single-stream call, 509.6 MB at 3.0 TB/s. Unrolling the two passes' loops
+# (2 or 4) changed nothing.
+ONE_PASS = True
 ONE_PASS_PREFIX_BLOCKS, ONE_PASS_BLOCKS = 3, 9
+ONE_PASS_WARPS, TWO_PASS_WARPS = 16, 8
 
 
 def _aside() -> bool:
@@ -347,7 +348,9 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
     q = torch.empty((M, pw + half), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     pc, ic = -(-pw // block_n), -(-half // block_n)
-    if M and ONE_PASS and pc <= ONE_PASS_PREFIX_BLOCKS and 1 <= ic <= ONE_PASS_BLOCKS:
+    one_pass = ONE_PASS and pc <= ONE_PASS_PREFIX_BLOCKS and 1 <= ic <= ONE_PASS_BLOCKS
+    num_warps = num_warps or (ONE_PASS_WARPS if one_pass else TWO_PASS_WARPS)
+    if M and one_pass:
         _swiglu_quant_row_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                        BLOCK_N=block_n, PC=pc, IC=ic, ROUND=x.dtype == torch.bfloat16,
                                        TORCHAO=torchao, F8_STORE=f8_store,
@@ -359,7 +362,7 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
                                    EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
-                                   UNROLL=UNROLL, num_warps=num_warps)
+                                   num_warps=num_warps)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), scale
 
 
@@ -385,9 +388,10 @@ _OP = _register()
 
 
 def swiglu_quant(x: torch.Tensor, prefix: Optional[torch.Tensor] = None, recipe: str = "torchao",
-                 block_n: int = 2048, num_warps: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+                 block_n: int = 2048, num_warps: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values [M, P + I], float32 scales [M, 1]) of cat([prefix, swiglu(x)], -1) under `recipe`
-    (module docstring)."""
+    (module docstring). One pass where the row fits ONE_PASS's blocks of block_n, else two;
+    num_warps 0: that form's measured default."""
     global _last_path
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")

@@ -25,7 +25,7 @@ Arithmetic on the GPU (`ARITHMETIC`): "fast" (the default) computes tanh through
 with Triton's own float32 division, as inductor's kernels divide; "exact" computes as torch's CUDA
 kernels do (libdevice's tanhf, a correctly rounded division). Measured on an H100 (2026-12-06,
 benchmarks/gelu_quant_micro.py): fast 98 us an image call against exact's 142 and inductor's fusion
-154, and its e4m3 bytes and scales equal the unfused ops' at both of Qwen-Image's shapes (0 of 56.6M
+154 (71 us since the row's loads come before its reduction: ONE_PASS_MAX's comment), and its e4m3 bytes and scales equal the unfused ops' at both of Qwen-Image's shapes (0 of 56.6M
 codes differ: g is rounded to bf16 before it is quantized, which absorbs the last bits).
 
 Dispatch: Triton on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1; else the torch
@@ -231,7 +231,11 @@ ARITHMETIC = "fast"
 # 2048, 8 warps, 24.97 ms, slower than inductor's own fusion of the unfused ops (21.80 ms); each pass
 # computes the GELU with CUDA's tanhf and a correctly rounded division, so the kernel is bound by
 # arithmetic, not by its bytes (0.05 ms an image call at 3 TB/s). One pass (same GPU, micro, 120 calls
-# of each shape a step): 19.20 ms exact, 13.31 ms fast; inductor's fusion 21.05.
+# of each shape a step): 19.20 ms exact, 13.31 ms fast; inductor's fusion 21.05. With the row's three
+# loads issued before any reduction (each block's load had waited on the barrier of the last block's
+# amax; now one reduction a row): 9.77 ms fast, 70.9 us an image call, 1.15x the byte bound at the copy
+# rate measured beside it (benchmarks/results/h100-fp8-loads-first-20261206/gelu-micro.txt), the same
+# e4m3 bytes; in the Qwen-Image FP8 stack compiled with a CUDA graph, 11.29 ms of the step against 14.79.
 ONE_PASS_MAX = 16384
 MAX_CHUNKS = 4
 

@@ -109,20 +109,19 @@ if triton is not None:
                                BLOCK_D: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
                                F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
         """One program per token, its row whole in registers: mean, variance, the modulation, the
-        row's amax, then the e4m3 values and the scale. Every load is issued before the first
-        reduction (a load after a reduction's barrier waits for it: one memory latency more a row)."""
+        row's amax, then the e4m3 values and the scale."""
         row = tl.program_id(0).to(tl.int64)
         b = row // S
         t = row % S
         cols = tl.arange(0, BLOCK_D)
         m = cols < D
         x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
-        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         mean = tl.sum(x, axis=0) / D
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / D
         n = xc * (1.0 / tl.sqrt(var + eps))
+        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
+        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:  # where the unfused code stores each value in bf16
             y = _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
         else:
@@ -159,9 +158,11 @@ UNDER_COMPILE = "op"
 # "fast" or "exact" (module docstring): the GPU's arithmetic; the interpreter always computes as numpy
 ARITHMETIC = "fast"
 
-# 8 warps for a 3072-wide row (4096 lanes): 34.7 us an image call on an H100 against 40.9 at 16
-# (the prototype's microbenchmark, module docstring)
-NUM_WARPS = 8
+# 4 warps for a 3072-wide row (4096 lanes): on an H100, 9.49 ms a step (both shapes) against 10.54 at 8
+# and 12.07 at 16 (benchmarks/results/h100-fp8-loads-first-20261206/norm-quant-micro.txt, 2026-12-06;
+# the prototype's microbenchmark had measured 8 against 16 only). Issuing the shift and scale loads
+# before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
+NUM_WARPS = 4
 
 
 def _aside() -> bool:
