@@ -11,7 +11,8 @@ from bot.commands.common import command_line, github_option, knowledge_options, 
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
-from bot.knowledge.store import added_file_content, get_entry, load_store, patch_added_files, replace_added_file
+from bot.commands import store_propose
+from bot.knowledge.store import get_entry, load_store, sync_sources
 from bot.paths import new_run_dir
 from bot.target import require_device
 
@@ -93,20 +94,7 @@ def sync_sources_cmd(knowledge, entry_ids):
       optbot store check qwen-image-fp8-norm-quant
     """
     for eid in entry_ids:
-        e = get_entry(eid, knowledge.kernel_store)
-        patch = e.patch_path.read_text()
-        added, changed = patch_added_files(patch), []
-        for src in e.kernel_files():
-            targets = [p for p in added if Path(p).name == src.name]
-            if not targets:
-                raise ConfigError(e.patch_path, "kernel sources", src.name,
-                                  "patch.diff adds no file of this name: add it to the patch by hand")
-            content = src.read_text()
-            if added_file_content(patch, targets[0]) != content:
-                patch = replace_added_file(patch, targets[0], content)
-                changed.append(src.name)
-        if changed:
-            e.patch_path.write_text(patch)
+        changed = sync_sources(get_entry(eid, knowledge.kernel_store))
         click.echo(f"{eid}: {'rewrote ' + ', '.join(changed) + ' in patch.diff' if changed else 'patch.diff already holds every kernel source'}")
 
 
@@ -180,7 +168,7 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
         raise click.BadParameter("--propose records into the proposal's branch; --record into the working tree: "
                                  "give one", param_hint="--record")
     if propose:
-        _proposal_preflight(knowledge)
+        store_propose.proposal_preflight(knowledge)
     entries = _entries(knowledge, entry_ids)
     if not entry_ids:
         for e in [e for e in entries if e.status == "retired"]:
@@ -236,7 +224,7 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
     data = payload([r.to_json() for r in results], ok=all(r.ok for r in results))
     failed = not data["ok"]
     if propose:
-        p = _propose(knowledge, entries, prepared, results, tips, run_dir, device, preset, engine, ref,
+        p = store_propose.propose(knowledge, entries, prepared, results, tips, run_dir, device, preset, engine, ref,
                      dict(dry_run=dry_run, repo=repo, knowledge_repo=knowledge_repo,
                           knowledge_remote=knowledge_remote, github_api_url=github_api_url))
         data["proposal"] = {"branch": p.branch, "commit": p.commit, "files": p.files,
@@ -247,75 +235,6 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
     write_json(json_path, data)
     if failed:
         raise SystemExit(1)
-
-
-def _proposal_preflight(knowledge) -> None:
-    """--propose commits into the knowledge repository: it must be one, holding the store and lessons."""
-    if knowledge.repo is None:
-        raise OptbotError(f"--propose: {knowledge.root} ({knowledge.why}) is not a git repository with a commit; "
-                          f"the proposal is a branch of the knowledge repository (--knowledge-path)")
-    for what, folder in (("--store", knowledge.kernel_store), ("--lessons-dir", knowledge.lessons)):
-        if not folder.resolve().is_relative_to(knowledge.root):
-            raise OptbotError(f"--propose: {what} {folder} is outside the knowledge repository {knowledge.root}")
-
-
-def _propose(knowledge, entries, prepared, results, tips, run_dir: Path, device: str, preset, engine, ref,
-             forge_opts: dict):
-    """Each entry's check -> a decision -> the staged change -> one knowledge pull request."""
-    from bot.deliver.forge import make_forge
-    from bot.knowledge.upkeep import Proposal, Staging, act, decide, publish
-    from bot.run.context import RunOptions
-
-    staging = Staging(run_dir / "proposal" / "knowledge", knowledge.kernel_store.resolve().relative_to(knowledge.root).as_posix(),
-                      knowledge.lessons.resolve().relative_to(knowledge.root).as_posix(), knowledge.lessons)
-    decisions = []
-    for e, prep, r in zip(entries, prepared, results):
-        d = decide(e, r)
-        click.echo(f"{e.id}: {d.outcome} -> {d.action}: {d.why[:200]}", err=True)
-        act(d, e, r, prep, staging, command_line(), run_dir, preset, log=_err)
-        decisions.append(d)
-    checked = [t.checkout for t in tips if t is not None and t.checkout is not None]
-    engines = sorted({e.engine.name for e, t in zip(entries, tips) if t is None or t.checkout is not None})
-    name = engines[0] if len(engines) == 1 else "all"
-    tip = checked[0].base_sha if checked and len({c.base_sha for c in checked}) == 1 else ""
-    where = (f"`{checked[0].name}` ({checked[0].repo_path}, ref `{checked[0].ref}`)" if checked
-             else "of each entry's `engine.source`")
-    measured = next((d.measured_on for d in decisions if d.outcome != "not-checked"), device)
-    p = Proposal(name, tip, where, measured, command_line(), decisions)
-    # the forge of `optimize`: GitHub with a token, else the local forge; its `repo` is only where an
-    # engine PR or a reply would go, and a store check makes neither
-    o = forge_opts
-    from bot.deliver.forge import github_token
-
-    if github_token() and not o["dry_run"] and not o["knowledge_repo"]:
-        raise OptbotError("--propose with a GitHub token opens the pull request in the knowledge repository: give "
-                          "--knowledge-repo OWNER/NAME (or $OPTBOT_KNOWLEDGE_REPO), or --dry-run for a local branch")
-    opts = RunOptions(workload="", dry_run=o["dry_run"], repo=o["repo"] or o["knowledge_repo"],
-                      knowledge_repo=o["knowledge_repo"], knowledge_remote=o["knowledge_remote"],
-                      github_api_url=o["github_api_url"], command=command_line())
-    forge = make_forge(opts, run_dir.name, run_dir, log=_err)
-    publish(p, staging, knowledge, forge, log=_err)
-    click.echo(f"proposal: {p.pr.action} {p.pr.url} {p.pr.note}".rstrip()
-               + (f" (branch {p.branch}, {len(p.files)} files)" if p.files else ""))
-    _dashboard(forge, p, bool(o["repo"]))
-    return p
-
-
-def _dashboard(forge, p, engine_repo: bool) -> None:
-    """The store check's section of the dashboard; on GitHub only with the engine repository
-    (--repo: the dashboard is its issue). A failure there is a line, the proposal stands."""
-    from bot.deliver import dashboard
-    from bot.deliver.github import GitHubForge
-
-    if isinstance(forge, GitHubForge) and not engine_repo:
-        click.echo("dashboard: not updated (no --repo / $OPTBOT_ENGINE_REPO: the engine repository holds it)", err=True)
-        return
-    try:
-        ref = dashboard.update(forge, dashboard.store_check_of(p, _now()))
-    except OptbotError as e:
-        click.echo(f"dashboard: not updated: {e}", err=True)
-        return
-    click.echo(f"dashboard: {ref.action} {ref.url} {ref.note}".rstrip())
 
 
 def _err(msg: str) -> None:

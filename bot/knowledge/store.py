@@ -396,6 +396,25 @@ def replace_added_file(patch_text: str, path: str, content: str) -> str:
     raise ValueError(f"the patch creates no file {path}")
 
 
+def sync_sources(entry: "Entry") -> list[str]:
+    """Write the entry's kernel sources back into its patch.diff (`optbot store sync-sources`): each
+    file's new-file hunk rewritten from the folder's copy where they differ. Returns the files rewritten."""
+    patch = entry.patch_path.read_text()
+    added, changed = patch_added_files(patch), []
+    for src in entry.kernel_files():
+        targets = [p for p in added if Path(p).name == src.name]
+        if not targets:
+            raise ConfigError(entry.patch_path, "kernel sources", src.name,
+                              "patch.diff adds no file of this name: add it to the patch by hand")
+        content = src.read_text()
+        if added_file_content(patch, targets[0]) != content:
+            patch = replace_added_file(patch, targets[0], content)
+            changed.append(src.name)
+    if changed:
+        entry.patch_path.write_text(patch)
+    return changed
+
+
 def set_status(entry_dir: Path, status: str) -> None:
     """Rewrite only the `status:` line of entry.yaml (the rest stays as the author wrote it)."""
     if status not in STATUSES:

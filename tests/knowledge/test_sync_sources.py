@@ -47,14 +47,17 @@ def test_sync_sources_rewrites_only_what_changed(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "already holds every kernel source" in r.stdout and (entry / "patch.diff").read_text() == before
     src = entry / "norm_quant.py"
-    src.write_text(src.read_text().replace("NUM_WARPS = 8", "NUM_WARPS = 4  # edited"))
+    src.write_text(src.read_text() + "# edited\n")
     r = optbot("store", "sync-sources", "--store", str(store), "qwen-image-fp8-norm-quant")
     assert r.returncode == 0 and "rewrote norm_quant.py in patch.diff" in r.stdout, r.stdout + r.stderr
     after = (entry / "patch.diff").read_text()
     assert added_file_content(after, "src/diffusers/models/optbot_kernels/norm_quant.py") == src.read_text()
     # every other file of the patch byte for byte
-    rest = [ln for ln in after.splitlines() if "NUM_WARPS = " not in ln and not ln.startswith("index 0000000..")]
-    assert rest == [ln for ln in before.splitlines() if "NUM_WARPS = " not in ln and not ln.startswith("index 0000000..")]
+    def rest(patch):
+        return [ln for ln in patch.splitlines() if ln != "+# edited" and not ln.startswith(("index 0000000..", "@@ -0,0"))]
+
+    assert rest(after) == rest(before)
+    assert len(after.splitlines()) == len(before.splitlines()) + 1
     r = optbot("store", "check", "--store", str(store), "--no-kernels", "qwen-image-fp8-norm-quant")
     assert "sources" in r.stdout and "differs" not in r.stdout, r.stdout
 
