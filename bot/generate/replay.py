@@ -82,20 +82,31 @@ def match(entries: Iterable[Entry], opportunities: list[Opportunity], engine: st
 
 
 def superseded_by(offered: list[str], entries: Iterable[Entry]) -> dict[str, str]:
-    """{entry id: the offered entry whose entry.yaml `supersedes` names it}. Such an entry's changes are
-    part of the offered one's and their patches conflict: combine would keep whichever came first, so
-    the generate step does not offer it (it is offered again when the superseding entry is not: no
-    match, a conflict, known rejected on this machine). Through a chain, the last superseder stands:
-    flux2-qk-rmsnorm-rope is in flux2-qkv-norm-rope-epilogue, and that in flux2-fp8-norm-quant."""
+    """{entry id: the offered entry whose entry.yaml `supersedes` names it, directly or through entries
+    it names}. Such an entry's changes are part of the offered one's and their patches conflict:
+    combine would keep whichever came first, so the generate step does not offer it (it is offered
+    again when the superseding entry is not: no match, a conflict, known rejected on this machine).
+    `supersedes` is transitive whether or not the entry between is offered (flux2-fp8-norm-quant
+    includes flux2-fp8-swiglu-quant, which does flux2-swiglu's work in FP8), and where several offered
+    entries include one, the last superseder stands: flux2-qk-rmsnorm-rope is in
+    flux2-qkv-norm-rope-epilogue, and that in flux2-fp8-norm-quant."""
     by_id = {e.id: e for e in entries}
-    direct = {old: eid for eid in offered if eid in by_id for old in by_id[eid].supersedes}
+
+    def included(eid: str) -> set[str]:
+        out, todo = set(), list(by_id[eid].supersedes)
+        while todo:
+            old = todo.pop()
+            if old not in out and old != eid:
+                out.add(old)
+                todo.extend(by_id[old].supersedes if old in by_id else ())
+        return out
+
+    incl = {eid: included(eid) for eid in offered if eid in by_id}
     out = {}
-    for old, eid in direct.items():
-        seen = {old}
-        while eid in direct and eid not in seen:  # (load_store refuses two entries superseding each other)
-            seen.add(eid)
-            eid = direct[eid]
-        out[old] = eid
+    for old in sorted(set().union(*incl.values())):
+        sups = [eid for eid in incl if old in incl[eid]]
+        last = [eid for eid in sups if not any(eid in incl[o] for o in sups if o != eid)]
+        out[old] = (last or sups)[0]
     return out
 
 

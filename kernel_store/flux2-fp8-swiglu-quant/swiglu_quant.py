@@ -165,7 +165,7 @@ if triton is not None:
         return tl.where(m, v, 0.0)
 
     @triton.jit
-    def _swiglu_quant_row_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, PC: tl.constexpr,
+    def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, PC: tl.constexpr,
                                  IC: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
                                  F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
         """One pass, one program per row: the prefix's PC blocks (0-3) and the SwiGLU halves' IC blocks
@@ -262,9 +262,9 @@ if triton is not None:
             _quant_store(Q, row, sq, PW + c8, v8, m8, scale, F8_STORE, EXACT)
 
     @triton.jit
-    def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
-                             TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                             EXACT: tl.constexpr):
+    def _swiglu_quant_kernel_two_pass(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr,
+                                      ROUND: tl.constexpr, TORCHAO: tl.constexpr, F8_STORE: tl.constexpr,
+                                      CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
         """One program per row. Pass 1: the prefix's |values| and the SwiGLU's, the row's amax.
         Pass 2 (the row is in L1/L2 by then): the same values divided by the scale, clamped, stored
         as e4m3 (float32 with F8_STORE off: the interpreter), the prefix at columns [0, PW), the
@@ -296,7 +296,8 @@ if triton is not None:
         for start in range(0, I, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             m = cols < I
-            _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, EXACT), m, scale, F8_STORE, EXACT)
+            _quant_store(Q, row, sq, PW + cols, _swiglu(X, row, sx, cols, m, I, ROUND, EXACT), m, scale, F8_STORE,
+                         EXACT)
 
 
 # "exact" or "fast" (the comment above _div): the GPU's per-element arithmetic. Fast since measured on an
@@ -309,12 +310,13 @@ ARITHMETIC = "fast"
 # reference ops, which inductor then fuses itself (docs/store.md).
 UNDER_COMPILE = "op"
 
-# One pass (_swiglu_quant_row_kernel) where the row fits: at most 3 prefix blocks and 9 SwiGLU blocks of
-# block_n (FLUX.2 at 2048: 3 and 9), at 16 warps; else the two passes at 8. The two are bit-identical
-# (tests). Measured on an H100 (2026-12-06, benchmarks/results/h100-fp8-loads-first-20261206/, CUDA-graph
-# replays at FLUX.2's three shapes, fast arithmetic): one pass 9.65 ms a step at 16 warps (11.71 at 32)
-# against the two passes' 16.52, whose second read of an 86 KB row misses the L2 once a GPU's worth of
-# rows is in flight; 170 us a single-stream call, 509.6 MB at 3.0 TB/s. Unrolling the two passes' loops
+# One pass (_swiglu_quant_kernel) where the row fits: at most 3 prefix blocks and 9 SwiGLU blocks of
+# block_n (FLUX.2 at 2048: 3 and 9), at 16 warps; else the two passes at 8 (_swiglu_quant_kernel_two_pass:
+# its name holds the one entry.yaml declares, so the validator's engagement check sees either). The two
+# are bit-identical (tests). Measured on an H100 (2026-12-06, benchmarks/results/h100-fp8-loads-first-20261206/,
+# CUDA-graph replays at FLUX.2's three shapes, fast arithmetic): one pass 9.65 ms a step at 16 warps (11.71
+# at 32) against the two passes' 16.52, whose second read of an 86 KB row misses the L2 once a GPU's worth
+# of rows is in flight; 170 us a single-stream call, 509.6 MB at 3.0 TB/s. Unrolling the two passes' loops
 # (2 or 4) changed nothing.
 ONE_PASS = True
 ONE_PASS_PREFIX_BLOCKS, ONE_PASS_BLOCKS = 3, 9
@@ -351,14 +353,14 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
     one_pass = ONE_PASS and pc <= ONE_PASS_PREFIX_BLOCKS and 1 <= ic <= ONE_PASS_BLOCKS
     num_warps = num_warps or (ONE_PASS_WARPS if one_pass else TWO_PASS_WARPS)
     if M and one_pass:
-        _swiglu_quant_row_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
+        _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                        BLOCK_N=block_n, PC=pc, IC=ic, ROUND=x.dtype == torch.bfloat16,
                                        TORCHAO=torchao, F8_STORE=f8_store,
                                        CUDA_MATH=not interpreted and libdevice is not None,
                                        EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
                                        num_warps=num_warps)
     elif M:
-        _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
+        _swiglu_quant_kernel_two_pass[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
                                    BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
                                    EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",

@@ -386,6 +386,20 @@ def test_through_a_chain_of_supersedes_the_last_superseder_stands():
     store = load_store(SHIPPED_STORE)
     flux = ("flux2-qk-rmsnorm-rope", "flux2-merge-qkv", "flux2-qkv-norm-rope-epilogue", "flux2-norm-modulate",
             "flux2-fp8-swiglu-quant", "flux2-fp8-norm-quant")
-    assert superseded_by(list(flux), store) == {old: "flux2-fp8-norm-quant" for old in flux[:-1]}
+    # (flux2-swiglu too, which the FP8 SwiGLU entries do the work of in FP8: the next test)
+    assert superseded_by(list(flux), store) == {old: "flux2-fp8-norm-quant" for old in (*flux[:-1], "flux2-swiglu")}
     assert superseded_by(list(flux[:-1]), store) == {"flux2-qk-rmsnorm-rope": "flux2-qkv-norm-rope-epilogue",
-                                                     "flux2-merge-qkv": "flux2-qkv-norm-rope-epilogue"}
+                                                     "flux2-merge-qkv": "flux2-qkv-norm-rope-epilogue",
+                                                     "flux2-swiglu": "flux2-fp8-swiglu-quant"}
+
+
+def test_an_fp8_run_does_not_offer_flux2_swiglu_beside_the_fp8_swiglu_entries():
+    """Under FP8 the SwiGLU + quantization kernel computes every SwiGLU flux2-swiglu's would (its op never
+    runs: a stack with both was rejected not engaged on the CPU, one wasted validation). Offered with
+    either FP8 SwiGLU entry, flux2-swiglu is skipped; in a bf16 run, where neither is offered, it stands."""
+    store = load_store(SHIPPED_STORE)
+    assert superseded_by(["flux2-swiglu", "flux2-fp8-norm-quant"], store)["flux2-swiglu"] == "flux2-fp8-norm-quant"
+    assert superseded_by(["flux2-swiglu", "flux2-fp8-swiglu-quant"], store)["flux2-swiglu"] == "flux2-fp8-swiglu-quant"
+    bf16 = {e.id for e, _ in match(store, OPPS, "diffusers", "h200", "flux2", precision="bfloat16")}
+    assert "flux2-swiglu" in bf16 and not bf16 & {"flux2-fp8-norm-quant", "flux2-fp8-swiglu-quant"}
+    assert superseded_by(sorted(bf16), store).get("flux2-swiglu") is None
