@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from bot.commands import store_propose
 from bot.commands.common import command_line, github_option, knowledge_options, write_json
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
-from bot.commands import store_propose
 from bot.knowledge.store import get_entry, load_store, sync_sources
 from bot.paths import new_run_dir
 from bot.target import require_device
@@ -225,8 +225,8 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
     failed = not data["ok"]
     if propose:
         p = store_propose.propose(knowledge, entries, prepared, results, tips, run_dir, device, preset, engine, ref,
-                     dict(dry_run=dry_run, repo=repo, knowledge_repo=knowledge_repo,
-                          knowledge_remote=knowledge_remote, github_api_url=github_api_url))
+                                  dict(dry_run=dry_run, repo=repo, knowledge_repo=knowledge_repo,
+                                       knowledge_remote=knowledge_remote, github_api_url=github_api_url))
         data["proposal"] = {"branch": p.branch, "commit": p.commit, "files": p.files,
                             "pr": vars(p.pr) if p.pr is not None else None,
                             "decisions": [vars(d) for d in p.decisions]}
