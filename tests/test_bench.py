@@ -55,7 +55,8 @@ def test_bench_cpu_rows_and_correctness(diffusers_engine, tmp_path):
     # run against its own eager run (a trusted rewrite), each candidate against unquantized upstream
     assert "vs upstream+fp8 eager: rel L2 noise_pred" in rows[("upstream+fp8", "compile")]["correctness"]
     # with its largest element error: the evidence for the precision's atol
-    assert re.search(r"vs upstream\+fp8 eager: rel L2 noise_pred [0-9.e-]+, max abs [0-9.e-]+",
+    assert re.search(r"vs upstream\+fp8 eager: rel L2 noise_pred [0-9.e-]+, max abs [0-9.e-]+, [0-9]+ of [0-9]+ "
+                     r"elements over the precision's element bound",
                      rows[("upstream+fp8", "compile")]["correctness"]), rows[("upstream+fp8", "compile")]["correctness"]
     assert "vs upstream eager (unquantized): rel L2 noise_pred 0.07" in cand["correctness"]
     # the compile recipes ran, correct; under --quant the bar is the quantized upstream's fastest compile

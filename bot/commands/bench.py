@@ -255,7 +255,9 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
             comps.setdefault(c["label"], {})[c["output"]] = c
         if tol is None and not t.workload.bit_exact:  # a quantized precision without its own tolerance
             unjudged.update({k: f"the workload declares no tolerance for {tgt.dtype}" for k in pairs})
-    cross = _cross_distances(t, run_dir, outputs, owner, qref, cand_labels) if quant else {}
+    qtol = qt.workload.tolerance_for(qt.dtype, qt.engine_name) if quant else None
+    cross = _cross_distances(t, run_dir, outputs, owner, qref, cand_labels,
+                             qtol.bound() if qtol is not None else None) if quant else {}
     base_ms = next((r.median_ms for r in res.rows if r.variant == "upstream" and r.mode == "eager"), None)
     for row in res.rows:
         key = f"{row.variant}:{row.mode}"
@@ -322,17 +324,19 @@ def choose_bar(rows: list[BenchRow], qref: str = "") -> tuple[BenchRow | None, s
 
 
 def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: dict[str, str], qref: str,
-                     cand_labels: set[str]) -> dict[str, tuple[str, bool | None]]:
+                     cand_labels: set[str], bound: dict | None = None) -> dict[str, tuple[str, bool | None]]:
     """Under --quant, beside the judged distances (the evidence for the quantized tolerance, docs/fp8.md):
     the quantized upstream's other modes against its own eager run (what a trusted rewrite of the
-    same quantized model moves; reported), and each candidate row against unquantized upstream eager,
+    same quantized model moves; reported, with how many of its elements the precision's element bound
+    `bound` would reject), and each candidate row against unquantized upstream eager,
     judged as the validator does: no farther from it than the quantized upstream eager is
     (bot/tolerance.py NO_FARTHER). Row key -> (the words, ok; None where only reported)."""
     pairs = []
     q_eager, u_eager = outputs.get(f"{qref}:eager"), outputs.get("upstream:eager")
     for k, f in outputs.items():
         if owner[k] == qref and q_eager and f != q_eager:
-            pairs.append({"label": k, "base": q_eager, "candidate": f, "against": f"{qref} eager"})
+            pairs.append({"label": k, "base": q_eager, "candidate": f, "against": f"{qref} eager",
+                          **({"tolerance": bound} if bound else {})})
         elif owner[k] in cand_labels and u_eager and q_eager:
             pairs.append({"label": k, "reference": u_eager, "base": q_eager, "candidate": f, "no_farther": NO_FARTHER,
                           "against": "upstream eager (unquantized)"})
@@ -352,7 +356,9 @@ def _cross_distances(t: Target, run_dir: Path, outputs: dict[str, str], owner: d
         # no distance: why (shape, NaN); the trusted rewrite's largest element error too (the evidence
         # for the precision's atol: docs/fp8.md)
         found.setdefault(k, []).append(c["reason"] if "rel_l2" not in c else f"{c['output']} {c['rel_l2']:.3g}" + (
-            f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else f", max abs {c['max_abs']:.3g}"))
+            f" ({qref} eager {c['base_rel_l2']:.3g})" if judged else f", max abs {c['max_abs']:.3g}" + (
+                f", {c['violations']} of {c['numel']} elements over the precision's element bound"
+                if "violations" in c and bound else "")))
     fail = f"; FAIL: farther from the unquantized model than {NO_FARTHER:g}x {qref} eager"
     return {k: (f"vs {against[k]}: rel L2 {', '.join(v)}" + (fail if ok[k] is False else ""), ok[k])
             for k, v in found.items()}
