@@ -112,20 +112,6 @@ if triton is not None:
         return x / 448.0
 
     @triton.jit
-    def _swiglu(X, row, sx, cols, m, I, ROUND: tl.constexpr, EXACT: tl.constexpr):
-        a = tl.load(X + row * sx + cols, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(X + row * sx + I + cols, mask=m, other=0.0).to(tl.float32)
-        # F.silu's formula
-        if EXACT:
-            s = _div(a, 1.0 + libdevice.exp(-a), EXACT)
-        else:
-            s = a / (1.0 + tl.exp(-a))
-        if ROUND:  # silu(a) is stored in x's dtype, then the product is
-            s = _round_bf16(s)
-            return _round_bf16(s * b)
-        return s * b
-
-    @triton.jit
     def _quant_store(Q, row, sq, cols, v, m, scale, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
         v = tl.minimum(tl.maximum(_div(v, scale, EXACT), -448.0), 448.0)
         if F8_STORE:
@@ -150,7 +136,8 @@ if triton is not None:
 
     @triton.jit
     def _act2(a, b, m, ROUND: tl.constexpr, EXACT: tl.constexpr):
-        """_swiglu's arithmetic on loaded halves; 0 outside the row (the amax ignores it)."""
+        """The SwiGLU of loaded halves, F.silu's formula, rounded where the unfused code stores (silu(a) in
+        x's dtype, then the product); 0 outside the row (the amax ignores it)."""
         a = a.to(tl.float32)
         b = b.to(tl.float32)
         if EXACT:
@@ -163,6 +150,13 @@ if triton is not None:
         else:
             v = s * b
         return tl.where(m, v, 0.0)
+
+    @triton.jit
+    def _swiglu(X, row, sx, cols, m, I, ROUND: tl.constexpr, EXACT: tl.constexpr):
+        """The two passes' form: the halves at `cols`, loaded and combined."""
+        a = tl.load(X + row * sx + cols, mask=m, other=0.0)
+        b = tl.load(X + row * sx + I + cols, mask=m, other=0.0)
+        return _act2(a, b, m, ROUND, EXACT)
 
     @triton.jit
     def _swiglu_quant_kernel(X, P, Q, S, I, PW, sx, sp, sq, BLOCK_N: tl.constexpr, PC: tl.constexpr,
