@@ -2,6 +2,8 @@
 and lessons commands, defined once."""
 from __future__ import annotations
 
+import datetime as _dt
+
 import functools
 import json
 import re
@@ -154,3 +156,13 @@ def write_json(path: Path | None, data: dict, quiet: bool = False) -> None:
     tmp.replace(path)
     if not quiet:
         click.echo(f"wrote {path}", err=True)
+
+
+def echo_err(msg: str) -> None:
+    """A progress or diagnostic line on stderr (the `log=` callback the knowledge code takes)."""
+    click.echo(msg, err=True)
+
+
+def utc_now() -> str:
+    """Now, UTC, to the second, ISO 8601: the date a command records beside what it wrote."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

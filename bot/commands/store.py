@@ -1,14 +1,13 @@
 """`optbot store`: the kernel store (kernel_store/<entry-id>/), listed, shown, re-validated, benchmarked."""
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from pathlib import Path
 
 import click
 
 from bot.commands import store_propose
-from bot.commands.common import command_line, github_option, knowledge_options, write_json
+from bot.commands.common import command_line, echo_err, github_option, knowledge_options, utc_now, write_json
 from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
@@ -220,7 +219,7 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
             click.echo(f"     {mark:4} {c.name:28} {c.reason}")
         if record and not no_kernels:
             _record_correctness(e, r)
-            record_validation(e, r.to_json(), command_line(), lessons_dir=knowledge.lessons, log=_err)
+            record_validation(e, r.to_json(), command_line(), lessons_dir=knowledge.lessons, log=echo_err)
     data = payload([r.to_json() for r in results], ok=all(r.ok for r in results))
     failed = not data["ok"]
     if propose:
@@ -237,12 +236,6 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
         raise SystemExit(1)
 
 
-def _err(msg: str) -> None:
-    click.echo(msg, err=True)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def _entries(knowledge, entry_ids) -> list:
@@ -270,7 +263,7 @@ def _record_correctness(entry, result) -> None:
     if not tests:
         return
     bench = entry.bench()
-    setattr(bench.correctness_section(), kind, KernelTests(command=command_line(), date=_now(), tests=tests))
+    setattr(bench.correctness_section(), kind, KernelTests(command=command_line(), date=utc_now(), tests=tests))
     _save(entry, bench)
 
 
@@ -297,12 +290,12 @@ def record_bench_cmd(knowledge, results):
                                                          "passed": c["ok"]}
             e = get_entry(r["entry_id"], knowledge.kernel_store)
             validated = record_validation(e, r, data.get("command") or command_line(), str(results), knowledge.lessons,
-                                          log=_err)
+                                          log=echo_err)
             n += int(validated and not micro)
             if micro:
                 bench = e.bench()
                 bench.gpu_section().set_micro(MicroRecord(source=str(results), command=data.get("command"),
-                                                          recorded_at=_now(), device=data.get("device"), tests=micro))
+                                                          recorded_at=utc_now(), device=data.get("device"), tests=micro))
                 _save(e, bench)
                 n += 1
     elif "e2e" in data and isinstance(data["e2e"], dict):  # store bench --json (end to end)
@@ -310,7 +303,7 @@ def record_bench_cmd(knowledge, results):
             e = get_entry(eid, knowledge.kernel_store)
             bench = e.bench()
             bench.gpu_section().end_to_end = {"source": str(results), "command": data.get("command"),
-                                              "recorded_at": _now(), **res}
+                                              "recorded_at": utc_now(), **res}
             _save(e, bench)
             n += 1
     else:

@@ -2,12 +2,11 @@
 of the knowledge repository, and a section of the dashboard (bot/knowledge/upkeep.py does the work)."""
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 
 import click
 
-from bot.commands.common import command_line
+from bot.commands.common import command_line, echo_err, utc_now
 from bot.errors import OptbotError
 
 
@@ -34,7 +33,7 @@ def propose(knowledge, entries, prepared, results, tips, run_dir: Path, device: 
     for e, prep, r in zip(entries, prepared, results):
         d = decide(e, r)
         click.echo(f"{e.id}: {d.outcome} -> {d.action}: {d.why[:200]}", err=True)
-        act(d, e, r, prep, staging, command_line(), run_dir, preset, log=_err)
+        act(d, e, r, prep, staging, command_line(), run_dir, preset, log=echo_err)
         decisions.append(d)
     checked = [t.checkout for t in tips if t is not None and t.checkout is not None]
     engines = sorted({e.engine.name for e, t in zip(entries, tips) if t is None or t.checkout is not None})
@@ -55,8 +54,8 @@ def propose(knowledge, entries, prepared, results, tips, run_dir: Path, device: 
     opts = RunOptions(workload="", dry_run=o["dry_run"], repo=o["repo"] or o["knowledge_repo"],
                       knowledge_repo=o["knowledge_repo"], knowledge_remote=o["knowledge_remote"],
                       github_api_url=o["github_api_url"], command=command_line())
-    forge = make_forge(opts, run_dir.name, run_dir, log=_err)
-    publish(p, staging, knowledge, forge, log=_err)
+    forge = make_forge(opts, run_dir.name, run_dir, log=echo_err)
+    publish(p, staging, knowledge, forge, log=echo_err)
     click.echo(f"proposal: {p.pr.action} {p.pr.url} {p.pr.note}".rstrip()
                + (f" (branch {p.branch}, {len(p.files)} files)" if p.files else ""))
     _dashboard(forge, p, bool(o["repo"]))
@@ -73,16 +72,10 @@ def _dashboard(forge, p, engine_repo: bool) -> None:
         click.echo("dashboard: not updated (no --repo / $OPTBOT_ENGINE_REPO: the engine repository holds it)", err=True)
         return
     try:
-        ref = dashboard.update(forge, dashboard.store_check_of(p, _now()))
+        ref = dashboard.update(forge, dashboard.store_check_of(p, utc_now()))
     except OptbotError as e:
         click.echo(f"dashboard: not updated: {e}", err=True)
         return
     click.echo(f"dashboard: {ref.action} {ref.url} {ref.note}".rstrip())
 
 
-def _err(msg: str) -> None:
-    click.echo(msg, err=True)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
