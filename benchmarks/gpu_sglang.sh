@@ -21,7 +21,9 @@
 #      WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh optimize flux2 RUN_ID
 #      env: GENERATORS (default replay,template), ITERS, ABLATION (--ablation-rounds), QUANT (fp8: SGLang's
 #      own FP8 path; replay offers sglang-fp8-quant-compile, which makes its compiled modes run), PAUSE
-#      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut).
+#      (default LIMIT - 340: one SGLang validation in four modes is ~330 s and is never cut), ENGINE
+#      (diffusers: the same run on the diffusers engine, carried without .sgl-engine; e.g. QUANT=fp8
+#      ENGINE=diffusers GENERATORS=replay ... optimize qwen-image: issue 16's FP8 optimize on a GPU).
 #   4. any command in that environment: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd python3 -m bot ...
 #      a store check of SGLang entries: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh check ENTRY...
 #      its GPU tests: WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh pytest tests/sglang/test_sglang_models.py -k fa3
@@ -136,27 +138,27 @@ if ! python3 -c "import diffusers" 2>/dev/null && [[ -f "$OPTBOT_HOME/downloads/
 fi
 # `cmd` also serves diffusers-only work (benchmarks/gpu_fp8_plan.sh), carried without .sgl-engine when the
 # tree, .whl-sgl-b and .sgl-engine together pass one call's 64 MiB
-[[ -d "$eng/.git" || "$what" == cmd ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
+[[ -d "$eng/.git" || "$what" == cmd || "${ENGINE:-sglang}" == diffusers ]] || ls "$OPTBOT_HOME"/downloads/sglang-0.5.23-*.whl >/dev/null 2>&1 || {
   echo "no sglang 0.5.23 wheel: run 'bash benchmarks/gpu_sglang.sh download' where a registry is reachable and carry $WHL" \
     | tee "$D/blocker.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$D/nvidia-smi.txt"
 
 if [[ "$what" == optimize ]]; then
-  wl="${2:-flux2}"; resume="${3:-}"
+  wl="${2:-flux2}"; resume="${3:-}"; ENGINE="${ENGINE:-sglang}"
   LIMIT="${LIMIT:-560}"; PAUSE="${PAUSE:-$((LIMIT - 340))}"
   export OPTBOT_RUNS_DIR="${OPTBOT_RUNS_DIR:-/tmp/optbot-runs}"
   start=$(date +%s)
   if [[ -n "$resume" ]]; then
     timeout "$LIMIT" python3 -m bot optimize "$wl" --resume "$resume" --pause-after "${PAUSE}s" \
-      --json "$D/optimize-$wl-sglang.json" 2>&1 | tee -a "$D/optimize-$wl-sglang.txt"
+      --json "$D/optimize-$wl-$ENGINE.json" 2>&1 | tee -a "$D/optimize-$wl-$ENGINE.txt"
   else
-    timeout "$LIMIT" python3 -m bot optimize "$wl" --engine sglang --preset full --device cuda --dry-run \
+    timeout "$LIMIT" python3 -m bot optimize "$wl" --engine "$ENGINE" --preset full --device cuda --dry-run \
       ${QUANT:+--quant "$QUANT"} \
       --generators "${GENERATORS:-replay,template}" --pause-after "${PAUSE}s" ${ITERS:+--iters $ITERS} \
-      ${ABLATION:+--ablation-rounds $ABLATION} --json "$D/optimize-$wl-sglang.json" 2>&1 | tee "$D/optimize-$wl-sglang.txt"
+      ${ABLATION:+--ablation-rounds $ABLATION} --json "$D/optimize-$wl-$ENGINE.json" 2>&1 | tee "$D/optimize-$wl-$ENGINE.txt"
   fi
   rc=${PIPESTATUS[0]}
-  echo "$wl sglang optimize attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
+  echo "$wl $ENGINE optimize attempt: $(( $(date +%s) - start )) s wall, exit $rc" | tee -a "$D/wall.txt"
   run=$(ls -td "$OPTBOT_RUNS_DIR"/*-optimize-* 2>/dev/null | head -1)
   if [[ -n "$run" ]]; then
     bash benchmarks/collect_run.sh "$run" "$D" "WHL=/tmp/sglw bash benchmarks/gpu_sglang.sh optimize"
