@@ -15,6 +15,9 @@
 # (f2.patch; predicted 6-7 ms under f1's 276.22) against the three-entry stack (f3.patch), which also
 # prints the trusted rewrite's largest element error (the evidence the FP8 atol needs: f1 failed it by
 # 2 elements of 524,288).
+# and, by name (STEPS="bench-s11 profile-s11" DEADLINE=590; bench-s11 alone is about 500 s): s11.patch, s10 with
+# qwen-image-cfg-modulation-cache's merged modulation GEMM (all 120 blocks' img_mod/txt_mod in one linear: one
+# GEMM, one SiLU and one FP8 activation quantization per pass instead of 120 each), against s10 in one bench.
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
 # their results are benchmarks/results/h100-fp8-plan-20261206/.
 # STEPS="a b ..." runs those steps only. PLAN_DRY=1 prints the steps instead of running them. Writes
@@ -26,6 +29,7 @@ DEADLINE="${DEADLINE:-540}"
 export OPTBOT_WHEELS_INSTALLED=1 PYTHONUNBUFFERED=1
 S10=benchmarks/results/cpu-fp8-next-20261206/s10.patch
 F2=benchmarks/results/cpu-fp8-next-20261206/f2.patch
+S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
 STEPS="${STEPS:-bench-s10 profile-s10}"
 t0=$(date +%s)
@@ -56,5 +60,8 @@ step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy
 step bench-s10 440 env TAG=s10 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S10" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s10 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S10" --quant fp8 --iters 5
+step bench-s11 500 env TAG=s11 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S11" --candidate "$S10" \
+  --modes eager --other-modes eager,compile+graph --iters 3
+step profile-s11 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S11" --quant fp8 --iters 5
 step bench-f2 520 env TAG=f2 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2" --candidate "$F3" \
   --modes eager --other-modes eager,compile+graph --iters 3

@@ -60,8 +60,9 @@ def seeded_state_dict(model: nn.Module, weight_seed: int, device, dtype) -> dict
 
 def build_model(cls, config: dict, device: str, dtype: torch.dtype, weight_seed: int, weights: str = "seeded") -> nn.Module:
     if weights != "seeded":
-        model = cls.from_pretrained(weights, torch_dtype=dtype)
-        return model.to(device).eval().requires_grad_(False)
+        model = cls.from_pretrained(weights, torch_dtype=dtype).to(device).requires_grad_(False)
+        after_load(model)
+        return model.eval()
     with params_on_meta():
         model = cls(**config)
     model.requires_grad_(False)
@@ -75,8 +76,17 @@ def build_model(cls, config: dict, device: str, dtype: torch.dtype, weight_seed:
         for bname, b in list(mod._buffers.items()):
             if b is not None:
                 mod._buffers[bname] = b.to(device=device, dtype=dtype if b.is_floating_point() else b.dtype)
-    # A candidate that changed the parameter layout converts from the base format here.
-    hook = getattr(model, "optbot_after_load", None)
-    if callable(hook):
-        hook()
+    after_load(model)
     return model.eval()
+
+
+def after_load(model: nn.Module) -> list[str]:
+    """A candidate that changed the parameter layout converts from the base format here: the model's
+    `optbot_after_load` and then every `optbot_after_load_<name>` method, in name order (one per store
+    entry that converts, so that entries which each convert at load compose in one stack). Runs before
+    any quantization (runner/quant.py), so what they build is quantized like the base's layers."""
+    names = sorted(n for n in dir(type(model)) if n.startswith("optbot_after_load") and callable(getattr(model, n)))
+    names.sort(key=lambda n: n != "optbot_after_load")
+    for n in names:
+        getattr(model, n)()
+    return names

@@ -20,9 +20,26 @@ def main(engine_root: str) -> None:
               engine_sha="", model_class=wl.engine(None).model_class,
               shapes=[{"resolution": list(s.resolution), "text_tokens": s.text_tokens, "batch": s.batch}])
     built = build(job)
+    model = built.model
     calls = {"n": 0}
-    for blk in built.model.transformer_blocks:
-        blk.img_mod.register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    # the runner's load hook merged every block's modulation linear into one: a forward computes them in one call
+    merged = model._optbot_mod_linear
+    merged.register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    blocks = model.transformer_blocks
+    views = all(b.img_mod[1].weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
+                for b in blocks)
+    temb = torch.randn(2, merged.in_features, generator=torch.Generator().manual_seed(1))
+    mods_match = True
+    for zero_cond_t in (False, True):  # Qwen-Image-Edit's zero_cond_t: the text stream takes temb's first half
+        for b in blocks:
+            b.zero_cond_t = zero_cond_t
+        with torch.inference_mode():
+            got, want = model._optbot_mods(temb), [b.mod_params(temb) for b in blocks]
+        mods_match &= all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) and g.shape == w.shape and g.is_contiguous()
+                          for gw, ww in zip(got, want) for g, w in zip(gw, ww))
+    for b in blocks:
+        b.zero_cond_t = model.zero_cond_t
+    calls["n"] = 0
     _, passes = make_step(built, job, job.shapes[0], seed=0)
     counts, outs = [], []
     with torch.inference_mode():
@@ -34,7 +51,7 @@ def main(engine_root: str) -> None:
         counts.append(calls["n"])
         built.model._optbot_mod_cache = None  # uncached reference for the changed timestep
         ref_t = built.model(**other)[0]
-    print(json.dumps({"blocks": len(built.model.transformer_blocks), "counts": counts,
+    print(json.dumps({"blocks": len(blocks), "counts": counts, "views": views, "mods_match": mods_match,
                       "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
 
 
