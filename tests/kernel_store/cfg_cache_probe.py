@@ -39,6 +39,13 @@ def main(engine_root: str) -> None:
                           for gw, ww in zip(got, want) for g, w in zip(gw, ww))
     for b in blocks:
         b.zero_cond_t = model.zero_cond_t
+    # a block's linear replaced after the merge (a LoRA wrapper, a swapped module): every block computes its own
+    old = blocks[1].txt_mod[1]
+    blocks[1].txt_mod[1] = torch.nn.Linear(old.in_features, old.out_features)
+    with torch.inference_mode():
+        got, want = model._optbot_mods(temb), [b.mod_params(temb) for b in blocks]
+    replaced_ok = all(torch.equal(g, w) for gw, ww in zip(got, want) for g, w in zip(gw, ww))
+    blocks[1].txt_mod[1] = old
     calls["n"] = 0
     _, passes = make_step(built, job, job.shapes[0], seed=0)
     counts, outs = [], []
@@ -51,7 +58,7 @@ def main(engine_root: str) -> None:
         counts.append(calls["n"])
         built.model._optbot_mod_cache = None  # uncached reference for the changed timestep
         ref_t = built.model(**other)[0]
-    print(json.dumps({"blocks": len(blocks), "counts": counts, "views": views, "mods_match": mods_match,
+    print(json.dumps({"blocks": len(blocks), "counts": counts, "views": views, "mods_match": mods_match, "replaced_ok": replaced_ok,
                       "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
 
 

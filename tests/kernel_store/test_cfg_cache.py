@@ -33,3 +33,4 @@ def test_cfg_modulation_cache_hits_and_misses(diffusers_engine):
     assert res["changed_t_equal"] and res["cond_ne_uncond"]
     assert res["views"], "the blocks' modulation linears should be views of the merged weight"
     assert res["mods_match"], "the merged modulation differs from the blocks' own"
+    assert res["replaced_ok"], "a block whose modulation linear was replaced after the merge must compute its own"
