@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-second session), each step
+# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-third session), each step
 # one bench or profile, so that one machine start answers as many as fit: carry .whl-sgl-b only (the tree
 # plus .whl-sgl-b and .sgl-engine pass one call's 64 MiB; `cmd` needs no SGLang engine), then
 #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd bash benchmarks/gpu_fp8_plan.sh
-# Steps, in order of what they decide, each skipped when it cannot finish before DEADLINE seconds
-# (default 540: a call may run 600) and each packed as $OUT/<step>.tgz as soon as it ends (the device
-# returns at most 8 files, and a call cut short still returns the steps that finished):
-#   bench-s10     the Qwen-Image FP8 stack with the loads-first GELU kernel and norm_quant at 4 warps
-#                 (s10.patch) in one bench: issue 16's 200 ms (s8 208.09 on an H100; the profile of the
-#                 loads-first kernels 204.92; predicted about 203 with norm_quant's 4 warps); 434 s on an H100
-#   profile-s10   its compile + CUDA graph profile (what is left of the step)
-# and, asked for by name in a call of its own (515 s on an H100 for the same bench of two stacks), with
-# STEPS=bench-f2 DEADLINE=590: FLUX.2's FP8 stack with flux2-fp8-norm-quant's one-pass SwiGLU kernel
-# (f2.patch; predicted 6-7 ms under f1's 276.22) against the three-entry stack (f3.patch), which also
-# prints the trusted rewrite's largest element error (the evidence the FP8 atol needs: f1 failed it by
-# 2 elements of 524,288).
-# and, by name (STEPS="bench-s11 profile-s11" DEADLINE=590; bench-s11 alone is about 500 s): s11.patch, s10 with
-# qwen-image-cfg-modulation-cache's merged modulation GEMM (all 120 blocks' img_mod/txt_mod in one linear: one
-# GEMM, one SiLU and one FP8 activation quantization per pass instead of 120 each), against s10 in one bench.
+# Steps, each skipped when it cannot finish before DEADLINE seconds (default 560: a call may run 600, and
+# `gpu_sglang.sh cmd` installs the carried wheels for about 30 s before this starts) and
+# each packed as $OUT/<step>.tgz as soon as it ends (the device returns at most 8 files, and a call cut
+# short still returns the steps that finished). By default:
+#   bench-s11     s11.patch (cpu-fp8-modmerge-20261206/: s10 with qwen-image-cfg-modulation-cache's merged
+#                 modulation, one GEMM, one SiLU and one FP8 activation quantization a pass instead of 120
+#                 each) against s10.patch (the loads-first GELU kernel, norm_quant at 4 warps) in one bench:
+#                 issue 16's 200 ms (s8 208.09 on an H100; predicted s10 about 203, s11 6-10 ms under s10);
+#                 about 500 s on an H100
+#   profile-s11   its compile + CUDA graph profile (about 80 s; runs if time is left)
+# By name (STEPS="..."):
+#   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
+#   bench-f2      (DEADLINE=590, a call of its own: 515 s on an H100) FLUX.2's FP8 stack with
+#                 flux2-fp8-norm-quant's one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's
+#                 276.22) against the three-entry stack (f3.patch); it also prints the trusted rewrite's
+#                 largest element error (the evidence the FP8 atol needs: f1 failed it by 2 of 524,288)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
 # their results are benchmarks/results/h100-fp8-plan-20261206/.
 # STEPS="a b ..." runs those steps only. PLAN_DRY=1 prints the steps instead of running them. Writes
@@ -25,13 +26,13 @@
 set -uo pipefail
 OUT="${OUT:-benchmarks/results/$(bash benchmarks/gpu_tag.sh 2>/dev/null || echo gpu)-fp8-plan-$(date +%Y%m%d)}"
 mkdir -p "$OUT"
-DEADLINE="${DEADLINE:-540}"
+DEADLINE="${DEADLINE:-560}"
 export OPTBOT_WHEELS_INSTALLED=1 PYTHONUNBUFFERED=1
 S10=benchmarks/results/cpu-fp8-next-20261206/s10.patch
 F2=benchmarks/results/cpu-fp8-next-20261206/f2.patch
 S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
-STEPS="${STEPS:-bench-s10 profile-s10}"
+STEPS="${STEPS:-bench-s11 profile-s11}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"
