@@ -34,7 +34,7 @@ def main(engine_root: str) -> None:
         for b in blocks:
             b.zero_cond_t = zero_cond_t
         with torch.inference_mode():
-            got, want = model._optbot_mods(temb), [b.mod_params(temb) for b in blocks]
+            got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
         mods_match &= all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) and g.shape == w.shape and g.is_contiguous()
                           for gw, ww in zip(got, want) for g, w in zip(gw, ww))
     for b in blocks:
@@ -43,7 +43,7 @@ def main(engine_root: str) -> None:
     old = blocks[1].txt_mod[1]
     blocks[1].txt_mod[1] = torch.nn.Linear(old.in_features, old.out_features)
     with torch.inference_mode():
-        got, want = model._optbot_mods(temb), [b.mod_params(temb) for b in blocks]
+        got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
     replaced_ok = all(torch.equal(g, w) for gw, ww in zip(got, want) for g, w in zip(gw, ww))
     blocks[1].txt_mod[1] = old
     calls["n"] = 0
