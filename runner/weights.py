@@ -85,9 +85,9 @@ def after_load(model: nn.Module) -> list[str]:
     `optbot_after_load` and then every `optbot_after_load_<name>` method, in name order (one per store
     entry that converts, so that entries which each convert at load compose in one stack). Runs before
     any quantization (runner/quant.py), so what they build is quantized like the base's layers."""
-    names = sorted(n for n in dir(type(model))
-                   if (n == "optbot_after_load" or n.startswith("optbot_after_load_")) and callable(getattr(model, n)))
-    names.sort(key=lambda n: n != "optbot_after_load")
+    names = sorted((n for n in dir(type(model))
+                    if (n == "optbot_after_load" or n.startswith("optbot_after_load_")) and callable(getattr(model, n))),
+                   key=lambda n: (n != "optbot_after_load", n))
     for n in names:
         getattr(model, n)()
     return names

@@ -29,22 +29,24 @@ def main(engine_root: str) -> None:
     views = all(b.img_mod[1].weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
                 for b in blocks)
     temb = torch.randn(2, merged.in_features, generator=torch.Generator().manual_seed(1))
+
+    def model_mods_vs_blocks(same) -> bool:  # the model's modulation of temb against each block's own
+        with torch.inference_mode():
+            got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
+        return all(same(g, w) for gw, ww in zip(got, want) for g, w in zip(gw, ww))
+
     mods_match = True
     for zero_cond_t in (False, True):  # Qwen-Image-Edit's zero_cond_t: the text stream takes temb's first half
         for b in blocks:
             b.zero_cond_t = zero_cond_t
-        with torch.inference_mode():
-            got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
-        mods_match &= all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) and g.shape == w.shape and g.is_contiguous()
-                          for gw, ww in zip(got, want) for g, w in zip(gw, ww))
+        mods_match &= model_mods_vs_blocks(lambda g, w: torch.allclose(g, w, rtol=1e-5, atol=1e-6)
+                                           and g.shape == w.shape and g.is_contiguous())
     for b in blocks:
         b.zero_cond_t = model.zero_cond_t
     # a block's linear replaced after the merge (a LoRA wrapper, a swapped module): every block computes its own
     old = blocks[1].txt_mod[1]
     blocks[1].txt_mod[1] = torch.nn.Linear(old.in_features, old.out_features)
-    with torch.inference_mode():
-        got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
-    replaced_ok = all(torch.equal(g, w) for gw, ww in zip(got, want) for g, w in zip(gw, ww))
+    replaced_ok = model_mods_vs_blocks(torch.equal)
     blocks[1].txt_mod[1] = old
     calls["n"] = 0
     _, passes = make_step(built, job, job.shapes[0], seed=0)
