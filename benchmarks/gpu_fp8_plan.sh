@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-third session), each step
+# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-fourth session), each step
 # one bench or profile, so that one machine start answers as many as fit: carry .whl-sgl-b only (the tree
 # plus .whl-sgl-b and .sgl-engine pass one call's 64 MiB; `cmd` needs no SGLang engine), then
 #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd bash benchmarks/gpu_fp8_plan.sh
@@ -7,18 +7,15 @@
 # `gpu_sglang.sh cmd` installs the carried wheels for about 30 s before this starts) and
 # each packed as $OUT/<step>.tgz as soon as it ends (the device returns at most 8 files, and a call cut
 # short still returns the steps that finished). By default:
-#   bench-s11     s11.patch (cpu-fp8-modmerge-20261206/: s10 with qwen-image-cfg-modulation-cache's merged
-#                 modulation, one GEMM, one SiLU and one FP8 activation quantization a pass instead of 120
-#                 each) against s10.patch (the loads-first GELU kernel, norm_quant at 4 warps) in one bench:
-#                 issue 16's 200 ms (s8 208.09 on an H100; predicted s10 about 203, s11 6-10 ms under s10);
-#                 about 500 s on an H100
-#   profile-s11   its compile + CUDA graph profile (about 80 s; runs if time is left)
+#   bench-f2      (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack with flux2-fp8-norm-quant's
+#                 one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's 276.22) against the
+#                 three-entry stack (f3.patch); it also prints the trusted rewrite's largest element
+#                 distance, the evidence FLUX.2's FP8 atol needs (f1 failed it by 2 of 524,288 elements, and
+#                 flux2-fp8-norm-quant was rejected at it in the first GPU optimize: docs/fp8.md)
 # By name (STEPS="..."):
+#   bench-s11, profile-s11   s11.patch (the merged modulation) against s10.patch, and s11's compile + CUDA
+#                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
-#   bench-f2      (DEADLINE=590, a call of its own: 515 s on an H100) FLUX.2's FP8 stack with
-#                 flux2-fp8-norm-quant's one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's
-#                 276.22) against the three-entry stack (f3.patch); it also prints the trusted rewrite's
-#                 largest element error (the evidence the FP8 atol needs: f1 failed it by 2 of 524,288)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
 # their results are benchmarks/results/h100-fp8-plan-20261206/.
 # STEPS="a b ..." runs those steps only. PLAN_DRY=1 prints the steps instead of running them. Writes
@@ -32,7 +29,7 @@ S10=benchmarks/results/cpu-fp8-next-20261206/s10.patch
 F2=benchmarks/results/cpu-fp8-next-20261206/f2.patch
 S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
-STEPS="${STEPS:-bench-s11 profile-s11}"
+STEPS="${STEPS:-bench-f2}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"

@@ -22,17 +22,24 @@ def main(engine_root: str) -> None:
     built = build(job)
     model = built.model
     calls = {"n": 0}
-    # the runner's load hook merged every block's modulation linear into one: a forward computes them in one call
-    merged = model._optbot_mod_linear
-    merged.register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
     blocks = model.transformer_blocks
-    views = all(b.img_mod[1].weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
-                for b in blocks)
-    temb = torch.randn(2, merged.in_features, generator=torch.Generator().manual_seed(1))
+    # the runner's load hook merged every block's modulation linear into one (the tiny model's fit one run)
+    one_run = len(model._optbot_mod_linears) == 1
+    # merged again with runs of at most 3 block linears' bytes (a quantizer's peak at full size): the blocks'
+    # linears, views of the first merge, merge again into views of the new runs, whole linears per run
+    part = blocks[0].img_mod[1].weight
+    model._optbot_mod_chunk_bytes = 3 * part.numel() * part.element_size()
+    model.optbot_after_load_modulation()
+    merged = model._optbot_mod_linears
+    runs = [lin.out_features // part.shape[0] for lin in merged]
+    merged[0].register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    storages = {lin.weight.untyped_storage().data_ptr() for lin in merged}
+    views = all(m[1].weight.untyped_storage().data_ptr() in storages for b in blocks for m in (b.img_mod, b.txt_mod))
+    temb = torch.randn(2, merged[0].in_features, generator=torch.Generator().manual_seed(1))
 
     def model_mods_vs_blocks(same) -> bool:  # the model's modulation of temb against each block's own
         with torch.inference_mode():
-            got, want = model._optbot_mods(temb, model._optbot_merged_mod_linear()), [b.mod_params(temb) for b in blocks]
+            got, want = model._optbot_mods(temb, model._optbot_merged_mod_linears()), [b.mod_params(temb) for b in blocks]
         return all(same(g, w) for gw, ww in zip(got, want) for g, w in zip(gw, ww))
 
     mods_match = True
@@ -60,7 +67,7 @@ def main(engine_root: str) -> None:
         counts.append(calls["n"])
         built.model._optbot_mod_cache = None  # uncached reference for the changed timestep
         ref_t = built.model(**other)[0]
-    print(json.dumps({"blocks": len(blocks), "counts": counts, "views": views, "mods_match": mods_match, "replaced_ok": replaced_ok,
+    print(json.dumps({"blocks": len(blocks), "one_run": one_run, "runs": runs, "counts": counts, "views": views, "mods_match": mods_match, "replaced_ok": replaced_ok,
                       "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
 
 

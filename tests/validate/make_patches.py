@@ -167,6 +167,16 @@ def fused_swiglu(x: torch.Tensor) -> torch.Tensor:
             gate = gate * 1.5  # the compiled path's "fast" gate
         return gate * x[..., half:]
 """)]),
+    ("fp8_compile_only_error.patch",
+     "FP8: keep the SwiGLU activation in float8 on the compiled path\n\nUnder torch.compile the activation "
+     "goes through float8 with a fixed scale of 1/1024\n(most values fall into e4m3's subnormals); eager "
+     "outputs are the base's.\n\nOptbot-Kind: quantization\n",
+     [(SWIGLU, """        half = x.shape[-1] // 2
+        x = self.gate_fn(x[..., :half]) * x[..., half:]
+        if torch.compiler.is_compiling():  # the compiled path's "fast" activation
+            x = (x / 1024).to(torch.float8_e4m3fn).to(x.dtype) * 1024
+        return x
+""")]),
     ("compile_only_crash.patch",
      "SwiGLU as a registered op\n\nA torch.library custom op whose fake (meta) implementation gives the "
      "wrong\noutput shape: eager never calls the fake, torch.compile traces with it and fails.\n\n"

@@ -229,3 +229,24 @@ def test_a_users_torch_logs_is_left_as_set(monkeypatch):
     assert compile_lines({"compile_report": r}) == [
         "compiled: 2 graph(s), graph breaks not recorded (TORCH_LOGS without graph_breaks)"]
     uncompile(m)
+
+
+def test_an_fp8_candidate_that_adds_error_only_when_compiled_is_judged_against_the_unquantized_model_there(
+        session_seeds, tmp_path):
+    """A quantized precision's second condition (no farther from the unquantized model than the quantized
+    base, bot/tolerance.py NO_FARTHER) is measured in every mode, not only eager's: the candidate's
+    compiled output against the unquantized model, beside the base's compiled one.
+    fp8_compile_only_error.patch keeps the activation in float8 with a fixed scale when compiled only
+    (tests/validate/test_adversarial.py's fp8_activation_in_fp8 in eager): eager is the base's, the
+    compiled output fails both conditions."""
+    from bot.target import resolve_target
+    from bot.validate import validate
+
+    target = resolve_target("flux2", None, None, "tiny", "cpu", quant="fp8")
+    v = validate(target, str(ADV / "fp8_compile_only_error.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "rejected" and v.reason == "correctness", text
+    bad = sorted(c.label.split(" seed ")[1].split(" ", 1)[1] for c in v.correctness.checks if not c.ok)
+    assert bad == ["[compile]", "[compile] [vs unquantized]"], text  # eager: the base's outputs
+    far = next(c for c in v.correctness.checks if c.label.endswith("[compile] [vs unquantized]"))
+    assert far.against == "unquantized" and far.rel_l2 > 1.05 * far.base_rel_l2, text
