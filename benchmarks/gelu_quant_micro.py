@@ -153,8 +153,9 @@ def _norm_quant_cases(before: str = ""):
     inputs): image and text tokens x 3072, 240 calls each a step (norm1 and norm2 of 60 blocks, 2
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
     norm + modulation kernel followed by inductor's compiled quantization (the stack before
-    qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (8 warps, its default;
-    16; exact arithmetic). Until 2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
+    qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (its NUM_WARPS, 8, 4;
+    exact arithmetic) and with the row in chunks (its CHUNK: 1024 and 512 wide, at 2-8 warps). Until
+    2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
     nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
     old = _load_file(Path(before) / "norm_quant.py", "before_norm_quant") if before else None
@@ -164,12 +165,17 @@ def _norm_quant_cases(before: str = ""):
     def store_then_inductor(x, sh, sc):
         return cquant(nm.norm_modulate(x, sh[:, None], sc[:, None], 1e-6))
 
-    def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq):
+    def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq, chunk=0):
         was, mod.ARITHMETIC = mod.ARITHMETIC, arithmetic
+        was_chunk = getattr(mod, "CHUNK", None)
+        if was_chunk is not None:
+            mod.CHUNK = chunk
         try:
             return mod.norm_modulate_quant(x, sh, sc, 1e-6, "torchao", num_warps)
         finally:
             mod.ARITHMETIC = was
+            if was_chunk is not None:
+                mod.CHUNK = was_chunk
 
     for M in (4096, 512):
         torch.manual_seed(0)
@@ -180,11 +186,14 @@ def _norm_quant_cases(before: str = ""):
             "torch eager (unfused)": lambda x=x, sh=sh, sc=sc: nq.reference(x, sh, sc, 1e-6),
             "inductor fusion": lambda x=x, sh=sh, sc=sc: compiled(x, sh, sc),
             "store norm+mod kernel, inductor quant": lambda x=x, sh=sh, sc=sc: store_then_inductor(x, sh, sc),
-            "norm_quant, one pass (the entry: fast, 8 warps)": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc),
-            "norm_quant, 16 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 16),
+            "norm_quant, one pass (the entry: fast, its NUM_WARPS)": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc),
+            "norm_quant, 8 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 8),
             "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
             "norm_quant, 4 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4),
         }
+        for chunk, warps in ((1024, 4), (1024, 8), (512, 4), (512, 2)):  # CHUNK: the row in pieces
+            variants[f"norm_quant, chunks of {chunk}, {warps} warps"] = (
+                lambda x=x, sh=sh, sc=sc, c=chunk, w=warps: entry(x, sh, sc, w, chunk=c))
         if old is not None:
             variants["before: norm_quant, 8 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 8, "fast", old)
             variants["before: norm_quant, 4 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4, "fast", old)

@@ -16,6 +16,11 @@
 #   bench-s11, profile-s11   s11.patch (the merged modulation) against s10.patch, and s11's compile + CUDA
 #                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
+#   micro-norm    (about 60 s) qwen-image-fp8-norm-quant's kernel with the row whole in registers (its
+#                 default) against the row in chunks (its CHUNK: predicted 33 -> 18-22 us an image call on
+#                 an H100, the register-bound occupancy explained in norm_quant.py)
+#   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
+#                 6 ran at 78% of the copy ceiling: do wider runs close it?)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
 # their results are benchmarks/results/h100-fp8-plan-20261206/.
 # STEPS="a b ..." runs those steps only. PLAN_DRY=1 prints the steps instead of running them. Writes
@@ -63,3 +68,5 @@ step bench-s11 500 env TAG=s11 bash benchmarks/gpu_bench.sh qwen-image --quant f
 step profile-s11 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S11" --quant fp8 --iters 5
 step bench-f2 520 env TAG=f2 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2" --candidate "$F3" \
   --modes eager --other-modes eager,compile+graph --iters 3
+step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
+step wide-gemv 90 bash -c 'python3 benchmarks/wide_gemv_micro.py --json "$RES/wide-gemv.json" > "$RES/wide-gemv.txt" 2>&1'

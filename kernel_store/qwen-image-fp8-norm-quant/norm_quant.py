@@ -151,6 +151,80 @@ if triton is not None:
             tl.store(Q + row * sq + cols, v, mask=m)
 
 
+    @triton.jit
+    def _mod_row(x, mean, rstd, SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
+        """One chunk of the modulated row, y = n * (1 + scale) + shift, as _norm_mod_quant_kernel computes it."""
+        n = tl.where(m, x - mean, 0.0) * rstd
+        sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
+        sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
+        if ROUND:
+            return _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
+        return n * sc + sh
+
+    @triton.jit
+    def _norm_mod_quant_chunked_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
+                                       CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, ROUND: tl.constexpr,
+                                       TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
+                                       EXACT: tl.constexpr):
+        """The same result as _norm_mod_quant_kernel with the row in CHUNK-wide pieces: four passes over
+        it (the mean; the variance; the modulated row's amax; the e4m3 values), the first from memory and
+        the other three from the cache, so that a program holds one chunk, not the row, in registers
+        (CHUNK below)."""
+        row = tl.program_id(0).to(tl.int64)
+        b = row // S
+        t = row % S
+        xrow = X + b * sxb + t * sxs
+        moff = b * smb
+        offs = tl.arange(0, CHUNK)
+        acc = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in tl.static_range(N_CHUNKS):
+            cols = c * CHUNK + offs
+            acc += tl.load(xrow + cols, mask=cols < D, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, axis=0) / D
+        acc = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in tl.static_range(N_CHUNKS):
+            cols = c * CHUNK + offs
+            m = cols < D
+            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
+            acc += xc * xc
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+        amax = tl.zeros([CHUNK], dtype=tl.float32)
+        for c in tl.static_range(N_CHUNKS):
+            cols = c * CHUNK + offs
+            m = cols < D
+            y = _mod_row(tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32), mean, rstd, SCALE, SHIFT, moff,
+                         cols, m, ROUND)
+            amax = tl.maximum(amax, tl.where(m, tl.abs(y), 0.0))
+        a = tl.max(amax, axis=0)
+        if TORCHAO:  # as _norm_mod_quant_kernel
+            if CUDA_MATH:
+                s = a * (1.0 / 448.0)
+            else:
+                s = a / 448.0
+            if ROUND:
+                s = _round_bf16(s)
+        else:
+            if CUDA_MATH:
+                s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
+            else:
+                s = tl.maximum(a, 1e-12) / 448.0
+        tl.store(S_OUT + row, s)
+        for c in tl.static_range(N_CHUNKS):
+            cols = c * CHUNK + offs
+            m = cols < D
+            y = _mod_row(tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32), mean, rstd, SCALE, SHIFT, moff,
+                         cols, m, ROUND)
+            if EXACT:
+                v = libdevice.div_rn(y, s)
+            else:
+                v = y / s
+            v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+            if F8_STORE:
+                tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+            else:
+                tl.store(Q + row * sq + cols, v, mask=m)
+
+
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
 # reference ops, which inductor then fuses itself (docs/store.md).
 UNDER_COMPILE = "op"
@@ -164,6 +238,16 @@ ARITHMETIC = "fast"
 # before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
 NUM_WARPS = 4
 
+# 0: the row whole in registers (_norm_mod_quant_kernel, measured above); else the width of the pieces
+# _norm_mod_quant_chunked_kernel takes the row in. Why a chunked form: at 4 warps a 3072-wide row in
+# registers (a 4096-lane block, a few float32 values a lane) holds about 160 registers a thread, so an
+# H100 SM runs about 3 rows at once: 4096 rows are about 10 waves of one row's latency (~3.3 us), which
+# is the 33.3 us measured against the 15.4 us byte bound. A 1024-wide chunk needs about a quarter of
+# that, so about 4x the rows run at once, at the price of re-reading the row three times from L1/L2
+# (6 KB a row). Predicted on an H100: 33 -> 18-22 us an image call, 9.5 -> 6-7 ms a Qwen-Image step.
+# Not measured yet (benchmarks/gelu_quant_micro.py --kernel norm-quant has both): 0 until it is.
+CHUNK = 0
+
 
 def _aside() -> bool:
     return UNDER_COMPILE == "reference" and torch.compiler.is_compiling()
@@ -174,7 +258,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, torchao: bool,
-            num_warps: int) -> Tuple[torch.Tensor, torch.Tensor]:
+            num_warps: int, chunk: int) -> Tuple[torch.Tensor, torch.Tensor]:
     B, S, D = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -184,13 +268,15 @@ def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: floa
     f8_store = not interpreted
     q = torch.empty((B * S, D), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=x.device)
     s = torch.empty((B * S, 1), dtype=torch.float32, device=x.device)
-    if B * S:
-        _norm_mod_quant_kernel[(B * S,)](x, shift, scale, q, s, S, D, x.stride(0), x.stride(1), scale.stride(0),
-                                         q.stride(0), float(eps), BLOCK_D=triton.next_power_of_2(D),
-                                         ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
-                                         CUDA_MATH=not interpreted and libdevice is not None,
-                                         EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
-                                         num_warps=num_warps)
+    flags = dict(ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
+                 CUDA_MATH=not interpreted and libdevice is not None,
+                 EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps)
+    args = (x, shift, scale, q, s, S, D, x.stride(0), x.stride(1), scale.stride(0), q.stride(0), float(eps))
+    if B * S and chunk:
+        chunk = min(triton.next_power_of_2(chunk), triton.next_power_of_2(D))
+        _norm_mod_quant_chunked_kernel[(B * S,)](*args, CHUNK=chunk, N_CHUNKS=triton.cdiv(D, chunk), **flags)
+    elif B * S:
+        _norm_mod_quant_kernel[(B * S,)](*args, BLOCK_D=triton.next_power_of_2(D), **flags)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), s
 
 
@@ -203,7 +289,7 @@ def _register():
     op = torch.library.custom_op("optbot::norm_modulate_quant", mutates_args=())(_launch)
 
     @op.register_fake
-    def _fake(x, shift, scale, eps, torchao, num_warps):
+    def _fake(x, shift, scale, eps, torchao, num_warps, chunk):
         m = x.shape[0] * x.shape[1]
         return (x.new_empty((m, x.shape[2]), dtype=torch.float8_e4m3fn),
                 x.new_empty((m, 1), dtype=torch.float32))
@@ -223,6 +309,8 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
     if ARITHMETIC not in ("fast", "exact"):
         raise ValueError(f"ARITHMETIC must be 'fast' or 'exact', not {ARITHMETIC!r}")
+    if type(CHUNK) is not int or CHUNK < 0:
+        raise ValueError(f"CHUNK must be 0 (the row whole) or a width > 0, not {CHUNK!r}")
     if x.dim() != 3:
         raise ValueError(f"x must be [B, S, D], not {tuple(x.shape)}")
     B, S, D = x.shape
@@ -233,7 +321,7 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
     _last_path = "triton"
     # the registered op under torch.compile (one node, no break); eager calls the function itself
     return (_OP if torch.compiler.is_compiling() else _launch)(x, shift, scale, float(eps), recipe == "torchao",
-                                                               int(num_warps or NUM_WARPS))
+                                                               int(num_warps or NUM_WARPS), int(CHUNK))
 
 
 class Fp8Rows:

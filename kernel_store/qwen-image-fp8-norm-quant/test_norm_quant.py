@@ -95,6 +95,29 @@ def test_per_batch_modulation():
     assert not torch.equal(q[:9].view(torch.uint8), q1.view(torch.uint8))
 
 
+@pytest.mark.parametrize("shape, chunk", [((1, 37, 198), 64), ((2, 17, 96), 64), ((1, 5, 4099), 1024),
+                                          ((2, 40, 3072), 1024)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_chunked_row_gives_the_whole_rows_result(shape, chunk, dtype, monkeypatch):
+    """CHUNK (the row in pieces, four passes over it): the reference's result within the contract's
+    bound, and the whole-row kernel's scales and e4m3 bytes but for values whose last bit the other
+    order of the mean's and the variance's sums moves across an edge. Odd widths: a partial last chunk."""
+    x, sh, sc = make_inputs(shape, dtype, DEVICE, 5)
+    wq, ws = op.norm_modulate_quant(x, sh, sc, EPS)
+    monkeypatch.setattr(op, "CHUNK", chunk)
+    q, s = op.norm_modulate_quant(x, sh, sc, EPS)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(_deq(q, s), reference(x, sh, sc), atol=atol, rtol=rtol)
+    torch.testing.assert_close(s, ws, atol=0, rtol=1e-5 if dtype == "float32" else 1e-2)
+    assert _same(q, wq) >= 0.999
+
+
+def test_chunk_refuses_a_bad_width(monkeypatch):
+    monkeypatch.setattr(op, "CHUNK", -1)
+    with pytest.raises(ValueError, match="CHUNK"):
+        op.norm_modulate_quant(*make_inputs((1, 3, 64), "float32", DEVICE, 0), EPS)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's arithmetic (ARITHMETIC): torch's CUDA kernels")
 @pytest.mark.parametrize("recipe", op.RECIPES)
 def test_on_the_gpu_exact_arithmetic_moves_almost_no_code(recipe, monkeypatch):
