@@ -18,10 +18,26 @@ def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+# A row whose timed steps spread over more than this share of its median is marked: on an H100 the
+# compiled rows of one bench held 3-6%, while an eager row of the same run spread 32% (317-453 ms;
+# benchmarks/results/h100-fp8-modmerge-20261207/), and its median said nothing about the change measured.
+NOISY = 0.10
+
+
+def noisy(r) -> float | None:
+    """(max - min) / median of a timed row with at least 3 steps where that exceeds NOISY, else None."""
+    if not r.median_ms or r.min_ms is None or r.max_ms is None or r.n < 3:
+        return None
+    spread = (r.max_ms - r.min_ms) / r.median_ms
+    return spread if spread > NOISY else None
+
+
 def _table_rows(res: BenchResult) -> list[list[str]]:
     rows = []
     for r in res.rows:
         spread = f"{_fmt(r.min_ms)}–{_fmt(r.max_ms)}" if r.median_ms else "-"
+        if noisy(r):
+            spread += f" (noisy: {noisy(r):.0%})"
         ok = "-" if r.correct is None else ("ok" if r.correct else "WRONG")
         rows.append([r.variant, r.mode, _fmt(r.median_ms), spread, str(r.n or "-"), _fmt(r.per_pass_ms),
                      _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
@@ -59,6 +75,15 @@ def _bar(res: BenchResult) -> str:
             f"{res.best_compile_ms:.2f} ms/step (\"vs best compile\" > 1 is faster than it).")
 
 
+def _noise_line(res: BenchResult) -> str:
+    n = [r for r in res.rows if noisy(r)]
+    if not n:
+        return ""
+    return (f"{len(n)} row(s) marked noisy: their timed steps spread over more than {NOISY:.0%} of the median "
+            f"({', '.join(f'{r.variant} {r.mode}' for r in n)}); their medians may not hold in another run "
+            "(more steps: --iters; a quieter machine).")
+
+
 def _quant_lines(res: BenchResult) -> list[str]:
     """What each --quant row ran: the implementation (torchao's or optbot's emulation) and its reach."""
     return [f"{label}: {q['implementation']}; {q['linear_layers']} linear layers ({q['form']})"
@@ -85,6 +110,8 @@ def print_table(console: Console, res: BenchResult) -> None:
     for line in notes:
         console.print(line, markup=False)
     console.print(_bar(res))
+    if _noise_line(res):
+        console.print(_noise_line(res), markup=False)
     for line in _quant_lines(res):
         console.print(line, markup=False)
 
@@ -97,6 +124,6 @@ def markdown(res: BenchResult) -> str:
              f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(res)]
-    lines += ["", _bar(res)] + [f"- {line}" for line in _quant_lines(res)]
+    lines += ["", _bar(res)] + ([_noise_line(res)] if _noise_line(res) else []) + [f"- {line}" for line in _quant_lines(res)]
     lines += ["", "```"] + [f"{k}: {v}" for k, v in env.items()] + ["```", ""]
     return "\n".join(lines)

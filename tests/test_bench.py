@@ -165,3 +165,31 @@ def test_the_bar_line_says_whether_compile_rows_were_asked_for():
     assert "was asked for" in _bar(res)
     res.rows.append(BenchRow(variant="upstream", mode="compile", device="cpu", error="crashed"))
     assert _bar(res) == "No upstream torch.compile row ran correct: there is no compile bar in this run."
+
+
+def test_a_row_whose_steps_spread_widely_is_marked_noisy():
+    """A committed FP8 bench (H100, 2026-12-07): s11's eager steps spread 317-453 ms around a 432 median
+    (32%), the compiled rows 3-6%: the table marks the eager row and says what it means; the others not."""
+    import io
+
+    from rich.console import Console
+
+    from benchmarks.profile_places import load
+    from bot.bench_report import markdown, noisy, print_table
+    from bot.commands.bench import BenchResult, BenchRow
+
+    data = load(ROOT / "benchmarks/results/h100-fp8-modmerge-20261207/bench-qwen-image-s11.json")
+    fields = set(BenchResult.__dataclass_fields__)
+    res = BenchResult(**{k: v for k, v in data.items() if k in fields and k != "rows"})
+    res.rows = [BenchRow(**r) for r in data["rows"]]
+    marked = [(r.variant, r.mode) for r in res.rows if noisy(r)]
+    assert ("candidate:s11", "eager") in marked
+    assert not any(m == "compile+graph" for _, m in marked)
+    md = markdown(res)
+    assert "317.02–453.26 (noisy: 32%)" in md and "row(s) marked noisy" in md
+    buf = io.StringIO()
+    print_table(Console(file=buf, width=150), res)
+    assert "marked noisy" in buf.getvalue()
+    quiet = BenchRow(variant="upstream", mode="eager", device="cuda", median_ms=100.0, min_ms=99.0, max_ms=101.0, n=3)
+    few = BenchRow(variant="upstream", mode="eager", device="cuda", median_ms=100.0, min_ms=80.0, max_ms=120.0, n=2)
+    assert noisy(quiet) is None and noisy(few) is None  # 2%; two steps say nothing of a spread

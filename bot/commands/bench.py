@@ -129,7 +129,8 @@ def command(workload, engine, ref, preset, device, json_path, candidates, extra_
     with attention still at the matmul one: what an FP8 path could reach. Every row's outputs are
     compared with upstream eager under the workload's tolerance, in a separate process. The
     fastest correct upstream compile row is the bar ("vs best compile"), not eager. A row that
-    fails keeps its error; the rows that ran stay.
+    fails keeps its error; the rows that ran stay. A row whose timed steps spread over 10% of its
+    median is marked noisy (its median may not hold in another run: more --iters).
 
     \b
     --quant fp8 adds upstream+fp8 rows (the recipe's own error against upstream, reported), runs
