@@ -36,8 +36,9 @@ def _table_rows(res: BenchResult) -> list[list[str]]:
     rows = []
     for r in res.rows:
         spread = f"{_fmt(r.min_ms)}–{_fmt(r.max_ms)}" if r.median_ms else "-"
-        if noisy(r):
-            spread += f" (noisy: {noisy(r):.0%})"
+        wide = noisy(r)
+        if wide:
+            spread += f" (noisy: {wide:.0%})"
         ok = "-" if r.correct is None else ("ok" if r.correct else "WRONG")
         rows.append([r.variant, r.mode, _fmt(r.median_ms), spread, str(r.n or "-"), _fmt(r.per_pass_ms),
                      _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
@@ -110,8 +111,9 @@ def print_table(console: Console, res: BenchResult) -> None:
     for line in notes:
         console.print(line, markup=False)
     console.print(_bar(res))
-    if _noise_line(res):
-        console.print(_noise_line(res), markup=False)
+    noise = _noise_line(res)
+    if noise:
+        console.print(noise, markup=False)
     for line in _quant_lines(res):
         console.print(line, markup=False)
 
@@ -124,6 +126,6 @@ def markdown(res: BenchResult) -> str:
              f"{res.passes} pass(es) per step. Command: `{res.command}`", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(res)]
-    lines += ["", _bar(res)] + ([_noise_line(res)] if _noise_line(res) else []) + [f"- {line}" for line in _quant_lines(res)]
+    lines += ["", _bar(res)] + [line for line in [_noise_line(res)] if line] + [f"- {line}" for line in _quant_lines(res)]
     lines += ["", "```"] + [f"{k}: {v}" for k, v in env.items()] + ["```", ""]
     return "\n".join(lines)

@@ -117,7 +117,8 @@ def mode_farther_pairs(label0: str, reference: str, base_modes: dict[str, str], 
     in that mode no farther from the unquantized model (its eager output, `reference`) than the base's in
     the same mode, within NO_FARTHER. Both sides carry that mode's own rewrite (inductor's rounding), so
     the ratio measures what the candidate adds; without it a kernel that adds error only when compiled
-    is judged by the within-precision bound alone (docs/fp8.md, "The gate")."""
+    is judged by the within-precision bound alone (docs/validate.md, check 3; docs/fp8.md, "FLUX.2's FP8
+    entry at the gate")."""
     return [{"label": f"{label0} [{mode}] [vs unquantized]", "reference": reference, "base": base_modes[mode],
              "candidate": file, "no_farther": NO_FARTHER} for mode, file in cand_modes.items() if mode in base_modes]
 
