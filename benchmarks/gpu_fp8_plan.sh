@@ -7,15 +7,17 @@
 # `gpu_sglang.sh cmd` installs the carried wheels for about 30 s before this starts) and
 # each packed as $OUT/<step>.tgz as soon as it ends (the device returns at most 8 files, and a call cut
 # short still returns the steps that finished). By default:
-#   bench-f2      (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack with flux2-fp8-norm-quant's
-#                 one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's 276.22) against the
-#                 three-entry stack (f3.patch); it also prints the trusted rewrite's largest element
-#                 distance, the evidence FLUX.2's FP8 atol needs (f1 failed it by 2 of 524,288 elements, and
-#                 flux2-fp8-norm-quant was rejected at it in the first GPU optimize: docs/fp8.md)
+#   bench-f2x     (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack with flux2-fp8-norm-quant's
+#                 one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's 276.22) beside the same with
+#                 exact arithmetic in its quantizing kernels (cpu-fp8-exact-20261207/f2-exact.patch): does the
+#                 distance from the FP8 baseline fall with it (flux2-fp8-norm-quant was rejected at 0.0893-0.092
+#                 against the 0.09 bound, docs/fp8.md)? It also prints the trusted rewrite's largest element
+#                 distance, the evidence FLUX.2's FP8 atol needs
 # By name (STEPS="..."):
 #   bench-s11, profile-s11   s11.patch (the merged modulation) against s10.patch, and s11's compile + CUDA
 #                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
+#   bench-f2      f2 against the three-entry stack (f3.patch)
 #   micro-norm    (about 60 s) qwen-image-fp8-norm-quant's kernel with the row whole in registers (its
 #                 default) against the row in chunks (its CHUNK: predicted 33 -> 18-22 us an image call on
 #                 an H100, the register-bound occupancy explained in norm_quant.py)
@@ -34,7 +36,8 @@ S10=benchmarks/results/cpu-fp8-next-20261206/s10.patch
 F2=benchmarks/results/cpu-fp8-next-20261206/f2.patch
 S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
-STEPS="${STEPS:-bench-f2}"
+F2X=benchmarks/results/cpu-fp8-exact-20261207/f2-exact.patch
+STEPS="${STEPS:-bench-f2x}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"
@@ -67,6 +70,8 @@ step bench-s11 500 env TAG=s11 bash benchmarks/gpu_bench.sh qwen-image --quant f
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s11 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S11" --quant fp8 --iters 5
 step bench-f2 520 env TAG=f2 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2" --candidate "$F3" \
+  --modes eager --other-modes eager,compile+graph --iters 3
+step bench-f2x 520 env TAG=f2x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2X" --candidate "$F2" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
 step wide-gemv 90 bash -c 'python3 benchmarks/wide_gemv_micro.py --json "$RES/wide-gemv.json" > "$RES/wide-gemv.txt" 2>&1'
