@@ -105,6 +105,45 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _modulate(n, SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
+        """y = n * (1 + scale) + shift for the normalized values n at `cols` of a row (all or a chunk)."""
+        sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
+        sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
+        if ROUND:  # where the unfused code stores each value in bf16
+            return _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
+        return n * sc + sh
+
+    @triton.jit
+    def _row_scale(a, ROUND: tl.constexpr, TORCHAO: tl.constexpr, CUDA_MATH: tl.constexpr):
+        """The recipe's per-row scale from the row's amax a."""
+        if TORCHAO:  # amax / 448 in y's dtype (bf16: rounded), widened; no floor
+            if CUDA_MATH:  # a tensor / Python number: torch's CUDA kernels multiply by the reciprocal
+                s = a * (1.0 / 448.0)
+            else:
+                s = a / 448.0
+            if ROUND:
+                s = _round_bf16(s)
+        else:
+            if CUDA_MATH:
+                s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
+            else:
+                s = tl.maximum(a, 1e-12) / 448.0
+        return s
+
+    @triton.jit
+    def _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
+        """clamp(y / s, -448, 448) at `cols` of the row, as e4m3 (RTNE), or as float32 under the interpreter."""
+        if EXACT:
+            v = libdevice.div_rn(y, s)
+        else:
+            v = y / s
+        v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+        if F8_STORE:
+            tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+        else:
+            tl.store(Q + row * sq + cols, v, mask=m)
+
+    @triton.jit
     def _norm_mod_quant_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
                                BLOCK_D: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
                                F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
@@ -119,47 +158,10 @@ if triton is not None:
         mean = tl.sum(x, axis=0) / D
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / D
-        n = xc * (1.0 / tl.sqrt(var + eps))
-        sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
-        if ROUND:  # where the unfused code stores each value in bf16
-            y = _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
-        else:
-            y = n * sc + sh
-        a = tl.max(tl.where(m, tl.abs(y), 0.0), axis=0)
-        if TORCHAO:  # amax / 448 in y's dtype (bf16: rounded), widened; no floor
-            if CUDA_MATH:  # a tensor / Python number: torch's CUDA kernels multiply by the reciprocal
-                s = a * (1.0 / 448.0)
-            else:
-                s = a / 448.0
-            if ROUND:
-                s = _round_bf16(s)
-        else:
-            if CUDA_MATH:
-                s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
-            else:
-                s = tl.maximum(a, 1e-12) / 448.0
+        y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), SCALE, SHIFT, b * smb, cols, m, ROUND)
+        s = _row_scale(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), ROUND, TORCHAO, CUDA_MATH)
         tl.store(S_OUT + row, s)
-        if EXACT:
-            v = libdevice.div_rn(y, s)
-        else:
-            v = y / s
-        v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-        if F8_STORE:
-            tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
-        else:
-            tl.store(Q + row * sq + cols, v, mask=m)
-
-
-    @triton.jit
-    def _mod_row(x, mean, rstd, SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
-        """One chunk of the modulated row, y = n * (1 + scale) + shift, as _norm_mod_quant_kernel computes it."""
-        n = tl.where(m, x - mean, 0.0) * rstd
-        sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
-        if ROUND:
-            return _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
-        return n * sc + sh
+        _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE, EXACT)
 
     @triton.jit
     def _norm_mod_quant_chunked_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
@@ -174,7 +176,6 @@ if triton is not None:
         b = row // S
         t = row % S
         xrow = X + b * sxb + t * sxs
-        moff = b * smb
         offs = tl.arange(0, CHUNK)
         acc = tl.zeros([CHUNK], dtype=tl.float32)
         for c in tl.static_range(N_CHUNKS):
@@ -192,37 +193,16 @@ if triton is not None:
         for c in tl.static_range(N_CHUNKS):
             cols = c * CHUNK + offs
             m = cols < D
-            y = _mod_row(tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32), mean, rstd, SCALE, SHIFT, moff,
-                         cols, m, ROUND)
-            amax = tl.maximum(amax, tl.where(m, tl.abs(y), 0.0))
-        a = tl.max(amax, axis=0)
-        if TORCHAO:  # as _norm_mod_quant_kernel
-            if CUDA_MATH:
-                s = a * (1.0 / 448.0)
-            else:
-                s = a / 448.0
-            if ROUND:
-                s = _round_bf16(s)
-        else:
-            if CUDA_MATH:
-                s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
-            else:
-                s = tl.maximum(a, 1e-12) / 448.0
+            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
+            amax = tl.maximum(amax, tl.where(m, tl.abs(_modulate(xc * rstd, SCALE, SHIFT, b * smb, cols, m, ROUND)), 0.0))
+        s = _row_scale(tl.max(amax, axis=0), ROUND, TORCHAO, CUDA_MATH)
         tl.store(S_OUT + row, s)
         for c in tl.static_range(N_CHUNKS):
             cols = c * CHUNK + offs
             m = cols < D
-            y = _mod_row(tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32), mean, rstd, SCALE, SHIFT, moff,
-                         cols, m, ROUND)
-            if EXACT:
-                v = libdevice.div_rn(y, s)
-            else:
-                v = y / s
-            v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-            if F8_STORE:
-                tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
-            else:
-                tl.store(Q + row * sq + cols, v, mask=m)
+            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
+            _store_e4m3(Q, row, sq, cols, m, _modulate(xc * rstd, SCALE, SHIFT, b * smb, cols, m, ROUND), s,
+                        F8_STORE, EXACT)
 
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
