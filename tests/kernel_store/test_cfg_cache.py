@@ -1,7 +1,6 @@
-"""qwen-image-cfg-modulation-cache: all blocks' modulation is a few GEMMs over weights merged at load (runs of
-whole block linears of bounded size), the
-cache is hit by the second CFG pass, missed when the timestep changes, and a hit gives the same output as
-a recompute."""
+"""qwen-image-cfg-modulation-cache: all blocks' modulation is a few GEMMs over weights merged at load (runs
+of whole block linears of bounded size), the cache is hit by the second CFG pass, missed when the timestep
+changes, and a hit gives the same output as a recompute."""
 from __future__ import annotations
 
 import json
