@@ -68,7 +68,8 @@ def main(engine_root: str) -> None:
         built.model._optbot_mod_cache = None  # uncached reference for the changed timestep
         ref_t = built.model(**other)[0]
     print(json.dumps({"blocks": len(blocks), "one_run": one_run, "runs": runs, "counts": counts, "views": views,
-                      "mods_match": mods_match, "replaced_ok": replaced_ok, "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
+                      "mods_match": mods_match, "replaced_ok": replaced_ok,
+                      "changed_t_equal": bool(torch.equal(out_t, ref_t)), "cond_ne_uncond": not torch.equal(*outs)}))
 
 
 if __name__ == "__main__":
