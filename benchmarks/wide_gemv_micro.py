@@ -25,16 +25,17 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gelu_quant_micro import _copy_bandwidth, _graph_time  # noqa: E402
+from gelu_quant_micro import _copy_bandwidth, _graph_time, _load  # noqa: E402
 
 BLOCKS, DIM, MULT = 60, 3072, 6  # Qwen-Image: 60 blocks, img_mod and txt_mod each [dim -> 6 dim]
-E4M3_MAX = 448.0
+
+
+_NQ = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")  # its quantize_rows: torchao's recipe
 
 
 def quantize_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao's dynamic per-row activation quantization, as its eager path does it."""
-    s = (x.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).float()
-    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), s
+    """torchao's dynamic per-row activation quantization, as the store's reference writes it."""
+    return _NQ.quantize_rows(x, "torchao")
 
 
 def _mm(xq, xs, wt, ws, bias):

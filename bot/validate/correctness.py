@@ -68,8 +68,7 @@ def check_outputs(ctx: Context, base: dict, cand: dict, reference: dict | None =
         base_modes, cand_modes = base.get("mode_outputs") or {}, cand.get("mode_outputs") or {}
         pairs += mode_pairs(label0, b0["file"], base_modes, cand_modes, across)
         if reference is not None:  # added error is judged in every mode, not only eager's
-            ref0 = next(x for x in reference["runs"] if x["seed"] == r0["seed"]
-                        and json.dumps(x["shape"], sort_keys=True) == json.dumps(r0["shape"], sort_keys=True))
+            ref0 = refs[(json.dumps(r0["shape"], sort_keys=True), r0["seed"])]
             pairs += mode_farther_pairs(label0, ref0["file"], base_modes, cand_modes)
     job = ctx.job("compare", None, "", "compare", {  # no engine in the comparing process
         "pairs": pairs, "bit_exact": wl.bit_exact,
