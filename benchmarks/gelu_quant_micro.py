@@ -154,7 +154,7 @@ def _norm_quant_cases(before: str = ""):
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
     norm + modulation kernel followed by inductor's compiled quantization (the stack before
     qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (its NUM_WARPS, 8, 4;
-    exact arithmetic) and with the row in chunks (its CHUNK: 1024 and 512 wide, at 2-8 warps). Until
+    exact arithmetic) and with the row in chunks (its CHUNK: 1024, 512 and 256 wide, at 1-8 warps). Until
     2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
     nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
@@ -191,7 +191,8 @@ def _norm_quant_cases(before: str = ""):
             "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
             "norm_quant, 4 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4),
         }
-        for chunk, warps in ((1024, 4), (1024, 8), (512, 4), (512, 2)):  # CHUNK: the row in pieces
+        # CHUNK: the row in pieces; fewer warps a row, more rows an SM (norm_quant.py's CHUNK comment)
+        for chunk, warps in ((1024, 2), (1024, 4), (1024, 8), (512, 1), (512, 2), (512, 4), (256, 1), (256, 2)):
             variants[f"norm_quant, chunks of {chunk}, {warps} warps"] = (
                 lambda x=x, sh=sh, sc=sc, c=chunk, w=warps: entry(x, sh, sc, w, chunk=c))
         if old is not None:
