@@ -154,7 +154,7 @@ def _norm_quant_cases(before: str = ""):
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
     norm + modulation kernel followed by inductor's compiled quantization (the stack before
     qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (its NUM_WARPS, 8, 4;
-    exact arithmetic) and with the row in chunks (its CHUNK: 1024, 512 and 256 wide, at 1-8 warps). Until
+    exact arithmetic) and as looping programs (its PROGRAMS_PER_SM: 1-8 an SM, 1-3 stages, 4 and 8 warps). Until
     2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
     nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
@@ -165,17 +165,18 @@ def _norm_quant_cases(before: str = ""):
     def store_then_inductor(x, sh, sc):
         return cquant(nm.norm_modulate(x, sh[:, None], sc[:, None], 1e-6))
 
-    def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq, chunk=0):
-        was, mod.ARITHMETIC = mod.ARITHMETIC, arithmetic
-        was_chunk = getattr(mod, "CHUNK", None)
-        if was_chunk is not None:
-            mod.CHUNK = chunk
+    def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq, **knobs):
+        """The entry's kernel with its module settings (ARITHMETIC, and PROGRAMS_PER_SM / STAGES where
+        the file has them) set for this call only."""
+        knobs = {"ARITHMETIC": arithmetic, **{k: v for k, v in knobs.items() if hasattr(mod, k)}}
+        was = {k: getattr(mod, k) for k in knobs}
+        for k, v in knobs.items():
+            setattr(mod, k, v)
         try:
             return mod.norm_modulate_quant(x, sh, sc, 1e-6, "torchao", num_warps)
         finally:
-            mod.ARITHMETIC = was
-            if was_chunk is not None:
-                mod.CHUNK = was_chunk
+            for k, v in was.items():
+                setattr(mod, k, v)
 
     for M in (4096, 512):
         torch.manual_seed(0)
@@ -191,10 +192,12 @@ def _norm_quant_cases(before: str = ""):
             "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
             "norm_quant, 4 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4),
         }
-        # CHUNK: the row in pieces; fewer warps a row, more rows an SM (norm_quant.py's CHUNK comment)
-        for chunk, warps in ((1024, 2), (1024, 4), (1024, 8), (512, 1), (512, 2), (512, 4), (256, 1), (256, 2)):
-            variants[f"norm_quant, chunks of {chunk}, {warps} warps"] = (
-                lambda x=x, sh=sh, sc=sc, c=chunk, w=warps: entry(x, sh, sc, w, chunk=c))
+        # PROGRAMS_PER_SM: looping programs, the modulation loaded once a program (norm_quant.py's comment)
+        for per_sm, stages, warps in ((1, 2, 4), (2, 2, 4), (4, 2, 4), (8, 2, 4), (4, 1, 4), (4, 3, 4), (2, 2, 8),
+                                      (4, 2, 8)):
+            variants[f"norm_quant, {per_sm} programs an SM, {stages} stages, {warps} warps"] = (
+                lambda x=x, sh=sh, sc=sc, p=per_sm, st=stages, w=warps: entry(x, sh, sc, w, PROGRAMS_PER_SM=p,
+                                                                            STAGES=st))
         if old is not None:
             variants["before: norm_quant, 8 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 8, "fast", old)
             variants["before: norm_quant, 4 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4, "fast", old)

@@ -105,12 +105,19 @@ if triton is not None:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _modulate(n, SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
-        """y = n * (1 + scale) + shift for the normalized values n at `cols` of a row (all or a chunk)."""
+    def _mod_vectors(SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
+        """(1 + scale, shift) at `cols` as float32, 1 + scale rounded where the unfused code stores it."""
         sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
         sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
+        if ROUND:
+            sc = _round_bf16(sc)
+        return sc, sh
+
+    @triton.jit
+    def _modulate(n, sc, sh, ROUND: tl.constexpr):
+        """y = n * (1 + scale) + shift for the normalized values n (sc, sh: _mod_vectors)."""
         if ROUND:  # where the unfused code stores each value in bf16
-            return _round_bf16(_round_bf16(_round_bf16(n) * _round_bf16(sc)) + sh)
+            return _round_bf16(_round_bf16(_round_bf16(n) * sc) + sh)
         return n * sc + sh
 
     @triton.jit
@@ -158,51 +165,37 @@ if triton is not None:
         mean = tl.sum(x, axis=0) / D
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / D
-        y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), SCALE, SHIFT, b * smb, cols, m, ROUND)
+        sc, sh = _mod_vectors(SCALE, SHIFT, b * smb, cols, m, ROUND)
+        y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), sc, sh, ROUND)
         s = _row_scale(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), ROUND, TORCHAO, CUDA_MATH)
         tl.store(S_OUT + row, s)
         _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE, EXACT)
 
     @triton.jit
-    def _norm_mod_quant_chunked_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
-                                       CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, ROUND: tl.constexpr,
-                                       TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                                       EXACT: tl.constexpr):
-        """The same result as _norm_mod_quant_kernel with the row in CHUNK-wide pieces: four passes over
-        it (the mean; the variance; the modulated row's amax; the e4m3 values), the first from memory and
-        the other three from the cache, so that a program holds one chunk, not the row, in registers
-        (CHUNK below)."""
-        row = tl.program_id(0).to(tl.int64)
-        b = row // S
-        t = row % S
-        xrow = X + b * sxb + t * sxs
-        offs = tl.arange(0, CHUNK)
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-        for c in tl.static_range(N_CHUNKS):
-            cols = c * CHUNK + offs
-            acc += tl.load(xrow + cols, mask=cols < D, other=0.0).to(tl.float32)
-        mean = tl.sum(acc, axis=0) / D
-        acc = tl.zeros([CHUNK], dtype=tl.float32)
-        for c in tl.static_range(N_CHUNKS):
-            cols = c * CHUNK + offs
-            m = cols < D
-            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
-            acc += xc * xc
-        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
-        amax = tl.zeros([CHUNK], dtype=tl.float32)
-        for c in tl.static_range(N_CHUNKS):
-            cols = c * CHUNK + offs
-            m = cols < D
-            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
-            amax = tl.maximum(amax, tl.where(m, tl.abs(_modulate(xc * rstd, SCALE, SHIFT, b * smb, cols, m, ROUND)), 0.0))
-        s = _row_scale(tl.max(amax, axis=0), ROUND, TORCHAO, CUDA_MATH)
-        tl.store(S_OUT + row, s)
-        for c in tl.static_range(N_CHUNKS):
-            cols = c * CHUNK + offs
-            m = cols < D
-            xc = tl.where(m, tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32) - mean, 0.0)
-            _store_e4m3(Q, row, sq, cols, m, _modulate(xc * rstd, SCALE, SHIFT, b * smb, cols, m, ROUND), s,
-                        F8_STORE, EXACT)
+    def _norm_mod_quant_rows_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
+                                    BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROUND: tl.constexpr,
+                                    TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
+                                    EXACT: tl.constexpr):
+        """The same result as _norm_mod_quant_kernel, each program taking a strided run of one batch's
+        tokens (t = pid, pid + P, ...; grid (P, B)): the batch's shift and 1 + scale are loaded once a
+        program instead of once a row, and the loop issues the next row's load while this row is
+        reduced (STAGES, Triton's software pipelining)."""
+        pid = tl.program_id(0).to(tl.int64)  # the loop's index takes its type: 64-bit offsets
+        P = tl.num_programs(0)
+        b = tl.program_id(1).to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        m = cols < D
+        sc, sh = _mod_vectors(SCALE, SHIFT, b * smb, cols, m, ROUND)
+        for t in tl.range(pid, S, P, num_stages=STAGES):
+            row = b * S + t
+            x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
+            mean = tl.sum(x, axis=0) / D
+            xc = tl.where(m, x - mean, 0.0)
+            var = tl.sum(xc * xc, axis=0) / D
+            y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), sc, sh, ROUND)
+            s = _row_scale(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), ROUND, TORCHAO, CUDA_MATH)
+            tl.store(S_OUT + row, s)
+            _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE, EXACT)
 
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
@@ -218,15 +211,33 @@ ARITHMETIC = "fast"
 # before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
 NUM_WARPS = 4
 
-# 0: the row whole in registers (_norm_mod_quant_kernel, measured above); else the width of the pieces
-# _norm_mod_quant_chunked_kernel takes the row in. Why a chunked form: at 4 warps a 3072-wide row in
-# registers (a 4096-lane block, a few float32 values a lane) holds about 160 registers a thread, so an
-# H100 SM runs about 3 rows at once: 4096 rows are about 10 waves of one row's latency (~3.3 us), which
-# is the 33.3 us measured against the 15.4 us byte bound. A 1024-wide chunk needs about a quarter of
-# that, so about 4x the rows run at once, at the price of re-reading the row three times from L1/L2
-# (6 KB a row). Predicted on an H100: 33 -> 18-22 us an image call, 9.5 -> 6-7 ms a Qwen-Image step.
-# Not measured yet (benchmarks/gelu_quant_micro.py --kernel norm-quant has both): 0 until it is.
-CHUNK = 0
+# 0: one program a token (_norm_mod_quant_kernel, measured above); else that many programs an SM, each
+# looping over a strided run of the tokens (_norm_mod_quant_rows_kernel), STAGES rows in flight.
+# Why: the one-row kernel runs at 2.2x its byte bound an image call (33.3 us against 15.5), and a
+# one-row program's time is one latency chain (the row's load, three reductions, the modulation's
+# two L2 loads, the store) with about 3 rows an SM at once. A looping program loads the modulation
+# once, not 4096 times (12 KB of L2 reads a row, twice the row's own HBM bytes), and overlaps the
+# next row's load with this row's reductions. Predicted on an H100: 33 -> 20-24 us an image call,
+# 9.5 -> 6-7 ms a Qwen-Image step. Not measured yet: 0 until it is.
+# The other form tried, the row in 1024- or 512-wide chunks re-read from cache (fewer registers a
+# row, so more rows an SM), measured slower at every width and warp count: 42.7 us an image call at
+# best against 33.3 (benchmarks/results/h100-fp8-norm-micro-20261207/): removed.
+PROGRAMS_PER_SM = 0
+STAGES = 2
+
+
+_sm_counts = {}
+
+
+def _programs(x: torch.Tensor, per_sm: int) -> int:
+    """per_sm programs for each SM of x's device (the interpreter: 2 "SMs", so that the loop runs; it
+    decides, not the device: an emulated CUDA-graph capture on the CPU makes tensors say is_cuda)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not x.is_cuda:
+        return 2 * per_sm
+    i = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if i not in _sm_counts:
+        _sm_counts[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _sm_counts[i] * per_sm
 
 
 def _aside() -> bool:
@@ -238,7 +249,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, torchao: bool,
-            num_warps: int, chunk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+            num_warps: int, per_sm: int, stages: int) -> Tuple[torch.Tensor, torch.Tensor]:
     B, S, D = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -252,9 +263,9 @@ def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: floa
                  CUDA_MATH=not interpreted and libdevice is not None,
                  EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps)
     args = (x, shift, scale, q, s, S, D, x.stride(0), x.stride(1), scale.stride(0), q.stride(0), float(eps))
-    if B * S and chunk:
-        chunk = min(triton.next_power_of_2(chunk), triton.next_power_of_2(D))
-        _norm_mod_quant_chunked_kernel[(B * S,)](*args, CHUNK=chunk, N_CHUNKS=triton.cdiv(D, chunk), **flags)
+    if B * S and per_sm:
+        _norm_mod_quant_rows_kernel[(min(S, _programs(x, per_sm)), B)](
+            *args, BLOCK_D=triton.next_power_of_2(D), STAGES=stages, **flags)
     elif B * S:
         _norm_mod_quant_kernel[(B * S,)](*args, BLOCK_D=triton.next_power_of_2(D), **flags)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), s
@@ -269,7 +280,7 @@ def _register():
     op = torch.library.custom_op("optbot::norm_modulate_quant", mutates_args=())(_launch)
 
     @op.register_fake
-    def _fake(x, shift, scale, eps, torchao, num_warps, chunk):
+    def _fake(x, shift, scale, eps, torchao, num_warps, per_sm, stages):
         m = x.shape[0] * x.shape[1]
         return (x.new_empty((m, x.shape[2]), dtype=torch.float8_e4m3fn),
                 x.new_empty((m, 1), dtype=torch.float32))
@@ -289,8 +300,9 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
     if ARITHMETIC not in ("fast", "exact"):
         raise ValueError(f"ARITHMETIC must be 'fast' or 'exact', not {ARITHMETIC!r}")
-    if type(CHUNK) is not int or CHUNK < 0:
-        raise ValueError(f"CHUNK must be 0 (the row whole) or a width > 0, not {CHUNK!r}")
+    if type(PROGRAMS_PER_SM) is not int or PROGRAMS_PER_SM < 0 or type(STAGES) is not int or STAGES < 1:
+        raise ValueError(f"PROGRAMS_PER_SM must be 0 (a program a token) or more and STAGES 1 or more, "
+                         f"not {PROGRAMS_PER_SM!r} and {STAGES!r}")
     if x.dim() != 3:
         raise ValueError(f"x must be [B, S, D], not {tuple(x.shape)}")
     B, S, D = x.shape
@@ -301,7 +313,8 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
     _last_path = "triton"
     # the registered op under torch.compile (one node, no break); eager calls the function itself
     return (_OP if torch.compiler.is_compiling() else _launch)(x, shift, scale, float(eps), recipe == "torchao",
-                                                               int(num_warps or NUM_WARPS), int(CHUNK))
+                                                               int(num_warps or NUM_WARPS), int(PROGRAMS_PER_SM),
+                                                               int(STAGES))
 
 
 class Fp8Rows:

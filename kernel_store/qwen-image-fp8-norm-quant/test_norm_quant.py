@@ -95,26 +95,28 @@ def test_per_batch_modulation():
     assert not torch.equal(q[:9].view(torch.uint8), q1.view(torch.uint8))
 
 
-@pytest.mark.parametrize("shape, chunk", [((1, 37, 198), 64), ((2, 17, 96), 64), ((1, 5, 4099), 1024),
-                                          ((2, 40, 3072), 1024)])
+@pytest.mark.parametrize("shape, per_sm, stages", [((1, 37, 198), 1, 2), ((2, 17, 96), 3, 1), ((1, 5, 4099), 4, 2),
+                                                    ((2, 40, 3072), 2, 3)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_chunked_row_gives_the_whole_rows_result(shape, chunk, dtype, monkeypatch):
-    """CHUNK (the row in pieces, four passes over it): the reference's result within the contract's
-    bound, and the whole-row kernel's scales and e4m3 bytes but for values whose last bit the other
-    order of the mean's and the variance's sums moves across an edge. Odd widths: a partial last chunk."""
+def test_the_looping_programs_give_the_one_row_kernels_bytes(shape, per_sm, stages, dtype, monkeypatch):
+    """PROGRAMS_PER_SM (each program a strided run of one batch's tokens, the modulation loaded once):
+    the same arithmetic a row as the one-row kernel, so the same scales and e4m3 bytes, with fewer
+    programs than tokens (the loop runs), more (some run none: 5 tokens), and two batches' modulations."""
     x, sh, sc = make_inputs(shape, dtype, DEVICE, 5)
     wq, ws = op.norm_modulate_quant(x, sh, sc, EPS)
-    monkeypatch.setattr(op, "CHUNK", chunk)
+    monkeypatch.setattr(op, "PROGRAMS_PER_SM", per_sm)
+    monkeypatch.setattr(op, "STAGES", stages)
     q, s = op.norm_modulate_quant(x, sh, sc, EPS)
+    assert torch.equal(s, ws)
+    assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8))
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(_deq(q, s), reference(x, sh, sc), atol=atol, rtol=rtol)
-    torch.testing.assert_close(s, ws, atol=0, rtol=1e-5 if dtype == "float32" else 1e-2)
-    assert _same(q, wq) >= 0.999
 
 
-def test_chunk_refuses_a_bad_width(monkeypatch):
-    monkeypatch.setattr(op, "CHUNK", -1)
-    with pytest.raises(ValueError, match="CHUNK"):
+@pytest.mark.parametrize("name, value", [("PROGRAMS_PER_SM", -1), ("STAGES", 0), ("PROGRAMS_PER_SM", 1.5)])
+def test_a_bad_launch_setting_is_refused(name, value, monkeypatch):
+    monkeypatch.setattr(op, name, value)
+    with pytest.raises(ValueError, match=name):
         op.norm_modulate_quant(*make_inputs((1, 3, 64), "float32", DEVICE, 0), EPS)
 
 
