@@ -154,7 +154,7 @@ def _norm_quant_cases(before: str = ""):
     CFG passes). Variants: inductor's fusion of the unfused ops (the `:aside` stack), the store's
     norm + modulation kernel followed by inductor's compiled quantization (the stack before
     qwen-image-fp8-norm-quant), and that entry's kernel doing both in one pass (its NUM_WARPS, 8, 4;
-    exact arithmetic) and as looping programs (its PROGRAMS_PER_SM: 1-8 an SM, 1-3 stages, 4 and 8 warps). Until
+    exact arithmetic) and with the row as one block or its default blocks (BLOCKS) at 2-8 warps. Until
     2026-12-06 the one-pass kernel was a prototype in benchmarks/."""
     nq = _load("kernel_store/qwen-image-fp8-norm-quant/norm_quant.py")
     nm = _load("kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py")
@@ -166,8 +166,8 @@ def _norm_quant_cases(before: str = ""):
         return cquant(nm.norm_modulate(x, sh[:, None], sc[:, None], 1e-6))
 
     def entry(x, sh, sc, num_warps=0, arithmetic="fast", mod=nq, **knobs):
-        """The entry's kernel with its module settings (ARITHMETIC, and PROGRAMS_PER_SM / STAGES where
-        the file has them) set for this call only."""
+        """The entry's kernel with its module settings (ARITHMETIC, and BLOCKS where the file has it) set
+        for this call only."""
         knobs = {"ARITHMETIC": arithmetic, **{k: v for k, v in knobs.items() if hasattr(mod, k)}}
         was = {k: getattr(mod, k) for k in knobs}
         for k, v in knobs.items():
@@ -192,12 +192,10 @@ def _norm_quant_cases(before: str = ""):
             "norm_quant, exact": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 0, "exact"),
             "norm_quant, 4 warps": lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4),
         }
-        # PROGRAMS_PER_SM: looping programs, the modulation loaded once a program (norm_quant.py's comment)
-        for per_sm, stages, warps in ((1, 2, 4), (2, 2, 4), (4, 2, 4), (8, 2, 4), (4, 1, 4), (4, 3, 4), (2, 2, 8),
-                                      (4, 2, 8)):
-            variants[f"norm_quant, {per_sm} programs an SM, {stages} stages, {warps} warps"] = (
-                lambda x=x, sh=sh, sc=sc, p=per_sm, st=stages, w=warps: entry(x, sh, sc, w, PROGRAMS_PER_SM=p,
-                                                                            STAGES=st))
+        # BLOCKS: the row as blocks in registers (0: three of 1024 for 3072; 1: one 4096-lane block)
+        for blocks, warps in ((1, 4), (0, 8), (0, 2)):
+            variants[f"norm_quant, {blocks or 'default'} block(s), {warps} warps"] = (
+                lambda x=x, sh=sh, sc=sc, nb=blocks, w=warps: entry(x, sh, sc, w, BLOCKS=nb))
         if old is not None:
             variants["before: norm_quant, 8 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 8, "fast", old)
             variants["before: norm_quant, 4 warps"] = lambda x=x, sh=sh, sc=sc: entry(x, sh, sc, 4, "fast", old)

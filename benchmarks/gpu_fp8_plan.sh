@@ -18,11 +18,11 @@
 #                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
 #   bench-f2      f2 against the three-entry stack (f3.patch)
-#   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel, one program a token (its
-#                 default) against looping programs (its PROGRAMS_PER_SM: predicted 33 -> 20-24 us an image
-#                 call on an H100; norm_quant.py says why)
-#   bench-s12     s12.patch (s11 with PROGRAMS_PER_SM = 4) against s11b.patch (the same stack, 0), both
-#                 cpu-fp8-normloop-20261207/ (about 430 s)
+#   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel with the row in three
+#                 1024-wide blocks and the GPU's own bf16 rounding (predicted 33 -> 18-21 us an image call
+#                 on an H100; norm_quant.py's BLOCKS says why) against the kernel before it (--before)
+#   bench-s12     s12.patch (s11 with that kernel, and the GELU kernel's bf16 rounding on the GPU's own
+#                 conversion: cpu-fp8-normblocks-20261207/) against s11.patch (about 430 s)
 #   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
 #                 6 ran at 78% of the copy ceiling: do wider runs close it?)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
@@ -39,8 +39,8 @@ F2=benchmarks/results/cpu-fp8-next-20261206/f2.patch
 S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
 F2X=benchmarks/results/cpu-fp8-exact-20261207/f2-exact.patch
-S11B=benchmarks/results/cpu-fp8-normloop-20261207/s11b.patch
-S12=benchmarks/results/cpu-fp8-normloop-20261207/s12.patch
+S12=benchmarks/results/cpu-fp8-normblocks-20261207/s12.patch
+BEFORE12=benchmarks/results/cpu-fp8-normblocks-20261207/before
 STEPS="${STEPS:-bench-f2x}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
@@ -67,7 +67,7 @@ step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy
   tar czf "$OUT/$name.tgz" -C "$work" "$name"
 }
 
-step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
+step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$BEFORE12"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
 step bench-s10 440 env TAG=s10 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S10" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s10 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S10" --quant fp8 --iters 5
@@ -78,6 +78,6 @@ step bench-f2 520 env TAG=f2 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --ca
   --modes eager --other-modes eager,compile+graph --iters 3
 step bench-f2x 520 env TAG=f2x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2X" --candidate "$F2" \
   --modes eager --other-modes eager,compile+graph --iters 3
-step bench-s12 440 env TAG=s12 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S12" --candidate "$S11B" \
+step bench-s12 440 env TAG=s12 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S12" --candidate "$S11" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step wide-gemv 90 bash -c 'python3 benchmarks/wide_gemv_micro.py --json "$RES/wide-gemv.json" > "$RES/wide-gemv.txt" 2>&1'

@@ -4,7 +4,9 @@ builds it for a GPU, on a machine without one (triton's bundled ptxas and cuobjd
 A row kernel whose next block's loads wait on the last block's reduction barrier pays one memory
 latency per block (lessons/a-row-kernel-issues-its-loads-before-its-reductions.md): the `LDG`/`BAR`
 sequence printed here shows it before any GPU time is spent, and the registers say how many programs
-an SM holds (65,536 registers / (32 x warps x registers a thread)).
+an SM holds (65,536 registers / (32 x warps x registers a thread)); the instruction count, over the
+values a thread holds, what an element costs to issue (a kernel without loops: each thread runs each
+instruction once; an H100 SM issues 4 warp instructions a cycle).
 
     python benchmarks/kernel_sass.py FILE KERNEL --arg NAME=TYPE ... [--const NAME=VALUE ...]
         [--warps 4,8,16] [--arch 90]
@@ -49,7 +51,8 @@ def _value(v: str):
 
 
 def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: int, arch: int) -> dict:
-    """{"regs", "stack", "sequence"}: the cubin's resource usage and its LDG/BAR/STG order, run-length coded."""
+    """{"regs", "instructions", "stack", "sequence"}: the cubin's resource usage, its SASS instruction count
+    and its LDG/BAR/STG order, run-length coded."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -85,7 +88,10 @@ def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: in
     finally:
         os.unlink(f.name)
     seq = [m.group(1) for line in sass.splitlines() if (m := re.search(r"\b(LDG|BAR|STG)\b", line))]
-    return {"regs": int(re.search(r"REG:(\d+)", usage).group(1)),
+    # every SASS instruction a thread issues on the straight-line path (loops counted once): with the
+    # values a thread holds, the issue cost of an element (an SM issues 4 warp instructions a cycle)
+    ops = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+[A-Z@]", line)]
+    return {"regs": int(re.search(r"REG:(\d+)", usage).group(1)), "instructions": len(ops),
             "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
             "sequence": " ".join(f"{len(list(g))}{k}" for k, g in itertools.groupby(seq))}
 
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         per_sm = 65536 // (32 * w * max(r["regs"], 1))
         print(f"{w:3d} warps: {r['regs']:3d} registers ({min(per_sm, 64 // w)} programs an SM), "
-              f"stack {r['stack']} B   {r['sequence']}")
+              f"{r['instructions']} instructions, stack {r['stack']} B   {r['sequence']}")
     return 0
 
 

@@ -103,10 +103,13 @@ if triton is not None:
         return 0.5 * x * (1.0 + t)
 
     @triton.jit
-    def _round_bf16(x):
-        # float32 -> nearest bfloat16 (ties to even), kept in float32, with integer ops: Triton's
-        # interpreter truncates a float32 -> bf16 cast whatever rounding it is asked for (triton 3.9),
-        # and this is the same arithmetic on the GPU
+    def _round_bf16(x, ROUND: tl.constexpr):
+        # float32 -> nearest bfloat16 (ties to even), kept in float32. ROUND 2 (the GPU): the hardware's
+        # conversion; 1: the same arithmetic with integer ops, for Triton's interpreter, which truncates a
+        # float32 -> bf16 cast whatever rounding it is asked for (triton 3.9). On the GPU the integer form
+        # cost about 5 of the kernel's ~37 instructions an element (benchmarks/kernel_sass.py).
+        if ROUND == 2:
+            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.float32, bitcast=True)
@@ -127,7 +130,7 @@ if triton is not None:
         """The GELU, rounded where the unfused code stores it in h's dtype (bf16)."""
         g = _gelu_tanh(x, EXACT)
         if ROUND:
-            g = _round_bf16(g)
+            g = _round_bf16(g, ROUND)
         return g
 
     @triton.jit
@@ -191,7 +194,7 @@ if triton is not None:
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
             scale = _div448(a, CUDA_MATH)
             if ROUND:
-                scale = _round_bf16(scale)
+                scale = _round_bf16(scale, ROUND)
         else:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
@@ -270,7 +273,7 @@ def _launch(h: torch.Tensor, torchao: bool, block_n: int, num_warps: int) -> Tup
     if M:
         _gelu_quant_kernel[(M,)](h2, q, scale, N, h2.stride(0), q.stride(0), BLOCK_N=block_n,
                                  CHUNKS=chunks, EVEN=bool(chunks) and N % block_n == 0,
-                                 ROUND=h.dtype == torch.bfloat16, TORCHAO=torchao,
+                                 ROUND=(1 if interpreted else 2) if h.dtype == torch.bfloat16 else 0, TORCHAO=torchao,
                                  F8_STORE=f8_store,
                                  CUDA_MATH=not interpreted and libdevice is not None,
                                  EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",

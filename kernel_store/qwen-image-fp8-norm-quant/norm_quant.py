@@ -97,27 +97,34 @@ def reference(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: fl
 if triton is not None:
 
     @triton.jit
-    def _round_bf16(x):
-        # float32 -> nearest bf16 (ties to even), kept in float32, with integer ops (the interpreter
-        # truncates a float32 -> bf16 cast)
+    def _round_bf16(x, ROUND: tl.constexpr):
+        """float32 -> nearest bf16 (ties to even), kept in float32. ROUND 2 (the GPU): the hardware's
+        conversion (2 instructions an element); 1 (the interpreter, which truncates a float32 -> bf16
+        cast whatever rounding it is asked for): the same arithmetic with integer ops (about 6)."""
+        if ROUND == 2:
+            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _mod_vectors(SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr):
+    def _mod_vectors(SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr, EVEN: tl.constexpr):
         """(1 + scale, shift) at `cols` as float32, 1 + scale rounded where the unfused code stores it."""
-        sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
-        sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
+        if EVEN:
+            sc = 1.0 + tl.load(SCALE + moff + cols).to(tl.float32)
+            sh = tl.load(SHIFT + moff + cols).to(tl.float32)
+        else:
+            sc = 1.0 + tl.load(SCALE + moff + cols, mask=m, other=0.0).to(tl.float32)
+            sh = tl.load(SHIFT + moff + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:
-            sc = _round_bf16(sc)
+            sc = _round_bf16(sc, ROUND)
         return sc, sh
 
     @triton.jit
     def _modulate(n, sc, sh, ROUND: tl.constexpr):
         """y = n * (1 + scale) + shift for the normalized values n (sc, sh: _mod_vectors)."""
         if ROUND:  # where the unfused code stores each value in bf16
-            return _round_bf16(_round_bf16(_round_bf16(n) * sc) + sh)
+            return _round_bf16(_round_bf16(_round_bf16(n, ROUND) * sc, ROUND) + sh, ROUND)
         return n * sc + sh
 
     @triton.jit
@@ -129,7 +136,7 @@ if triton is not None:
             else:
                 s = a / 448.0
             if ROUND:
-                s = _round_bf16(s)
+                s = _round_bf16(s, ROUND)
         else:
             if CUDA_MATH:
                 s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
@@ -138,7 +145,7 @@ if triton is not None:
         return s
 
     @triton.jit
-    def _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE: tl.constexpr, EXACT: tl.constexpr):
+    def _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE: tl.constexpr, EXACT: tl.constexpr, EVEN: tl.constexpr):
         """clamp(y / s, -448, 448) at `cols` of the row, as e4m3 (RTNE), or as float32 under the interpreter."""
         if EXACT:
             v = libdevice.div_rn(y, s)
@@ -146,56 +153,99 @@ if triton is not None:
             v = y / s
         v = tl.minimum(tl.maximum(v, -448.0), 448.0)
         if F8_STORE:
-            tl.store(Q + row * sq + cols, v.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+            v = v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        if EVEN:
+            tl.store(Q + row * sq + cols, v)
         else:
             tl.store(Q + row * sq + cols, v, mask=m)
 
     @triton.jit
+    def _load_block(xrow, c, D, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        """Block c of the row as float32, its columns and mask (EVEN: the row is whole blocks, no mask)."""
+        cols = c * BLOCK + tl.arange(0, BLOCK)
+        m = cols < D
+        if EVEN:
+            x = tl.load(xrow + cols).to(tl.float32)
+        else:
+            x = tl.load(xrow + cols, mask=m, other=0.0).to(tl.float32)
+        return x, cols, m
+
+    @triton.jit
+    def _centered(x, mean, m, EVEN: tl.constexpr):
+        if EVEN:
+            return x - mean
+        return tl.where(m, x - mean, 0.0)
+
+    @triton.jit
+    def _modulated(xc, rstd, SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr, EVEN: tl.constexpr):
+        sc, sh = _mod_vectors(SCALE, SHIFT, moff, cols, m, ROUND, EVEN)
+        return _modulate(xc * rstd, sc, sh, ROUND)
+
+    @triton.jit
+    def _abs(y, m, EVEN: tl.constexpr):
+        if EVEN:
+            return tl.abs(y)
+        return tl.where(m, tl.abs(y), 0.0)
+
+    @triton.jit
     def _norm_mod_quant_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
-                               BLOCK_D: tl.constexpr, ROUND: tl.constexpr, TORCHAO: tl.constexpr,
-                               F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr, EXACT: tl.constexpr):
-        """One program per token, its row whole in registers: mean, variance, the modulation, the
-        row's amax, then the e4m3 values and the scale."""
+                               BLOCK: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr, ROUND: tl.constexpr,
+                               TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
+                               EXACT: tl.constexpr):
+        """One program per token, its row whole in registers as NB (1-4) blocks of BLOCK values (Qwen-
+        Image's 3072: three of 1024, no lane idle; Triton holds no list of tensors, hence x0..x3): mean,
+        variance, the modulation, the row's amax, then the e4m3 values and the scale. The blocks' sums
+        are added lane by lane before one reduction each, so a row has three reductions, as with one
+        block."""
         row = tl.program_id(0).to(tl.int64)
         b = row // S
         t = row % S
-        cols = tl.arange(0, BLOCK_D)
-        m = cols < D
-        x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        xc = tl.where(m, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / D
-        sc, sh = _mod_vectors(SCALE, SHIFT, b * smb, cols, m, ROUND)
-        y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), sc, sh, ROUND)
-        s = _row_scale(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), ROUND, TORCHAO, CUDA_MATH)
+        xrow = X + b * sxb + t * sxs
+        moff = b * smb
+        x0, c0, m0 = _load_block(xrow, 0, D, BLOCK, EVEN)
+        acc = x0
+        if NB > 1:
+            x1, c1, m1 = _load_block(xrow, 1, D, BLOCK, EVEN)
+            acc += x1
+        if NB > 2:
+            x2, c2, m2 = _load_block(xrow, 2, D, BLOCK, EVEN)
+            acc += x2
+        if NB > 3:
+            x3, c3, m3 = _load_block(xrow, 3, D, BLOCK, EVEN)
+            acc += x3
+        mean = tl.sum(acc, axis=0) / D
+        x0 = _centered(x0, mean, m0, EVEN)
+        acc = x0 * x0
+        if NB > 1:
+            x1 = _centered(x1, mean, m1, EVEN)
+            acc += x1 * x1
+        if NB > 2:
+            x2 = _centered(x2, mean, m2, EVEN)
+            acc += x2 * x2
+        if NB > 3:
+            x3 = _centered(x3, mean, m3, EVEN)
+            acc += x3 * x3
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + eps)
+        y0 = _modulated(x0, rstd, SCALE, SHIFT, moff, c0, m0, ROUND, EVEN)
+        am = _abs(y0, m0, EVEN)
+        if NB > 1:
+            y1 = _modulated(x1, rstd, SCALE, SHIFT, moff, c1, m1, ROUND, EVEN)
+            am = tl.maximum(am, _abs(y1, m1, EVEN))
+        if NB > 2:
+            y2 = _modulated(x2, rstd, SCALE, SHIFT, moff, c2, m2, ROUND, EVEN)
+            am = tl.maximum(am, _abs(y2, m2, EVEN))
+        if NB > 3:
+            y3 = _modulated(x3, rstd, SCALE, SHIFT, moff, c3, m3, ROUND, EVEN)
+            am = tl.maximum(am, _abs(y3, m3, EVEN))
+        s = _row_scale(tl.max(am, axis=0), ROUND, TORCHAO, CUDA_MATH)
         tl.store(S_OUT + row, s)
-        _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE, EXACT)
-
-    @triton.jit
-    def _norm_mod_quant_rows_kernel(X, SHIFT, SCALE, Q, S_OUT, S, D, sxb, sxs, smb, sq, eps,
-                                    BLOCK_D: tl.constexpr, STAGES: tl.constexpr, ROUND: tl.constexpr,
-                                    TORCHAO: tl.constexpr, F8_STORE: tl.constexpr, CUDA_MATH: tl.constexpr,
-                                    EXACT: tl.constexpr):
-        """The same result as _norm_mod_quant_kernel, each program taking a strided run of one batch's
-        tokens (t = pid, pid + P, ...; grid (P, B)): the batch's shift and 1 + scale are loaded once a
-        program instead of once a row, and the loop issues the next row's load while this row is
-        reduced (STAGES, Triton's software pipelining)."""
-        pid = tl.program_id(0).to(tl.int64)  # the loop's index takes its type: 64-bit offsets
-        P = tl.num_programs(0)
-        b = tl.program_id(1).to(tl.int64)
-        cols = tl.arange(0, BLOCK_D)
-        m = cols < D
-        sc, sh = _mod_vectors(SCALE, SHIFT, b * smb, cols, m, ROUND)
-        for t in tl.range(pid, S, P, num_stages=STAGES):
-            row = b * S + t
-            x = tl.load(X + b * sxb + t * sxs + cols, mask=m, other=0.0).to(tl.float32)
-            mean = tl.sum(x, axis=0) / D
-            xc = tl.where(m, x - mean, 0.0)
-            var = tl.sum(xc * xc, axis=0) / D
-            y = _modulate(xc * (1.0 / tl.sqrt(var + eps)), sc, sh, ROUND)
-            s = _row_scale(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), ROUND, TORCHAO, CUDA_MATH)
-            tl.store(S_OUT + row, s)
-            _store_e4m3(Q, row, sq, cols, m, y, s, F8_STORE, EXACT)
+        _store_e4m3(Q, row, sq, c0, m0, y0, s, F8_STORE, EXACT, EVEN)
+        if NB > 1:
+            _store_e4m3(Q, row, sq, c1, m1, y1, s, F8_STORE, EXACT, EVEN)
+        if NB > 2:
+            _store_e4m3(Q, row, sq, c2, m2, y2, s, F8_STORE, EXACT, EVEN)
+        if NB > 3:
+            _store_e4m3(Q, row, sq, c3, m3, y3, s, F8_STORE, EXACT, EVEN)
 
 
 # Under torch.compile: "op", this file's registered op (one graph node); "reference", the torch
@@ -211,33 +261,29 @@ ARITHMETIC = "fast"
 # before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
 NUM_WARPS = 4
 
-# 0: one program a token (_norm_mod_quant_kernel, measured above); else that many programs an SM, each
-# looping over a strided run of the tokens (_norm_mod_quant_rows_kernel), STAGES rows in flight.
-# Why: the one-row kernel runs at 2.2x its byte bound an image call (33.3 us against 15.5), and a
-# one-row program's time is one latency chain (the row's load, three reductions, the modulation's
-# two L2 loads, the store) with about 3 rows an SM at once. A looping program loads the modulation
-# once, not 4096 times (12 KB of L2 reads a row, twice the row's own HBM bytes), and overlaps the
-# next row's load with this row's reductions. Predicted on an H100: 33 -> 20-24 us an image call,
-# 9.5 -> 6-7 ms a Qwen-Image step. Not measured yet: 0 until it is.
-# The other form tried, the row in 1024- or 512-wide chunks re-read from cache (fewer registers a
-# row, so more rows an SM), measured slower at every width and warp count: 42.7 us an image call at
-# best against 33.3 (benchmarks/results/h100-fp8-norm-micro-20261207/): removed.
-PROGRAMS_PER_SM = 0
-STAGES = 2
+# The row in registers as at most MAX_BLOCKS blocks (BLOCKS: 0 the fewest blocks with no lane idle, as
+# _blocks picks; n: n blocks, the last one padded). Why: the kernel is bound by the instructions it
+# issues, not its bytes (2026-12-07, SASS of the sm_90 build on the CPU, benchmarks/kernel_sass.py):
+# at 4 warps the one-block form held 56 registers (9 programs an SM, so not register-bound, and the
+# chunked form measured slower: 42.7 against 33.3 us an image call, h100-fp8-norm-micro-20261207/) and
+# issued 1392 instructions a thread for 32 lanes of a 4096-lane block: 43 an element, about 20 of them
+# the integer bf16 rounding, and a quarter of the lanes idle for a 3072-wide row. 4096 rows x 128
+# threads x 1392 instructions / (132 SMs x 4 warp instructions a cycle) is about 25 us at 1.75 GHz,
+# most of the 33.3 measured. Three 1024-wide blocks (no idle lane, no masks) and the hardware's bf16
+# conversion (ROUND 2) cut that to about 12 us, under the 15.5 us byte bound. Predicted on an H100:
+# 33 -> 18-21 us an image call, 9.5 -> 5.5-6.5 ms a Qwen-Image step in its microbenchmark.
+BLOCKS = 0
+MAX_BLOCKS = 4
 
 
-_sm_counts = {}
-
-
-def _programs(x: torch.Tensor, per_sm: int) -> int:
-    """per_sm programs for each SM of x's device (the interpreter: 2 "SMs", so that the loop runs; it
-    decides, not the device: an emulated CUDA-graph capture on the CPU makes tensors say is_cuda)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not x.is_cuda:
-        return 2 * per_sm
-    i = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if i not in _sm_counts:
-        _sm_counts[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _sm_counts[i] * per_sm
+def _blocks(d: int, blocks: int) -> Tuple[int, int]:
+    """(BLOCK, NB) for a d-wide row: the fewest blocks (1 to MAX_BLOCKS) with the fewest idle lanes, or
+    `blocks` blocks."""
+    if blocks:
+        return triton.next_power_of_2(-(-d // blocks)), blocks
+    fits = [(c * triton.next_power_of_2(-(-d // c)) - d, c) for c in range(1, MAX_BLOCKS + 1)]
+    nb = min(fits)[1]
+    return triton.next_power_of_2(-(-d // nb)), nb
 
 
 def _aside() -> bool:
@@ -249,7 +295,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, torchao: bool,
-            num_warps: int, per_sm: int, stages: int) -> Tuple[torch.Tensor, torch.Tensor]:
+            num_warps: int, blocks: int) -> Tuple[torch.Tensor, torch.Tensor]:
     B, S, D = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -259,15 +305,14 @@ def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: floa
     f8_store = not interpreted
     q = torch.empty((B * S, D), dtype=torch.float8_e4m3fn if f8_store else torch.float32, device=x.device)
     s = torch.empty((B * S, 1), dtype=torch.float32, device=x.device)
-    flags = dict(ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao, F8_STORE=f8_store,
+    # ROUND 0: float32, nothing rounded; 1 the interpreter's integer rounding; 2 the GPU's own (_round_bf16)
+    flags = dict(ROUND=(1 if interpreted else 2) if x.dtype == torch.bfloat16 else 0, TORCHAO=torchao, F8_STORE=f8_store,
                  CUDA_MATH=not interpreted and libdevice is not None,
                  EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps)
     args = (x, shift, scale, q, s, S, D, x.stride(0), x.stride(1), scale.stride(0), q.stride(0), float(eps))
-    if B * S and per_sm:
-        _norm_mod_quant_rows_kernel[(min(S, _programs(x, per_sm)), B)](
-            *args, BLOCK_D=triton.next_power_of_2(D), STAGES=stages, **flags)
-    elif B * S:
-        _norm_mod_quant_kernel[(B * S,)](*args, BLOCK_D=triton.next_power_of_2(D), **flags)
+    if B * S:
+        block, nb = _blocks(D, blocks)
+        _norm_mod_quant_kernel[(B * S,)](*args, BLOCK=block, NB=nb, EVEN=block * nb == D, **flags)
     return (q if f8_store else q.to(torch.float8_e4m3fn)), s
 
 
@@ -280,7 +325,7 @@ def _register():
     op = torch.library.custom_op("optbot::norm_modulate_quant", mutates_args=())(_launch)
 
     @op.register_fake
-    def _fake(x, shift, scale, eps, torchao, num_warps, per_sm, stages):
+    def _fake(x, shift, scale, eps, torchao, num_warps, blocks):
         m = x.shape[0] * x.shape[1]
         return (x.new_empty((m, x.shape[2]), dtype=torch.float8_e4m3fn),
                 x.new_empty((m, 1), dtype=torch.float32))
@@ -300,9 +345,8 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
         raise ValueError(f"recipe must be one of {RECIPES}, not {recipe!r}")
     if ARITHMETIC not in ("fast", "exact"):
         raise ValueError(f"ARITHMETIC must be 'fast' or 'exact', not {ARITHMETIC!r}")
-    if type(PROGRAMS_PER_SM) is not int or PROGRAMS_PER_SM < 0 or type(STAGES) is not int or STAGES < 1:
-        raise ValueError(f"PROGRAMS_PER_SM must be 0 (a program a token) or more and STAGES 1 or more, "
-                         f"not {PROGRAMS_PER_SM!r} and {STAGES!r}")
+    if type(BLOCKS) is not int or not 0 <= BLOCKS <= MAX_BLOCKS:
+        raise ValueError(f"BLOCKS must be 0 (the fewest with no idle lane) to {MAX_BLOCKS}, not {BLOCKS!r}")
     if x.dim() != 3:
         raise ValueError(f"x must be [B, S, D], not {tuple(x.shape)}")
     B, S, D = x.shape
@@ -313,8 +357,7 @@ def norm_modulate_quant(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tenso
     _last_path = "triton"
     # the registered op under torch.compile (one node, no break); eager calls the function itself
     return (_OP if torch.compiler.is_compiling() else _launch)(x, shift, scale, float(eps), recipe == "torchao",
-                                                               int(num_warps or NUM_WARPS), int(PROGRAMS_PER_SM),
-                                                               int(STAGES))
+                                                               int(num_warps or NUM_WARPS), int(BLOCKS))
 
 
 class Fp8Rows:
