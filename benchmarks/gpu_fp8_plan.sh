@@ -20,7 +20,7 @@
 #   bench-f2      f2 against the three-entry stack (f3.patch)
 #   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel with the row in three
 #                 1024-wide blocks and the GPU's own bf16 rounding (predicted 33 -> 18-21 us an image call
-#                 on an H100; norm_quant.py's BLOCKS says why) against the kernel before it (--before)
+#                 on an H100; norm_quant.py's BLOCKS says why) against the kernel s11 ran (--before, from s11.patch)
 #   bench-s12     s12.patch (s11 with that kernel, and the GELU kernel's bf16 rounding on the GPU's own
 #                 conversion: cpu-fp8-normblocks-20261207/) against s11.patch (about 430 s)
 #   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
@@ -40,7 +40,6 @@ S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
 F2X=benchmarks/results/cpu-fp8-exact-20261207/f2-exact.patch
 S12=benchmarks/results/cpu-fp8-normblocks-20261207/s12.patch
-BEFORE12=benchmarks/results/cpu-fp8-normblocks-20261207/before
 STEPS="${STEPS:-bench-f2x}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
@@ -67,7 +66,12 @@ step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy
   tar czf "$OUT/$name.tgz" -C "$work" "$name"
 }
 
-step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$BEFORE12"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
+# the kernel files s11 ran (its patch adds them) beside the live ones: the micro's --before
+before_s11() { rm -rf "$work/s11-kernels" && mkdir -p "$work/s11-kernels" && local root=$PWD \
+  && (cd "$work/s11-kernels" && git apply --include='src/diffusers/models/optbot_kernels/*' "$root/$S11") \
+  && mv "$work/s11-kernels/src/diffusers/models/optbot_kernels" "$work/s11-before"; }
+[[ " $STEPS " == *" micro-norm "* && -z "${PLAN_DRY:-}" ]] && rm -rf "$work/s11-before" && before_s11
+step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$work/s11-before"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
 step bench-s10 440 env TAG=s10 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S10" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s10 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S10" --quant fp8 --iters 5
