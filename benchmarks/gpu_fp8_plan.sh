@@ -21,6 +21,8 @@
 #   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel with the row in three
 #                 1024-wide blocks and the GPU's own bf16 rounding (predicted 33 -> 18-21 us an image call
 #                 on an H100; norm_quant.py's BLOCKS says why) against the kernel s11 ran (--before, from s11.patch)
+#   micro-gelu    (about 60 s) the GELU + quantization kernel with the GPU's own bf16 rounding against the
+#                 one s11 ran (--before)
 #   bench-s12     s12.patch (s11 with that kernel, and the GELU kernel's bf16 rounding on the GPU's own
 #                 conversion: cpu-fp8-normblocks-20261207/) against s11.patch (about 430 s)
 #   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
@@ -70,8 +72,10 @@ step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy
 before_s11() { rm -rf "$work/s11-kernels" && mkdir -p "$work/s11-kernels" && local root=$PWD \
   && (cd "$work/s11-kernels" && git apply --include='src/diffusers/models/optbot_kernels/*' "$root/$S11") \
   && mv "$work/s11-kernels/src/diffusers/models/optbot_kernels" "$work/s11-before"; }
-[[ " $STEPS " == *" micro-norm "* && -z "${PLAN_DRY:-}" ]] && rm -rf "$work/s11-before" && before_s11
+[[ ( " $STEPS " == *" micro-norm "* || " $STEPS " == *" micro-gelu "* ) && -z "${PLAN_DRY:-}" ]] \
+  && rm -rf "$work/s11-before" && before_s11
 step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$work/s11-before"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
+step micro-gelu 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel gelu --before '"$work/s11-before"' --json "$RES/gelu-micro.json" > "$RES/gelu-micro.txt" 2>&1'
 step bench-s10 440 env TAG=s10 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S10" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s10 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S10" --quant fp8 --iters 5
