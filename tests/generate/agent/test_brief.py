@@ -173,7 +173,10 @@ def test_knowledge_budget_keeps_whole_items_and_names_the_rest():
         for text in (small, big):
             left = text[text.index("Left out for space"):] if "Left out for space" in text else ""
             assert (kernel in text) != (f"store entry {name} (" in left), name
-    assert all(get_entry(n, STORE).kernel_files()[0].read_text().rstrip() in big for n in ranked[:2])
+    # the best-ranked example is in whole at the full budget; which of the next ones fit moves with the
+    # shipped lessons' and entries' sizes (the 71 KB qkv epilogue entry is named, not cut, once lessons
+    # fill the room it needs), and whole-or-named above holds for every one
+    assert get_entry(ranked[0], STORE).kernel_files()[0].read_text().rstrip() in big
     # lessons rank first: the best-ranked lessons are in whole before any worked example (which lesson
     # that is moves as lessons are added: the shipped lessons dir is the input)
     ranked_lessons = prompts.agent_lessons("", "attention-waste", "diffusers", "h200", LESSONS)
