@@ -25,6 +25,7 @@
 #                 one s11 ran (--before)
 #   bench-s12     s12.patch (s11 with that kernel, and the GELU kernel's bf16 rounding on the GPU's own
 #                 conversion: cpu-fp8-normblocks-20261207/) against s11.patch (about 430 s)
+#   profile-s12   s12's compile + CUDA graph profile (about 75 s; s11's: h100-fp8-modmerge-20261207/)
 #   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
 #                 6 ran at 78% of the copy ceiling: do wider runs close it?)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
@@ -88,4 +89,5 @@ step bench-f2x 520 env TAG=f2x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --
   --modes eager --other-modes eager,compile+graph --iters 3
 step bench-s12 440 env TAG=s12 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S12" --candidate "$S11" \
   --modes eager --other-modes eager,compile+graph --iters 3
+step profile-s12 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S12" --quant fp8 --iters 5
 step wide-gemv 90 bash -c 'python3 benchmarks/wide_gemv_micro.py --json "$RES/wide-gemv.json" > "$RES/wide-gemv.txt" 2>&1'
