@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-fourth session), each step
+# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-fifth session), each step
 # one bench or profile, so that one machine start answers as many as fit: carry .whl-sgl-b only (the tree
 # plus .whl-sgl-b and .sgl-engine pass one call's 64 MiB; `cmd` needs no SGLang engine), then
 #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd bash benchmarks/gpu_fp8_plan.sh
@@ -7,17 +7,19 @@
 # `gpu_sglang.sh cmd` installs the carried wheels for about 30 s before this starts) and
 # each packed as $OUT/<step>.tgz as soon as it ends (the device returns at most 8 files, and a call cut
 # short still returns the steps that finished). By default:
-#   bench-f2x     (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack with flux2-fp8-norm-quant's
-#                 one-pass SwiGLU kernel (f2.patch; predicted 6-7 ms under f1's 276.22) beside the same with
-#                 exact arithmetic in its quantizing kernels (cpu-fp8-exact-20261207/f2-exact.patch): does the
-#                 distance from the FP8 baseline fall with it (flux2-fp8-norm-quant was rejected at 0.0893-0.092
-#                 against the 0.09 bound, docs/fp8.md)? It also prints the trusted rewrite's largest element
-#                 distance, the evidence FLUX.2's FP8 atol needs
+#   bench-f4x     (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack (flux2-fp8-norm-quant) with
+#                 its kernels' bf16 rounding on the GPU's own conversion (f4.patch; the norm kernel issues
+#                 912 instructions a thread where f2's issued 1,912) beside the same with exact arithmetic
+#                 (f4-exact.patch: 1,336), both cpu-fp8-nativeround-20261207/: does the distance from the FP8
+#                 baseline fall under the gate with exact arithmetic (flux2-fp8-norm-quant was rejected at
+#                 0.0893-0.092 against the 0.09 bound, docs/fp8.md), and at what cost? It also prints the
+#                 trusted rewrite's largest element distance, the evidence FLUX.2's FP8 atol needs
 # By name (STEPS="..."):
 #   bench-s11, profile-s11   s11.patch (the merged modulation) against s10.patch, and s11's compile + CUDA
 #                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
 #   bench-f2      f2 against the three-entry stack (f3.patch)
+#   bench-f2x     f2 with exact arithmetic against f2 (the integer bf16 rounding; superseded by bench-f4x)
 #   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel with the row in three
 #                 1024-wide blocks and the GPU's own bf16 rounding (predicted 33 -> 18-21 us an image call
 #                 on an H100; norm_quant.py's BLOCKS says why) against the kernel s11 ran (--before, from s11.patch)
@@ -43,7 +45,9 @@ S11=benchmarks/results/cpu-fp8-modmerge-20261206/s11.patch
 F3=benchmarks/results/h100-flux2-fp8-20261206/f3.patch
 F2X=benchmarks/results/cpu-fp8-exact-20261207/f2-exact.patch
 S12=benchmarks/results/cpu-fp8-normblocks-20261207/s12.patch
-STEPS="${STEPS:-bench-f2x}"
+F4=benchmarks/results/cpu-fp8-nativeround-20261207/f4.patch
+F4X=benchmarks/results/cpu-fp8-nativeround-20261207/f4-exact.patch
+STEPS="${STEPS:-bench-f4x}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"
@@ -86,6 +90,8 @@ step profile-s11 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh 
 step bench-f2 520 env TAG=f2 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2" --candidate "$F3" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step bench-f2x 520 env TAG=f2x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F2X" --candidate "$F2" \
+  --modes eager --other-modes eager,compile+graph --iters 3
+step bench-f4x 520 env TAG=f4x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F4X" --candidate "$F4" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step bench-s12 440 env TAG=s12 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S12" --candidate "$S11" \
   --modes eager --other-modes eager,compile+graph --iters 3

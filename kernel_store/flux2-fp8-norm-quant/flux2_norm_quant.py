@@ -103,9 +103,13 @@ def reference_residual(h, gate, y, shift, scale, eps, recipe: str = "torchao"):
 if triton is not None:
 
     @triton.jit
-    def _round_bf16(x):
-        # float32 -> nearest bf16 (ties to even), kept in float32, with integer ops (the interpreter
-        # truncates a float32 -> bf16 cast)
+    def _round_bf16(x, ROUND: tl.constexpr):
+        # float32 -> nearest bf16 (ties to even), kept in float32. ROUND 2 (the GPU): the hardware's
+        # conversion; 1: the same arithmetic with integer ops, for the interpreter, which truncates a
+        # float32 -> bf16 cast (about 6 instructions an element each time: lessons/a-row-kernel-can-be-
+        # bound-by-the-instructions-it-issues.md)
+        if ROUND == 2:
+            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.float32, bitcast=True)
@@ -128,10 +132,10 @@ if triton is not None:
             yy = tl.load(Y + b * syb + t * sys_ + cols, mask=m, other=0.0).to(tl.float32)
             gy = g * yy
             if ROUND:
-                gy = _round_bf16(gy)
+                gy = _round_bf16(gy, ROUND)
             x = x + gy
             if ROUND:
-                x = _round_bf16(x)
+                x = _round_bf16(x, ROUND)
             tl.store(HOUT + b * shob + t * shos + cols, x.to(HOUT.dtype.element_ty), mask=m)
         mean = tl.sum(x, axis=0) / D
         xc = tl.where(m, x - mean, 0.0)
@@ -140,7 +144,7 @@ if triton is not None:
         sc = 1.0 + tl.load(SCALE + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         sh = tl.load(SHIFT + b * smb + cols, mask=m, other=0.0).to(tl.float32)
         if ROUND:  # (1 + scale) * n + shift, each value rounded to bf16 where the unfused code stores it
-            y = _round_bf16(_round_bf16(_round_bf16(sc) * _round_bf16(n)) + sh)
+            y = _round_bf16(_round_bf16(_round_bf16(sc, ROUND) * _round_bf16(n, ROUND), ROUND) + sh, ROUND)
         else:
             y = sc * n + sh
         a = tl.max(tl.where(m, tl.abs(y), 0.0), axis=0)
@@ -150,7 +154,7 @@ if triton is not None:
             else:
                 s = a / 448.0
             if ROUND:
-                s = _round_bf16(s)
+                s = _round_bf16(s, ROUND)
         else:
             if CUDA_MATH:
                 s = tl.maximum(a, 1e-12) * (1.0 / 448.0)
@@ -206,7 +210,8 @@ def _run(x, gate, y, shift, scale, eps: float, torchao: bool, num_warps: int, re
         _flux2_norm_quant_kernel[(B * S,)](
             x, g, yy, shift, scale, hout, q, s, S, D, x.stride(0), x.stride(1), yy.stride(0), yy.stride(1),
             scale.stride(0), hout.stride(0) if residual else 0, hout.stride(1) if residual else 0, q.stride(0),
-            float(eps), BLOCK_D=triton.next_power_of_2(D), RESIDUAL=residual, ROUND=x.dtype == torch.bfloat16,
+            float(eps), BLOCK_D=triton.next_power_of_2(D), RESIDUAL=residual,
+            ROUND=(1 if interpreted else 2) if x.dtype == torch.bfloat16 else 0,
             TORCHAO=torchao, F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
             EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps)
     q = q if f8_store else q.to(torch.float8_e4m3fn)

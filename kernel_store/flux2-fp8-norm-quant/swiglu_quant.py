@@ -82,10 +82,12 @@ def reference(x: torch.Tensor, prefix: Optional[torch.Tensor] = None,
 if triton is not None:
 
     @triton.jit
-    def _round_bf16(x):
-        # float32 -> nearest bfloat16 (ties to even), kept in float32, with integer ops: Triton's
-        # interpreter truncates a float32 -> bf16 cast whatever rounding it is asked for (triton 3.9),
-        # and this is the same arithmetic on the GPU
+    def _round_bf16(x, ROUND: tl.constexpr):
+        # float32 -> nearest bfloat16 (ties to even), kept in float32. ROUND 2 (the GPU): the hardware's
+        # conversion; 1: the same arithmetic with integer ops, for Triton's interpreter, which truncates a
+        # float32 -> bf16 cast whatever rounding it is asked for (triton 3.9)
+        if ROUND == 2:
+            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
         return b.to(tl.float32, bitcast=True)
@@ -145,8 +147,8 @@ if triton is not None:
         else:
             s = a / (1.0 + tl.exp(-a))
         if ROUND:
-            s = _round_bf16(s)
-            v = _round_bf16(s * b)
+            s = _round_bf16(s, ROUND)
+            v = _round_bf16(s * b, ROUND)
         else:
             v = s * b
         return tl.where(m, v, 0.0)
@@ -227,7 +229,7 @@ if triton is not None:
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
             scale = _div448(a, CUDA_MATH)
             if ROUND:
-                scale = _round_bf16(scale)
+                scale = _round_bf16(scale, ROUND)
         else:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
@@ -278,7 +280,7 @@ if triton is not None:
         if TORCHAO:  # amax / 448 divided in the input's dtype (bf16: rounded), then widened; no floor
             scale = _div448(a, CUDA_MATH)
             if ROUND:
-                scale = _round_bf16(scale)
+                scale = _round_bf16(scale, ROUND)
         else:
             scale = _div448(tl.maximum(a, 1e-12), CUDA_MATH)
         tl.store(S + row, scale)
@@ -348,14 +350,14 @@ def _launch(x: torch.Tensor, prefix: Optional[torch.Tensor], torchao: bool, bloc
     num_warps = num_warps or (ONE_PASS_WARPS if one_pass else TWO_PASS_WARPS)
     if M and one_pass:
         _swiglu_quant_kernel[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
-                                       BLOCK_N=block_n, PC=pc, IC=ic, ROUND=x.dtype == torch.bfloat16,
+                                       BLOCK_N=block_n, PC=pc, IC=ic, ROUND=(1 if interpreted else 2) if x.dtype == torch.bfloat16 else 0,
                                        TORCHAO=torchao, F8_STORE=f8_store,
                                        CUDA_MATH=not interpreted and libdevice is not None,
                                        EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
                                        num_warps=num_warps)
     elif M:
         _swiglu_quant_kernel_two_pass[(M,)](x2, p2, q, scale, half, pw, x2.stride(0), p2.stride(0), q.stride(0),
-                                   BLOCK_N=block_n, ROUND=x.dtype == torch.bfloat16, TORCHAO=torchao,
+                                   BLOCK_N=block_n, ROUND=(1 if interpreted else 2) if x.dtype == torch.bfloat16 else 0, TORCHAO=torchao,
                                    F8_STORE=f8_store, CUDA_MATH=not interpreted and libdevice is not None,
                                    EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact",
                                    num_warps=num_warps)
