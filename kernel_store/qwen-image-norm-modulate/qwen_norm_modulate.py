@@ -44,9 +44,11 @@ if triton is not None:
 
     @triton.jit
     def _round_to(x, ty: tl.constexpr, BF16: tl.constexpr):
-        # float32 -> the activation dtype's nearest value (ties to even), kept in float32. bf16 with
-        # integer ops: Triton's interpreter truncates a float32 -> bf16 cast whatever rounding it is
-        # asked for (triton 3.9), which put a bf16 output 4 ulps off; the same arithmetic on the GPU
+        # float32 -> the activation dtype's nearest value (ties to even), kept in float32. BF16 (set
+        # under the interpreter only) with integer ops: Triton's interpreter truncates a float32 -> bf16
+        # cast whatever rounding it is asked for (triton 3.9), which put a bf16 output 4 ulps off. On
+        # the GPU the hardware's conversion rounds the same way in 2 instructions where the integer form
+        # takes about 6 (lessons/a-row-kernel-can-be-bound-by-the-instructions-it-issues.md)
         if BF16:
             b = x.to(tl.uint32, bitcast=True)
             b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
@@ -116,7 +118,7 @@ def _norm_modulate_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
             x, shift, scale, out, B * S, S, D, float(eps),
             x.stride(0), x.stride(1), scale.stride(0), scale.stride(1), out.stride(0), out.stride(1),
             BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(D), ROUND=x.dtype != torch.float32,
-            BF16=x.dtype == torch.bfloat16, num_warps=num_warps)
+            BF16=x.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps)
     return out
 
 
