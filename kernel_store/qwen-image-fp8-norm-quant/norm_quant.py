@@ -255,7 +255,9 @@ UNDER_COMPILE = "op"
 # "fast" or "exact" (module docstring): the GPU's arithmetic; the interpreter always computes as numpy
 ARITHMETIC = "fast"
 
-# 4 warps for a 3072-wide row (4096 lanes): on an H100, 9.49 ms a step (both shapes) against 10.54 at 8
+# 4 warps for a 3072-wide row, measured with the row as one 4096-lane block (BLOCKS 1; the three blocks
+# of 1024 are unmeasured, and their sm_90 build issues fewest instructions a row at 4: 584 x 4 warps
+# against 392 x 8): on an H100, 9.49 ms a step (both shapes) against 10.54 at 8
 # and 12.07 at 16 (benchmarks/results/h100-fp8-loads-first-20261206/norm-quant-micro.txt, 2026-12-06;
 # the prototype's microbenchmark had measured 8 against 16 only). Issuing the shift and scale loads
 # before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
