@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 try:  # the engine's package
-    from .gelu_quant import RECIPES, fp8_linear, fp8_weight
+    from . import gelu_quant as _gq
 except ImportError:  # a kernel store folder, this file loaded by its path: the sibling file, once per process
     import importlib.util as _ilu
     import sys as _sys
@@ -47,7 +47,9 @@ except ImportError:  # a kernel store folder, this file loaded by its path: the 
         _spec = _ilu.spec_from_file_location(_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gelu_quant.py"))
         _sys.modules[_name] = _ilu.module_from_spec(_spec)
         _spec.loader.exec_module(_sys.modules[_name])
-    RECIPES, fp8_linear, fp8_weight = (getattr(_sys.modules[_name], n) for n in ("RECIPES", "fp8_linear", "fp8_weight"))
+    _gq = _sys.modules[_name]
+# the sibling's FP8 linear, and its bf16 rounding (a jit function; absent without triton)
+RECIPES, fp8_linear, fp8_weight, _round_bf16 = _gq.RECIPES, _gq.fp8_linear, _gq.fp8_weight, getattr(_gq, "_round_bf16", None)
 
 try:
     import triton
@@ -95,17 +97,6 @@ def reference(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: fl
 
 
 if triton is not None:
-
-    @triton.jit
-    def _round_bf16(x, ROUND: tl.constexpr):
-        """float32 -> nearest bf16 (ties to even), kept in float32. ROUND 2 (the GPU): the hardware's
-        conversion (2 instructions an element); 1 (the interpreter, which truncates a float32 -> bf16
-        cast whatever rounding it is asked for): the same arithmetic with integer ops (about 6)."""
-        if ROUND == 2:
-            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True)
 
     @triton.jit
     def _mod_vectors(SCALE, SHIFT, moff, cols, m, ROUND: tl.constexpr, EVEN: tl.constexpr):
