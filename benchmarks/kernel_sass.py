@@ -50,9 +50,12 @@ def _value(v: str):
         return {"True": True, "False": False}.get(v, v)
 
 
-def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: int, arch: int) -> dict:
-    """{"regs", "instructions", "stack", "sequence"}: the cubin's resource usage, its SASS instruction count
-    and its LDG/BAR/STG order, run-length coded."""
+def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: int, arch: int,
+          fp_fusion: bool | None = None) -> dict:
+    """{"regs", "instructions", "stack", "sequence", "half_fmas", "fp_fusion"}: the cubin's resource usage,
+    its SASS instruction count, its LDG/BAR/STG order (run-length coded) and the bf16/f16 fused
+    multiply-adds of its PTX. fp_fusion None: as the module launches it (its FP_FUSION, else Triton's
+    default, on)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,7 +81,16 @@ def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: in
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or sig[n] in ("i32", "i64")}
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    if fp_fusion is None:
+        fp_fusion = bool(getattr(mod, "FP_FUSION", True))
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": warps, "enable_fp_fusion": fp_fusion})
+    # A kernel that rounds to bf16 where the unfused code stores (x.to(bf16).to(fp32)) lets LLVM narrow the
+    # arithmetic between two roundings to bf16 and, with fp fusion on, contract a product and the sum after
+    # it into one bf16 FMA: one rounding where the unfused code rounds twice (the FP8 codes then differ from
+    # eager's; benchmarks/results/h100-fp8-s12-20261207/). Counted here, per PTX instruction (a bf16x2 is two).
+    half_fmas = len(re.findall(r"^\s*(?:@%p\d+\s+)?fma\.rn(?:\.\w+)*\.(?:bf16|f16)(?:x2)?\b",
+                               compiled.asm["ptx"], re.M))
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
     try:
@@ -92,7 +104,7 @@ def build(file: Path, kernel: str, args: dict[str, str], consts: dict, warps: in
     # values a thread holds, the issue cost of an element (an SM issues 4 warp instructions a cycle)
     ops = [line for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+[A-Z@]", line)]
     return {"regs": int(re.search(r"REG:(\d+)", usage).group(1)), "instructions": len(ops),
-            "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "stack": int(re.search(r"STACK:(\d+)", usage).group(1)), "half_fmas": half_fmas, "fp_fusion": fp_fusion,
             "sequence": " ".join(f"{len(list(g))}{k}" for k, g in itertools.groupby(seq))}
 
 
@@ -113,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--const", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    ap.add_argument("--fp-fusion", choices=("on", "off"), default=None,
+                    help="Triton's enable_fp_fusion (default: as the module launches, its FP_FUSION, else on)")
     a = ap.parse_args(argv)
     if not a.file.is_file():
         print(f"error: {a.file}: no such file", file=sys.stderr)
@@ -126,13 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for w in warps:
         try:
-            r = build(a.file, a.kernel, args, consts, w, a.arch)
+            r = build(a.file, a.kernel, args, consts, w, a.arch,
+                      None if a.fp_fusion is None else a.fp_fusion == "on")
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         per_sm = 65536 // (32 * w * max(r["regs"], 1))
         print(f"{w:3d} warps: {r['regs']:3d} registers ({min(per_sm, 64 // w)} programs an SM), "
-              f"{r['instructions']} instructions, stack {r['stack']} B   {r['sequence']}")
+              f"{r['instructions']} instructions, stack {r['stack']} B, {r['half_fmas']} bf16/f16 FMAs "
+              f"(fp fusion {'on' if r['fp_fusion'] else 'off'})   {r['sequence']}")
     return 0
 
 
