@@ -32,11 +32,11 @@ def test_the_one_pass_gelu_kernel_loads_its_row_before_its_one_barrier():
     assert r.returncode == 0, r.stderr[-2000:]
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("16 warps:") and "registers" in line and "stack 0 B" in line, line
-    seq = line.split("B   ")[-1].split()
+    seq = line.rsplit("   ", 1)[-1].split()
     assert seq[0].endswith("LDG") and seq[1] == "1BAR" and "LDG" not in " ".join(seq[2:]), seq
     r = _run(*GELU, "--const", "BLOCK_N=2048", "--const", "CHUNKS=0", "--const", "EVEN=0", "--warps", "8")
     assert r.returncode == 0, r.stderr[-2000:]
-    after = r.stdout.strip().splitlines()[-1].split("1BAR")[-1]
+    after = r.stdout.strip().splitlines()[-1].rsplit("   ", 1)[-1].split("1BAR")[-1]
     assert "LDG" in after, r.stdout  # the second pass reads the row again after the barrier
 
 
@@ -71,3 +71,61 @@ def test_the_norm_kernels_blocks_and_hardware_rounding_halve_its_instructions():
     before = _instructions("BLOCK=4096", "NB=1", "EVEN=0", "ROUND=1")
     after = _instructions("BLOCK=1024", "NB=3", "EVEN=1", "ROUND=2")
     assert after * 2 <= before, (before, after)
+
+
+def _sig(**types):
+    return [a for n, t in types.items() for a in ("--arg", f"{n}={t}")]
+
+
+def _consts(**values):
+    return [a for n, v in values.items() for a in ("--const", f"{n}={v}")]
+
+
+_I64 = "i64"
+# Every store kernel that rounds to bf16 where the unfused code stores and then computes on the rounded
+# values, built as its module launches it for an H100 at the workload's shapes, the GPU's own rounding
+# (ROUND 2 where the kernel has that form, else its cast).
+ROUNDING_KERNELS = {
+    "qwen-image-fp8-norm-quant": ["kernel_store/qwen-image-fp8-norm-quant/norm_quant.py", "_norm_mod_quant_kernel",
+        *NORM[2:], *_consts(BLOCK=1024, NB=3, EVEN=1, ROUND=2)],
+    "flux2-fp8-norm-quant": ["kernel_store/flux2-fp8-norm-quant/flux2_norm_quant.py", "_flux2_norm_quant_kernel",
+        *_sig(X="*bf16", G="*bf16", Y="*bf16", SHIFT="*bf16", SCALE="*bf16", HOUT="*bf16", Q="*fp8e4nv",
+              S_OUT="*fp32", S="i32", D="i32", sxb=_I64, sxs=_I64, syb=_I64, sys_=_I64, smb=_I64, shob=_I64,
+              shos=_I64, sq=_I64, eps="fp32"),
+        *_consts(BLOCK_D=8192, RESIDUAL=1, ROUND=2, TORCHAO=1, F8_STORE=1, CUDA_MATH=1, EXACT=0)],
+    "qwen-image-norm-modulate": ["kernel_store/qwen-image-norm-modulate/qwen_norm_modulate.py",
+        "_qwen_norm_modulate_kernel",
+        *_sig(X="*bf16", SHIFT="*bf16", SCALE="*bf16", OUT="*bf16", M="i32", S="i32", D="i32", eps="fp32",
+              sxb=_I64, sxs=_I64, smb=_I64, sms=_I64, sob=_I64, sos=_I64),
+        *_consts(BLOCK_M=1, BLOCK_D=4096, ROUND=1, BF16=0)],
+    "qwen-image-absorb-bias": ["kernel_store/qwen-image-absorb-bias/gate_bias_residual.py",
+        "_gate_bias_residual_kernel",
+        *_sig(R="*bf16", G="*bf16", Y="*bf16", BIAS="*bf16", OUT="*bf16", M="i32", S="i32", D="i32", srb=_I64,
+              srs=_I64, sgb=_I64, sgs=_I64, syb=_I64, sys_=_I64),
+        *_consts(HAS_BIAS=1, ROUND=1, BLOCK_M=4, BLOCK_N=1024)],
+    "flux2-norm-modulate": ["kernel_store/flux2-norm-modulate/norm_modulate.py", "_norm_modulate_kernel",
+        *_sig(H="*bf16", G="*bf16", Y="*bf16", SHIFT="*bf16", SCALE="*bf16", HOUT="*bf16", OUT="*bf16", S="i32",
+              D="i32", eps="fp32", **{n: _I64 for n in "shb shs syb sys_ smb sms sgb sgs sob sos".split()}),
+        *_consts(BLOCK_D=8192, RESIDUAL=1, ROUND=1)],
+    "qwen-image-fp8-gelu-quant": [*GELU[:2], *[a.replace("ROUND=1", "ROUND=2") for a in GELU[2:]],
+        *_consts(BLOCK_N=4096, CHUNKS=3, EVEN=1)],
+}
+
+
+def _half_fmas(*args) -> int:
+    r = _run(*args, "--warps", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return int(r.stdout.strip().splitlines()[-1].split(" bf16/f16 FMAs")[0].split()[-1])
+
+
+@pytest.mark.parametrize("entry", sorted(ROUNDING_KERNELS))
+def test_a_kernel_that_emulates_bf16_stores_contracts_no_bf16_fma(entry):
+    """Built as launched (the module's FP_FUSION), no bf16 fused multiply-add: each rounding the unfused
+    code makes stays a rounding (lessons/rounding-emulation-needs-fp-fusion-off.md)."""
+    assert _half_fmas(*ROUNDING_KERNELS[entry]) == 0
+
+
+def test_fp_fusion_on_contracts_the_modulation_into_bf16_fmas():
+    """The failure the check above exists for, and that it can see: the same norm kernel with Triton's
+    default fp fusion contracts round(round(n * scale) + shift) into one bf16 FMA per element pair."""
+    assert _half_fmas(*ROUNDING_KERNELS["qwen-image-fp8-norm-quant"], "--fp-fusion", "on") >= 12

@@ -243,6 +243,13 @@ if triton is not None:
 # reference ops, which inductor then fuses itself (docs/store.md).
 UNDER_COMPILE = "op"
 
+# Triton's fp fusion, off for this file's kernel: where the kernel rounds to bf16 as the unfused code stores
+# (x.to(bf16).to(fp32)), LLVM narrows the multiply and the add between two roundings to bf16 and fusion
+# contracts them into one bf16 FMA: one rounding where the unfused code rounds twice (on an H100 4% of
+# qwen-image-fp8-norm-quant's e4m3 codes then differed from eager's, 0.02% without;
+# lessons/rounding-emulation-needs-fp-fusion-off.md). benchmarks/kernel_sass.py counts such FMAs.
+FP_FUSION = False
+
 # "fast" or "exact" (module docstring): the GPU's arithmetic; the interpreter always computes as numpy
 ARITHMETIC = "fast"
 
@@ -301,7 +308,8 @@ def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: floa
     # ROUND 0: float32, nothing rounded; 1 the interpreter's integer rounding; 2 the GPU's own (_round_bf16)
     flags = dict(ROUND=(1 if interpreted else 2) if x.dtype == torch.bfloat16 else 0, TORCHAO=torchao, F8_STORE=f8_store,
                  CUDA_MATH=not interpreted and libdevice is not None,
-                 EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps)
+                 EXACT=not interpreted and libdevice is not None and ARITHMETIC == "exact", num_warps=num_warps,
+                 enable_fp_fusion=FP_FUSION)
     args = (x, shift, scale, q, s, S, D, x.stride(0), x.stride(1), scale.stride(0), q.stride(0), float(eps))
     if B * S:
         block, nb = _blocks(D, blocks)
