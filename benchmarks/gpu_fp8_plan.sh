@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
-# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-fifth session), each step
+# The FP8 plan's GPU items (benchmarks/results/README.md, "Next" of the twenty-sixth session), each step
 # one bench or profile, so that one machine start answers as many as fit: carry .whl-sgl-b only (the tree
 # plus .whl-sgl-b and .sgl-engine pass one call's 64 MiB; `cmd` needs no SGLang engine), then
 #   WHL=.whl-sgl-b bash benchmarks/gpu_sglang.sh cmd bash benchmarks/gpu_fp8_plan.sh
 # Steps, each skipped when it cannot finish before DEADLINE seconds (default 560: a call may run 600, and
 # `gpu_sglang.sh cmd` installs the carried wheels for about 30 s before this starts) and
 # each packed as $OUT/<step>.tgz as soon as it ends (the device returns at most 8 files, and a call cut
-# short still returns the steps that finished). By default:
-#   bench-f4x     (about 515 s on an H100: a call of its own) FLUX.2's FP8 stack (flux2-fp8-norm-quant) with
-#                 its kernels' bf16 rounding on the GPU's own conversion (f4.patch; the norm kernel issues
-#                 912 instructions a thread where f2's issued 1,912) beside the same with exact arithmetic
-#                 (f4-exact.patch: 1,336), both cpu-fp8-nativeround-20261207/: does the distance from the FP8
-#                 baseline fall under the gate with exact arithmetic (flux2-fp8-norm-quant was rejected at
-#                 0.0893-0.092 against the 0.09 bound, docs/fp8.md), and at what cost? It also prints the
-#                 trusted rewrite's largest element distance, the evidence FLUX.2's FP8 atol needs
+# short still returns the steps that finished). By default (one call, about 310 s with the install):
+#   micro-norm    (about 25 s) qwen-image-fp8-norm-quant's kernel as the store holds it (fp fusion off: no bf16
+#                 FMA contraction, 616 instructions a thread) against the kernel s12 ran (--before: BEFORE,
+#                 default s12.patch; 584 instructions, contracted): what the unfused rounding costs, and
+#                 whether the e4m3 codes come back to eager's (2,317 of 12.6 M differed with the integer
+#                 rounding, 505,238 with the contraction: benchmarks/results/h100-fp8-s12-20261207/)
+#   bench-s13     (about 260 s) s13.patch (s12 with fp fusion off in its rounding kernels,
+#                 cpu-fp8-fpfusion-20261207/) against s12.patch, one bench: predicted within 1 ms of s12
 # By name (STEPS="..."):
+#   bench-f5      (about 330 s: a call of its own) f5.patch (FLUX.2's flux2-fp8-norm-quant with fp fusion off)
+#                 against f4.patch (272.63 ms/step compile + graph on 2026-12-07, 1 element over the atol
+#                 then, under the 0.5 that the trusted rewrite's evidence set since)
+#   bench-f4x     (about 330 s on an H100) f4 with exact arithmetic against f4: ran 2026-12-07,
+#                 benchmarks/results/h100-fp8-s12-20261207/bench-f4x/
 #   bench-s11, profile-s11   s11.patch (the merged modulation) against s10.patch, and s11's compile + CUDA
 #                 graph profile: ran 2026-12-07 (427 + 71 s), benchmarks/results/h100-fp8-modmerge-20261207/
 #   bench-s10, profile-s10   s10 alone (434 s for the bench of one stack on an H100)
 #   bench-f2      f2 against the three-entry stack (f3.patch)
 #   bench-f2x     f2 with exact arithmetic against f2 (the integer bf16 rounding; superseded by bench-f4x)
-#   micro-norm    (about 60 s; runs first) qwen-image-fp8-norm-quant's kernel with the row in three
-#                 1024-wide blocks and the GPU's own bf16 rounding (predicted 33 -> 18-21 us an image call
-#                 on an H100; norm_quant.py's BLOCKS says why) against the kernel s11 ran (--before, from s11.patch)
-#   micro-gelu    (about 60 s) the GELU + quantization kernel with the GPU's own bf16 rounding against the
-#                 one s11 ran (--before)
-#   bench-s12     s12.patch (s11 with that kernel, and the GELU kernel's bf16 rounding on the GPU's own
-#                 conversion: cpu-fp8-normblocks-20261207/) against s11.patch (about 430 s)
-#   profile-s12   s12's compile + CUDA graph profile (about 75 s; s11's: h100-fp8-modmerge-20261207/)
+#   micro-gelu    (about 20 s) the GELU + quantization kernel against the one BEFORE's stack ran (--before)
+#   bench-s12, profile-s12   s12.patch against s11.patch, and s12's compile + graph profile: ran 2026-12-07
+#                 (256 + 57 s), benchmarks/results/h100-fp8-s12-20261207/
 #   wide-gemv     (about 60 s) the merged modulation's FP8 GEMMs at 1-120 block linears a run (the entry's
 #                 6 ran at 78% of the copy ceiling: do wider runs close it?)
 # Earlier steps (session 22's: bench-s8, profile-f3, profile-s8, eager-s8, eager-s7d, bench-f1) ran;
@@ -47,7 +47,10 @@ F2X=benchmarks/results/cpu-fp8-exact-20261207/f2-exact.patch
 S12=benchmarks/results/cpu-fp8-normblocks-20261207/s12.patch
 F4=benchmarks/results/cpu-fp8-nativeround-20261207/f4.patch
 F4X=benchmarks/results/cpu-fp8-nativeround-20261207/f4-exact.patch
-STEPS="${STEPS:-bench-f4x}"
+S13=benchmarks/results/cpu-fp8-fpfusion-20261207/s13.patch
+F5=benchmarks/results/cpu-fp8-fpfusion-20261207/f5.patch
+BEFORE="${BEFORE:-$S12}"  # the stack whose kernels the micros' --before rows run
+STEPS="${STEPS:-micro-norm bench-s13}"
 t0=$(date +%s)
 work=/tmp/optbot-fp8-plan
 [ -n "${PLAN_DRY:-}" ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/nvidia-smi.txt"
@@ -73,14 +76,13 @@ step() {  # step NAME EXPECTED_S COMMAND...: run it with RES=$work/NAME (no copy
   tar czf "$OUT/$name.tgz" -C "$work" "$name"
 }
 
-# the kernel files s11 ran (its patch adds them) beside the live ones: the micro's --before
-before_s11() { rm -rf "$work/s11-kernels" && mkdir -p "$work/s11-kernels" && local root=$PWD \
-  && (cd "$work/s11-kernels" && git apply --include='src/diffusers/models/optbot_kernels/*' "$root/$S11") \
-  && mv "$work/s11-kernels/src/diffusers/models/optbot_kernels" "$work/s11-before"; }
-[[ ( " $STEPS " == *" micro-norm "* || " $STEPS " == *" micro-gelu "* ) && -z "${PLAN_DRY:-}" ]] \
-  && rm -rf "$work/s11-before" && before_s11
-step micro-norm 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$work/s11-before"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
-step micro-gelu 90 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel gelu --before '"$work/s11-before"' --json "$RES/gelu-micro.json" > "$RES/gelu-micro.txt" 2>&1'
+# the kernel files BEFORE's stack ran (its patch adds them) beside the live ones: the micros' --before
+before_kernels() { rm -rf "$work/before-kernels" "$work/before" && mkdir -p "$work/before-kernels" && local root=$PWD \
+  && (cd "$work/before-kernels" && git apply --include='src/diffusers/models/optbot_kernels/*' "$root/$BEFORE") \
+  && mv "$work/before-kernels/src/diffusers/models/optbot_kernels" "$work/before"; }
+[[ ( " $STEPS " == *" micro-norm "* || " $STEPS " == *" micro-gelu "* ) && -z "${PLAN_DRY:-}" ]] && before_kernels
+step micro-norm 60 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel norm-quant --before '"$work/before"' --json "$RES/norm-quant-micro.json" > "$RES/norm-quant-micro.txt" 2>&1'
+step micro-gelu 60 bash -c 'python3 benchmarks/gelu_quant_micro.py --kernel gelu --before '"$work/before"' --json "$RES/gelu-micro.json" > "$RES/gelu-micro.txt" 2>&1'
 step bench-s10 440 env TAG=s10 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S10" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s10 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S10" --quant fp8 --iters 5
@@ -96,4 +98,8 @@ step bench-f4x 520 env TAG=f4x bash benchmarks/gpu_bench.sh flux2 --quant fp8 --
 step bench-s12 440 env TAG=s12 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S12" --candidate "$S11" \
   --modes eager --other-modes eager,compile+graph --iters 3
 step profile-s12 80 env MODE=compile+graph bash benchmarks/gpu_analyze_patch.sh qwen-image "$S12" --quant fp8 --iters 5
+step bench-s13 300 env TAG=s13 bash benchmarks/gpu_bench.sh qwen-image --quant fp8 --candidate "$S13" --candidate "$S12" \
+  --modes eager --other-modes eager,compile+graph --iters 3
+step bench-f5 360 env TAG=f5 bash benchmarks/gpu_bench.sh flux2 --quant fp8 --candidate "$F5" --candidate "$F4" \
+  --modes eager --other-modes eager,compile+graph --iters 3
 step wide-gemv 90 bash -c 'python3 benchmarks/wide_gemv_micro.py --json "$RES/wide-gemv.json" > "$RES/wide-gemv.txt" 2>&1'

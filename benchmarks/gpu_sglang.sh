@@ -9,10 +9,12 @@
 #                      wheel itself, 39 MB, is .whl-sgl-a/ for the older two-call way)
 #        .cdsl-a/, .cdsl-b/  CuTe-DSL (nvidia-cutlass-dsl 4.8.1, cu13: SGLang's Qwen-Image imports
 #                      `cutlass` on CUDA), 97 MB of wheels as one xz tar in two halves of ~34 MB
-#      The tree plus .whl-sgl-b and .sgl-engine is one call's carry (under 64 MiB); each CuTe-DSL
+#        .whl-sgl-c/   .whl-sgl-b less torchao (16 MB), for runs that carry .sgl-engine
+#      The tree plus .whl-sgl-c and .sgl-engine is one call's carry (under 64 MiB; with .whl-sgl-b it
+#      no longer is, since 2026-12-07: .whl-sgl-b goes with runs that need no .sgl-engine); each CuTe-DSL
 #      half needs a call of its own on the same warm machine first:
 #        bash benchmarks/gpu_sglang.sh stage      # carry .cdsl-a, then again carrying .cdsl-b
-#   2. on the H200 (carry .whl-sgl-b and .sgl-engine, WHL=.whl-sgl-b):
+#   2. on the H200 (carry .whl-sgl-c and .sgl-engine, WHL=.whl-sgl-c):
 #      bash benchmarks/gpu_sglang.sh            # profile of both DiTs; or: bash benchmarks/h200.sh sglang
 #      results under $RES/sglang (from h200.sh), else $OUT, else benchmarks/results/h200-sglang-<date>/
 #   3. the full optimize of SGLang's FLUX.2, in calls of at most LIMIT s (default 560) that pause
@@ -74,6 +76,10 @@ if [[ "$what" == download ]]; then
   find "$WHL" -name '*.whl' ! -name 'sglang-0.5.23-*' ! -name 'diffusers-*' ! -name 'jedi-*' ! -name 'parso-*' \
     -exec cp {} .whl-sgl-b/ \;
   cp "$WHL"/diffusers-0.42.1.tar.gz .whl-sgl-b/
+  # .whl-sgl-c: .whl-sgl-b less torchao (16 MB), for runs with .sgl-engine: the tree grew so that
+  # .whl-sgl-b + .sgl-engine passed one call's 64 MiB (2026-12-07; 62.2 MiB with .whl-sgl-c). SGLang's own
+  # FP8 path needs no torchao; the sdist stays (cache_dit, in SGLang's import chain, imports diffusers).
+  rm -rf .whl-sgl-c && mkdir -p .whl-sgl-c && cp .whl-sgl-b/* .whl-sgl-c/ && rm .whl-sgl-c/torchao-*
   # CuTe-DSL: the meta wheel only holds a .pth that puts nvidia_cutlass_dsl/dsl_packages on
   # sys.path, which an install into a --target folder never runs: the run below names that folder
   # on PYTHONPATH itself. cuda-bindings and protobuf are on the GPU image.

@@ -44,6 +44,13 @@ _NAME_RULES = (
 _INDUCTOR_GENERATED = ("triton_poi_", "triton_red_", "triton_per_")
 
 
+# CuTe-DSL (nvidia-cutlass-dsl) names every kernel it compiles "kernel_cutlass_kernel_" + the Python
+# module path and function: "cutlass" there is the DSL, not a GEMM. SGLang's Qwen-Image norms on the GPU
+# are such kernels (..._scale_residual_norm_cutedsl...): 7.2 ms of its step filed as GEMM before
+# (benchmarks/results/h100-sglang-qwen-image-20261207/). The rest of the name still says what it is.
+_CUTE_DSL = "kernel_cutlass_kernel_"
+
+
 def _inductor_quantization(n: str) -> bool:
     """An inductor kernel that casts to float8 with a scale: per-token dynamic (abs, amax, clamp) or
     static (a reciprocal scale, clamp, cast), fused or not with the op that produced its input."""
@@ -59,6 +66,8 @@ def categorize(name: str, op: str = "", module_class: str = "") -> str:
             return "quantization"
         # the GEMM keywords of the name rules below would catch "_scaled_mm" and "_mm_"
         n = n.replace("_scaled_mm", "").replace("_mm_", "_")
+    if n.startswith(_CUTE_DSL):
+        n = n[len(_CUTE_DSL):].replace("cutlass", "")
     cat = None
     for keys, c in _OP_RULES:
         if o and any(k in o for k in keys):

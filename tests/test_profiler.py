@@ -111,6 +111,11 @@ def test_flop_count_matches_hand_count(toy_profile):
     ("triton_tem_fused_mm_0", "", "", "gemm"),  # inductor's own matmul template is one
     ("fused_quantize_fp8_e4m3_kernel", "", "", "quantization"),
     ("Memcpy HtoD (Pageable -> Device)", "", "", "copy"),
+    # CuTe-DSL kernels are all "kernel_cutlass_kernel_<module>..." (SGLang's Qwen-Image norms, H100 2026-12-07):
+    # the DSL's name is no GEMM; a CuTe-DSL GEMM still says so
+    ("kernel_cutlass_kernel_sglangkernelsopsdiffusionnormscale_residual_norm_cutedslScaleResidualNormScaleShift_o",
+     "", "", "normalization"),
+    ("kernel_cutlass_kernel_cutlassgemmsm90_dense_gemm_persistent_tile", "", "", "gemm"),
 ])
 def test_categories(name, op, cls, expect):
     assert categorize(name, op, cls) == expect

@@ -23,7 +23,9 @@ build_model: ``cfg = FluxConfig() | QwenImageDitConfig()``, ``cfg.update_model_a
   fused projection (``to_added_qkv`` = add_q/k/v_proj) is built from the seeds of the base names it
   packs, so diffusers and SGLang run on identical weights. On CPU only: the CustomOp layers that
   have a CPU path through ``sgl_kernel``'s CPU kernels run their ``forward_native`` instead, and
-  the Triton-only ``fuse_scale_shift_kernel`` falls back to SGLang's own torch version.
+  the Triton-only ``fuse_scale_shift_kernel`` falls back to SGLang's own torch version. Last, the
+  request-gated fusions a request of SGLang's default quality gets are mounted, as its denoising stage
+  mounts them (``mount_quality_fusions``).
 make_calls: the workload's (diffusers-convention) inputs become SGLang's: timestep x 1000 (one tensor
   for the passes of a step, as SGLang's pipeline hands every CFG branch the same one), RoPE tables
   (``freqs_cis``) computed once by the model's own rotary module as SGLang's pipeline does before
@@ -248,12 +250,68 @@ def build_model(cls, job, preset: dict, dtype):
                                             f"(e.g. {fused[0]})")
     if quant_config is not None:
         sglang_fp8.load_weights(model)
+    envmod.note("sglang_quality", mount_quality_fusions(model, job.engine_root))
     if not job.device.startswith("cuda"):
         routed = _route_cpu_ops_to_native(model) + (_fp8_cpu_fallbacks() if quant_config is not None else [])
         envmod.note("sglang_cpu_patches", routed)
     elif _prepared.get("fa3_stand_in"):
         envmod.note("sglang_attention", FA3_NOTE.format(n=cudnn_first(model)))
     return model
+
+
+# SGLang's denoising stage mounts request-gated DiT fusions at every batch for the request's quality
+# (`toggle_quality_fusions` over `_QUALITY_FUSION_HANDLERS`: (lowest quality, fusion) pairs), and a request's
+# default quality, "lossless", mounts every fusion of that tier: production runs them by default. Outside
+# the server nothing mounts them; without this the harness timed the "exact" tier's reference paths
+# (on Qwen-Image: the MLP's GELU as its own kernel, the text QKV as three GEMMs; 2026-12-07).
+QUALITY_TABLE = ("sglang/multimodal_gen/runtime/pipelines_core/stages/denoising.py", "_QUALITY_FUSION_HANDLERS")
+
+
+def quality_fusion_table(engine_root: str) -> list[tuple[str, str]] | None:
+    """The stage's (tier, fusion name) table, read from its source: importing the stage pulls the whole
+    pipeline (torchvision, the schedulers); the table is a literal of names from
+    ``sglang.kernels.ops.diffusion``. None where the file or the table is not there (another version)."""
+    rel, name = QUALITY_TABLE
+    path = Path(engine_root) / rel
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Tuple):
+            return [(e.elts[0].value, e.elts[1].id) for e in node.value.elts
+                    if isinstance(e, ast.Tuple) and len(e.elts) == 2 and isinstance(e.elts[0], ast.Constant)
+                    and isinstance(e.elts[1], ast.Name)]
+    return None
+
+
+def mount_quality_fusions(model, engine_root: str) -> dict:
+    """Mount on the built DiT what SGLang's denoising stage mounts for a request of the default quality,
+    with SGLang's own fusion objects and guards (each refuses a model whose sites fail them: a quantized
+    linear, ...). Returns the environment block's note."""
+    import dataclasses
+
+    from sglang.multimodal_gen.configs.sample import sampling_params as sp
+
+    quality = next(f.default for f in dataclasses.fields(sp.SamplingParams) if f.name == "quality")
+    table = quality_fusion_table(engine_root)
+    if table is None:
+        return {"quality": quality, "table": f"not found ({QUALITY_TABLE[0]}: {QUALITY_TABLE[1]}): nothing mounted"}
+    ops = importlib.import_module("sglang.kernels.ops.diffusion")
+    mounted, refused, other_tier = [], [], []
+    for tier, name in table:
+        fusion = getattr(ops, name, None)
+        if fusion is None or not any(True for _ in fusion.iter_sites(model)):
+            continue  # no site of it on this model
+        if not sp.quality_allows(quality, tier):
+            fusion.unmount(model)
+            other_tier.append(f"{fusion.name} ({tier})")
+        elif fusion.mount(model):
+            mounted.append(fusion.name)
+        else:
+            refused.append(fusion.name)
+    return {"quality": quality, "mounted": mounted, "refused_by_its_guards": refused,
+            "not_at_this_quality": other_tier, "table": ":".join(QUALITY_TABLE)}
 
 
 def cudnn_first(model) -> int:

@@ -60,7 +60,16 @@ def test_profile_sglang_dit_through_the_cli(sglang_engine, tmp_path, wl):
     assert p["passes"] == (2 if wl == "qwen-image" else 1)
     mods = {k["module"] for k in p["kernels"]}
     assert any(m.startswith("transformer_blocks.") for m in mods)
+    # what SGLang's denoising stage mounts for a request of its default quality: FLUX.2 marks a site only
+    # under NVFP4 (none here); Qwen-Image's packed text QKV mounts, and its GELU epilogue's guard refuses
+    # float32 weights (the tiny preset's; in bf16 it mounts, and acts on CUDA inputs only)
+    q = env["sglang_quality"]
+    assert q["quality"] == "lossless" and q["table"].endswith("_QUALITY_FUSION_HANDLERS"), q
+    if wl == "flux2":
+        assert q["mounted"] == q["refused_by_its_guards"] == [], q
     if wl == "qwen-image":
+        assert "Qwen-Image fused added-QKV" in q["mounted"], q
+        assert ("fused linear+GELU" in q["refused_by_its_guards"]) == (p["meta"]["dtype"] == "float32"), (p["meta"], q)
         # SGLang's fused text-stream projection, seeded from the base add_q/k/v_proj names
         assert "to_added_qkv" in env["sglang_packed_params"]
         # SGLang's pipeline hands both CFG passes one timestep tensor, and its blocks reuse the first
