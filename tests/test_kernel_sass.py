@@ -109,7 +109,27 @@ ROUNDING_KERNELS = {
         *_consts(BLOCK_D=8192, RESIDUAL=1, ROUND=1)],
     "qwen-image-fp8-gelu-quant": [*GELU[:2], *[a.replace("ROUND=1", "ROUND=2") for a in GELU[2:]],
         *_consts(BLOCK_N=4096, CHUNKS=3, EVEN=1)],
+    "flux2-fp8-swiglu-quant": ["kernel_store/flux2-fp8-swiglu-quant/swiglu_quant.py", "_swiglu_quant_kernel",
+        *_sig(X="*bf16", P="*bf16", Q="*fp8e4nv", S="*fp32", I="i32", PW="i32", sx=_I64, sp=_I64, sq=_I64),
+        *_consts(BLOCK_N=2048, PC=3, IC=9, ROUND=2, TORCHAO=1, F8_STORE=1, CUDA_MATH=1, EXACT=0)],
+    "flux2-qk-rmsnorm-rope": ["kernel_store/flux2-qk-rmsnorm-rope/qk_norm_rope.py", "_qk_rmsnorm_rope_kernel",
+        *_sig(X="*bf16", W="*bf16", COS="*fp32", SIN="*fp32", OUT="*bf16", n_rows="i32", S="i32", H="i32",
+              eps="fp32", **{n: _I64 for n in "sxb sxs sxh sob sos soh scs".split()}),
+        *_consts(HALF=64, BLOCK_HALF=64, BLOCK_M=4, HAS_W=1, ROUND=1)],
+    "flux2-swiglu": ["kernel_store/flux2-swiglu/swiglu.py", "_swiglu_kernel",
+        *_sig(X="*bf16", P="*bf16", OUT="*bf16", n_cols="i32", n_prefix="i32", sx=_I64, sp=_I64, so=_I64),
+        *_consts(BLOCK_N=1024, ROUND=1)],
+    "qwen-image-qkv-norm-rope-epilogue": ["kernel_store/qwen-image-qkv-norm-rope-epilogue/qkv_norm_rope_gemm.py",
+        "_norm_rope_rows_kernel",
+        *_sig(Y0="*bf16", Y1="*bf16", NQ0="*bf16", NK0="*bf16", NQ1="*bf16", NK1="*bf16", COS="*fp32", SIN="*fp32",
+              OUT="*bf16", M0="i32", M1="i32", S0="i32", S1="i32", OFF0="i32", OFF1="i32", COFF0="i32",
+              COFF1="i32", H="i32", eps_q0="fp32", eps_k0="fp32", eps_q1="fp32", eps_k1="fp32",
+              **{n: _I64 for n in "sy0 sy1 so3 sob sos soh scs".split()}),
+        *_consts(D=128, BLOCK_M=16, BLOCK_H=2, HAS_NW=1, HAS_ROPE=1, ROUND=1, ROUND_BEFORE_W=1)],
 }
+# Kernels with a ROUND parameter not built above, and why: the GEMM kernel's epilogue is the rows kernel's
+# (the same norm and RoPE arithmetic, built above); a GEMM build takes minutes.
+NOT_BUILT = {"_qkv_norm_rope_gemm_kernel"}
 
 
 def _half_fmas(*args) -> int:
@@ -129,3 +149,19 @@ def test_fp_fusion_on_contracts_the_modulation_into_bf16_fmas():
     """The failure the check above exists for, and that it can see: the same norm kernel with Triton's
     default fp fusion contracts round(round(n * scale) + shift) into one bf16 FMA per element pair."""
     assert _half_fmas(*ROUNDING_KERNELS["qwen-image-fp8-norm-quant"], "--fp-fusion", "on") >= 12
+
+
+def test_every_store_kernel_that_rounds_is_checked():
+    """A new kernel with a ROUND parameter joins ROUNDING_KERNELS (or says why not): the contraction is
+    invisible on the CPU, so only this list keeps it from coming back."""
+    import re
+
+    built = {(Path(v[0]).name, v[1]) for v in ROUNDING_KERNELS.values()}
+    missing = []
+    for f in sorted((ROOT / "kernel_store").glob("*/*.py")):
+        if f.name.startswith("test_"):
+            continue
+        for m in re.finditer(r"def (_\w*kernel)\(([^)]*)\)", f.read_text()):
+            if "ROUND" in m.group(2) and (f.name, m.group(1)) not in built and m.group(1) not in NOT_BUILT:
+                missing.append(f"{f.relative_to(ROOT)}: {m.group(1)}")
+    assert not missing, missing
