@@ -9,7 +9,9 @@
 #                      wheel itself, 39 MB, is .whl-sgl-a/ for the older two-call way)
 #        .cdsl-a/, .cdsl-b/  CuTe-DSL (nvidia-cutlass-dsl 4.8.1, cu13: SGLang's Qwen-Image imports
 #                      `cutlass` on CUDA), 97 MB of wheels as one xz tar in two halves of ~34 MB
-#        .whl-sgl-c/   .whl-sgl-b less torchao (16 MB), for runs that carry .sgl-engine
+#        .whl-sgl-c/   .whl-sgl-b less torchao (16 MB), for runs that carry .sgl-engine (without torchao
+#                      a QUANT=fp8 bench's diffusers reference rows, torchao's recipe, cannot run: bench
+#                      those in a call of their own carrying .whl-sgl-b)
 #      The tree plus .whl-sgl-c and .sgl-engine is one call's carry (under 64 MiB; with .whl-sgl-b it
 #      no longer is, since 2026-12-07: .whl-sgl-b goes with runs that need no .sgl-engine); each CuTe-DSL
 #      half needs a call of its own on the same warm machine first:

@@ -293,7 +293,9 @@ def mount_quality_fusions(model, engine_root: str) -> dict:
 
     from sglang.multimodal_gen.configs.sample import sampling_params as sp
 
-    quality = next(f.default for f in dataclasses.fields(sp.SamplingParams) if f.name == "quality")
+    quality = next((f.default for f in dataclasses.fields(sp.SamplingParams) if f.name == "quality"), None)
+    if quality is None or not hasattr(sp, "quality_allows"):
+        return {"quality": None, "table": "this SGLang has no request quality levels: nothing mounted"}
     table = quality_fusion_table(engine_root)
     if table is None:
         return {"quality": quality, "table": f"not found ({QUALITY_TABLE[0]}: {QUALITY_TABLE[1]}): nothing mounted"}
