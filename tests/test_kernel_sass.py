@@ -49,11 +49,18 @@ def test_bad_input_names_what_is_missing():
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
+def _sig(**types):
+    return [a for n, t in types.items() for a in ("--arg", f"{n}={t}")]
+
+
+def _consts(**values):
+    return [a for n, v in values.items() for a in ("--const", f"{n}={v}")]
+
+
 NORM = ["kernel_store/qwen-image-fp8-norm-quant/norm_quant.py", "_norm_mod_quant_kernel",
-        *[a for n, t in (("X", "*bf16"), ("SHIFT", "*bf16"), ("SCALE", "*bf16"), ("Q", "*fp8e4nv"), ("S_OUT", "*fp32"),
-                         ("S", "i32"), ("D", "i32"), ("sxb", "i64"), ("sxs", "i64"), ("smb", "i64"), ("sq", "i64"),
-                         ("eps", "fp32")) for a in ("--arg", f"{n}={t}")],
-        *[a for kv in ("TORCHAO=1", "F8_STORE=1", "CUDA_MATH=1", "EXACT=0") for a in ("--const", kv)]]
+        *_sig(X="*bf16", SHIFT="*bf16", SCALE="*bf16", Q="*fp8e4nv", S_OUT="*fp32", S="i32", D="i32", sxb="i64",
+              sxs="i64", smb="i64", sq="i64", eps="fp32"),
+        *_consts(TORCHAO=1, F8_STORE=1, CUDA_MATH=1, EXACT=0)]
 
 
 def _instructions(*consts):
@@ -71,14 +78,6 @@ def test_the_norm_kernels_blocks_and_hardware_rounding_halve_its_instructions():
     before = _instructions("BLOCK=4096", "NB=1", "EVEN=0", "ROUND=1")
     after = _instructions("BLOCK=1024", "NB=3", "EVEN=1", "ROUND=2")
     assert after * 2 <= before, (before, after)
-
-
-def _sig(**types):
-    return [a for n, t in types.items() for a in ("--arg", f"{n}={t}")]
-
-
-def _consts(**values):
-    return [a for n, v in values.items() for a in ("--const", f"{n}={v}")]
 
 
 _I64 = "i64"

@@ -303,7 +303,7 @@ def mount_quality_fusions(model, engine_root: str) -> dict:
     mounted, refused, other_tier = [], [], []
     for tier, name in table:
         fusion = getattr(ops, name, None)
-        if fusion is None or not any(True for _ in fusion.iter_sites(model)):
+        if fusion is None or next(fusion.iter_sites(model), None) is None:
             continue  # no site of it on this model
         if not sp.quality_allows(quality, tier):
             fusion.unmount(model)
