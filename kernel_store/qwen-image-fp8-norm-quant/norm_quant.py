@@ -253,9 +253,11 @@ FP_FUSION = False
 # "fast" or "exact" (module docstring): the GPU's arithmetic; the interpreter always computes as numpy
 ARITHMETIC = "fast"
 
-# 4 warps for a 3072-wide row, measured with the row as one 4096-lane block (BLOCKS 1; the three blocks
-# of 1024 are unmeasured, and their sm_90 build issues fewest instructions a row at 4: 584 x 4 warps
-# against 392 x 8): on an H100, 9.49 ms a step (both shapes) against 10.54 at 8
+# 4 warps for a 3072-wide row. With three 1024-wide blocks (the default since 2026-12-07), on an H100:
+# 5.03 ms a step (both shapes) against 5.33 at 8 and 4.86 at 2, which won the image shape (16.2 against
+# 17.1 us) and lost the text one (4.1 against 3.9), inside the run's spread: 4 stays
+# (benchmarks/results/h100-fp8-s12-20261207/micro-norm/, with the bf16 FMA contraction FP_FUSION now
+# removes). With the row as one 4096-lane block (BLOCKS 1): 9.49 ms a step against 10.54 at 8
 # and 12.07 at 16 (benchmarks/results/h100-fp8-loads-first-20261206/norm-quant-micro.txt, 2026-12-06;
 # the prototype's microbenchmark had measured 8 against 16 only). Issuing the shift and scale loads
 # before the row's reductions changed nothing there (36.8 against 37.4 us an image call): not kept.
@@ -271,7 +273,9 @@ NUM_WARPS = 4
 # threads x 1392 instructions / (132 SMs x 4 warp instructions a cycle) is about 25 us at 1.75 GHz,
 # most of the 33.3 measured. Three 1024-wide blocks (no idle lane, no masks) and the hardware's bf16
 # conversion (ROUND 2) cut that to about 12 us, under the 15.5 us byte bound. Predicted on an H100:
-# 33 -> 18-21 us an image call, 9.5 -> 5.5-6.5 ms a Qwen-Image step in its microbenchmark.
+# 33 -> 18-21 us an image call, 9.5 -> 5.5-6.5 ms a Qwen-Image step in its microbenchmark; measured
+# 33.1 -> 17.1 us, 9.40 -> 5.03 ms (h100-fp8-s12-20261207/micro-norm/, before FP_FUSION: 584 -> 616
+# instructions a thread since).
 BLOCKS = 0
 MAX_BLOCKS = 4
 
