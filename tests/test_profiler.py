@@ -156,3 +156,30 @@ def test_flops_of_a_gemm_with_an_activation_epilogue_are_counted():
     x, w, b = torch.randn(6, 8), torch.randn(16, 8), torch.randn(16)
     f = count_flops(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True))
     assert f == {"linear": 2 * 6 * 8 * 16, "attention": 0}
+
+
+def test_flops_inside_a_registered_custom_op_are_counted():
+    """SGLang's default-quality Qwen-Image runs its MLP up projection as a registered custom op
+    (fused linear + GELU through `_addmm_activation`); the mode sees the op, not its body, so the
+    roofline counted 83.5 of 125.3 linear TFLOP. The GEMMs inside any custom op count, once, and the
+    op's result is its own."""
+    import torch
+
+    @torch.library.custom_op("optbot_test::linear_gelu", mutates_args=())
+    def linear_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+
+    @torch.library.custom_op("optbot_test::two_matmuls", mutates_args=())
+    def two_matmuls(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w.t()) @ w  # matmul reaches the mode whole below autograd
+
+    x, w, b = torch.randn(6, 8), torch.randn(16, 8), torch.randn(16)
+    out = {}
+    f = count_flops(lambda: out.setdefault("y", linear_gelu(x, w, b)))
+    assert f == {"linear": 2 * 6 * 8 * 16, "attention": 0}
+    torch.testing.assert_close(out["y"], torch.nn.functional.gelu(x @ w.t() + b, approximate="tanh"),
+                               atol=1e-3, rtol=1e-3)
+    f = count_flops(lambda: two_matmuls(x, w))
+    assert f == {"linear": 2 * 6 * 8 * 16 + 2 * 6 * 16 * 8, "attention": 0}
+    # an op with no tensor argument runs as itself
+    assert count_flops(lambda: torch.ops.aten.scalar_tensor(1.0)) == {"linear": 0, "attention": 0}
