@@ -125,6 +125,9 @@ ROUNDING_KERNELS = {
               COFF1="i32", H="i32", eps_q0="fp32", eps_k0="fp32", eps_q1="fp32", eps_k1="fp32",
               **{n: _I64 for n in "sy0 sy1 so3 sob sos soh scs".split()}),
         *_consts(D=128, BLOCK_M=16, BLOCK_H=2, HAS_NW=1, HAS_ROPE=1, ROUND=1, ROUND_BEFORE_W=1)],
+    "sglang-qwen-image-fp8-gelu-quant": ["kernel_store/sglang-qwen-image-fp8-gelu-quant/gelu_static_quant.py",
+        "_gelu_static_quant_kernel", *_sig(H="*bf16", Q="*fp8e4nv", S="*fp32", numel="i64"),
+        *_consts(BLOCK=4096, ROUND=2, F8_STORE=1, EVEN=1)],
 }
 # Kernels with a ROUND parameter not built above, and why: the GEMM kernel's epilogue is the rows kernel's
 # (the same norm and RoPE arithmetic, built above); a GEMM build takes minutes.
