@@ -7,15 +7,15 @@
 #        .whl-sgl-b/   the light import set the GPU image lacks, and diffusers' sdist (20 MB)
 #        .sgl-engine/  the engine repository as a git bundle of its one commit (18 MB; the sglang
 #                      wheel itself, 39 MB, is .whl-sgl-a/ for the older two-call way)
-#        .cdsl-a/, .cdsl-b/  CuTe-DSL (nvidia-cutlass-dsl 4.8.1, cu13: SGLang's Qwen-Image imports
-#                      `cutlass` on CUDA), 97 MB of wheels as one xz tar in two halves of ~34 MB
+#        .cdsl-a/, .cdsl-b/, .cdsl-c/  CuTe-DSL (nvidia-cutlass-dsl 4.8.1, cu13: SGLang's Qwen-Image
+#                      imports `cutlass` on CUDA), 97 MB of wheels as one xz tar in thirds of ~22 MB
 #        .whl-sgl-c/   .whl-sgl-b less torchao (16 MB), for runs that carry .sgl-engine (without torchao
 #                      a QUANT=fp8 bench's diffusers reference rows, torchao's recipe, cannot run: bench
 #                      those in a call of their own carrying .whl-sgl-b)
 #      The tree plus .whl-sgl-c and .sgl-engine is one call's carry (under 64 MiB; with .whl-sgl-b it
 #      no longer is, since 2026-12-07: .whl-sgl-b goes with runs that need no .sgl-engine); each CuTe-DSL
-#      half needs a call of its own on the same warm machine first:
-#        bash benchmarks/gpu_sglang.sh stage      # carry .cdsl-a, then again carrying .cdsl-b
+#      third needs a call of its own on the same warm machine first:
+#        bash benchmarks/gpu_sglang.sh stage      # carry .cdsl-a, then .cdsl-b, then .cdsl-c
 #   2. on the H200 (carry .whl-sgl-c and .sgl-engine, WHL=.whl-sgl-c):
 #      bash benchmarks/gpu_sglang.sh            # profile of both DiTs; or: bash benchmarks/h200.sh sglang
 #      results under $RES/sglang (from h200.sh), else $OUT, else benchmarks/results/h200-sglang-<date>/
@@ -93,23 +93,25 @@ if [[ "$what" == download ]]; then
     x=$(mktemp -d); for w in "$WHL"/cdsl/*.whl; do unzip -q -o "$w" -d "$x"; done
     tar cf - -C "$x" . | xz -T0 -6 > "$WHL/cdsl.tar.xz"; rm -rf "$x"
   fi
-  rm -rf .cdsl-a .cdsl-b && mkdir -p .cdsl-a .cdsl-b
-  split -n 2 -d "$WHL/cdsl.tar.xz" "$WHL/cdsl.tar.xz.part-"
-  mv "$WHL/cdsl.tar.xz.part-00" .cdsl-a/ && mv "$WHL/cdsl.tar.xz.part-01" .cdsl-b/
+  # in thirds (22 MB each): a half (33 MB) and the tree passed one call's 64 MiB once the tree grew past 30 MiB
+  rm -rf .cdsl-a .cdsl-b .cdsl-c && mkdir -p .cdsl-a .cdsl-b .cdsl-c
+  split -n 3 -d "$WHL/cdsl.tar.xz" "$WHL/cdsl.tar.xz.part-"
+  mv "$WHL/cdsl.tar.xz.part-00" .cdsl-a/ && mv "$WHL/cdsl.tar.xz.part-01" .cdsl-b/ && mv "$WHL/cdsl.tar.xz.part-02" .cdsl-c/
   # The engine repository as a git bundle: the same deterministic commit the wheel gives
   # (bot/engine.py), in half the bytes, so that one call carries all it needs.
   repo=$(python3 -m bot engine init sglang | awk '$1 == "repository" {print $2}')
   rm -rf .sgl-engine && mkdir -p .sgl-engine
   git -C "$repo" bundle create "$PWD/.sgl-engine/sglang-0.5.23.bundle" main
-  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b .sgl-engine .cdsl-a .cdsl-b
+  ls -la "$WHL"; du -sh "$WHL" .whl-sgl-a .whl-sgl-b .sgl-engine .cdsl-a .cdsl-b .cdsl-c
   exit 0
 fi
 
-# CuTe-DSL, staged in halves by earlier calls on this machine (each carrying one), unpacked once both are here
+# CuTe-DSL, staged in thirds by earlier calls on this machine (each carrying one), unpacked once all are here
 CDSL=/tmp/cdsl-parts
-for d in .cdsl-a .cdsl-b; do [[ -d "$d" ]] && mkdir -p "$CDSL" && cp "$d"/cdsl.tar.xz.part-* "$CDSL"/; done
+for d in .cdsl-a .cdsl-b .cdsl-c; do [[ -d "$d" ]] && mkdir -p "$CDSL" && cp "$d"/cdsl.tar.xz.part-* "$CDSL"/; done
 if [[ "$what" == stage ]]; then ls -la "$CDSL"; exit 0; fi
-if [[ ! -d /tmp/site-cdsl/nvidia_cutlass_dsl && -f "$CDSL/cdsl.tar.xz.part-00" && -f "$CDSL/cdsl.tar.xz.part-01" ]]; then
+if [[ ! -d /tmp/site-cdsl/nvidia_cutlass_dsl && -f "$CDSL/cdsl.tar.xz.part-00" && -f "$CDSL/cdsl.tar.xz.part-01" \
+      && -f "$CDSL/cdsl.tar.xz.part-02" ]]; then
   mkdir -p /tmp/site-cdsl && cat "$CDSL"/cdsl.tar.xz.part-* | xz -d | tar xf - -C /tmp/site-cdsl
 fi
 CDSL_PATH=""
