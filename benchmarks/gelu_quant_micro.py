@@ -2,7 +2,8 @@
 inductor's fusion of them, at the workload's shapes, with the byte bound of each shape: the GELU of
 Qwen-Image's MLP (`--kernel gelu`, the default), FLUX.2's SwiGLU (`--kernel swiglu`: its exact
 two-pass form, a wider block, and the fast arithmetic below), or Qwen-Image's norm + modulation
-(`--kernel norm-quant`: kernel_store/qwen-image-fp8-norm-quant/norm_quant.py).
+(`--kernel norm-quant`: kernel_store/qwen-image-fp8-norm-quant/norm_quant.py), or the GELU with SGLang's
+static scale (`--kernel gelu-static`: kernel_store/sglang-qwen-image-fp8-gelu-quant/).
 
 Variants of the GELU kernel (kernel_store/qwen-image-fp8-norm-quant/gelu_quant.py):
 - two-pass: blocks of 2048, 4 warps, the GELU computed twice;
@@ -25,7 +26,7 @@ the 50 MB L2). The bound printed is the bytes (bf16 in, e4m3 out, float32 scales
 measured in the same process; a variant far above it is bound by its arithmetic (libdevice's tanhf or
 expf and the correctly rounded division are tens of instructions an element).
 
-    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu|norm-quant] [--before DIR] [--json FILE]
+    python benchmarks/gelu_quant_micro.py [--kernel gelu|swiglu|norm-quant|gelu-static] [--before DIR] [--json FILE]
 """
 from __future__ import annotations
 
@@ -109,6 +110,35 @@ def _gelu_cases(before: str = ""):
         if old is not None:
             variants["before: one-pass, fast (default warps)"] = lambda h=h: launch(h, 0, 0, False, old)
             variants["before: one-pass, fast, 32 warps"] = lambda h=h: launch(h, 0, 32, False, old)
+        yield f"{M} x {N}", (M, N), 120, M * N * 2, variants
+
+
+def _gelu_static_cases(before: str = ""):
+    """SGLang's Qwen-Image in its ModelOpt FP8 path (kernel_store/sglang-qwen-image-fp8-gelu-quant): the
+    GELU and the static (one scale, calibrated ahead) quantization of its output. Upstream runs torch's
+    GELU kernel and then SGLang's `_static_quant_fp8` (that row where sglang imports: run under
+    `benchmarks/gpu_sglang.sh cmd`); the scale is a fixed value here, as a checkpoint's. Each variant
+    returns (q, the scale); the bytes count no per-row scales (12 KB at most: within the rounding)."""
+    gs = _load("kernel_store/sglang-qwen-image-fp8-gelu-quant/gelu_static_quant.py")
+    compiled = torch.compile(gs.reference, fullgraph=True)
+    try:
+        from sglang.srt.layers.quantization.fp8_utils import static_quant_fp8
+    except Exception:  # noqa: BLE001 - sglang absent or not importable here: no upstream row
+        static_quant_fp8 = None
+    for M, N in [(4096, 12288), (512, 12288)]:
+        torch.manual_seed(0)
+        h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
+        scale = torch.tensor(0.02, device="cuda", dtype=torch.float32)  # |gelu| up to ~9: a few saturate
+        variants = {
+            "torch eager (unfused)": lambda h=h: (gs.reference(h, scale), scale),
+            "inductor fusion": lambda h=h: (compiled(h, scale), scale),
+            "the entry (default block, warps)": lambda h=h: (gs._launch(h, scale, 0, 0), scale),
+            "block 2048, 4 warps": lambda h=h: (gs._launch(h, scale, 2048, 4), scale),
+            "block 8192, 16 warps": lambda h=h: (gs._launch(h, scale, 8192, 16), scale),
+        }
+        if static_quant_fp8 is not None:
+            variants["SGLang: torch GELU + _static_quant_fp8"] = lambda h=h: (
+                static_quant_fp8(torch.nn.functional.gelu(h, approximate="tanh"), scale)[0], scale)
         yield f"{M} x {N}", (M, N), 120, M * N * 2, variants
 
 
@@ -204,10 +234,11 @@ def _norm_quant_cases(before: str = ""):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("gelu", "swiglu", "norm-quant"), default="gelu",
+    ap.add_argument("--kernel", choices=("gelu", "swiglu", "norm-quant", "gelu-static"), default="gelu",
                     help="gelu: qwen-image-fp8-gelu-quant at Qwen-Image's shapes; swiglu: flux2-fp8-swiglu-quant "
                          "at FLUX.2's; norm-quant: Qwen-Image's norm + modulation + quantization "
-                         "(kernel_store/qwen-image-fp8-norm-quant's kernel against inductor and the store's norm kernel)")
+                         "(kernel_store/qwen-image-fp8-norm-quant's kernel against inductor and the store's norm kernel); "
+                         "gelu-static: sglang-qwen-image-fp8-gelu-quant (SGLang's static scale) at Qwen-Image's shapes")
     ap.add_argument("--before", default="", metavar="DIR",
                     help="a folder holding earlier copies of the kernel files (gelu_quant.py, swiglu_quant.py, "
                          "norm_quant.py): their variants run beside the live entries' (before / after an edit)")
@@ -218,7 +249,8 @@ def main() -> int:
         return 2
     bw = _copy_bandwidth()
     rows = []
-    cases = {"gelu": _gelu_cases, "swiglu": _swiglu_cases, "norm-quant": _norm_quant_cases}[args.kernel]
+    cases = {"gelu": _gelu_cases, "swiglu": _swiglu_cases, "norm-quant": _norm_quant_cases,
+             "gelu-static": _gelu_static_cases}[args.kernel]
     for label, shape, calls, inputs, variants in cases(args.before):
         ref_q, ref_s = variants["torch eager (unfused)"]()
         ind_q, _ = variants["inductor fusion"]()

@@ -115,7 +115,17 @@ def checkout_engine(source: str, ref: str | None, import_root: str, name: str = 
             raise EngineError(f"engine {repo_path}: ref {want!r} not found") from None
     if not (repo_path / import_root).is_dir():
         raise EngineError(f"engine {repo_path} at {sha[:12]}: import root {import_root!r} is not a folder")
+    if ref is None and not (m or w or _is_url(source)) and _has_uncommitted_changes(repo, import_root):
+        # runs check out a commit (worktrees), so edits in the working tree would silently not run
+        _log(f"engine {repo_path}: its uncommitted changes are not part of this run, which uses commit "
+             f"{sha[:12]} (HEAD); commit them, or name another commit with --ref")
     return EngineCheckout(name=name or source, repo_path=repo_path, base_sha=sha, ref=want, import_root=import_root)
+
+
+def _has_uncommitted_changes(repo: git.Repo, import_root: str) -> bool:
+    """Tracked files changed, or new files under the import root (a kernel file a patch would add)."""
+    root = import_root.strip("/") + "/"
+    return repo.is_dirty(untracked_files=False) or any(f.startswith(root) for f in repo.untracked_files)
 
 
 def _clone_url(url: str) -> Path:

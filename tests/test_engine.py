@@ -174,3 +174,23 @@ def test_a_commands_worktrees_go_when_it_ends_and_orphans_are_pruned(tmp_path, m
     # a home no other process uses (a test worker's): all but the base checkouts
     assert eng.prune_orphan_worktrees(tmp_path / "home", all_but_base=True) == 1
     assert base.exists() and not kept_before.exists()
+
+
+def test_uncommitted_changes_in_a_path_engine_are_named(tmp_path, capsys):
+    """Runs check out a commit: edits left in the fork's working tree (a patch applied but not
+    committed) would not run, silently; the checkout says so. A clean tree, an explicit --ref, or an
+    untracked file outside the import root says nothing."""
+    repo = _small_repo(tmp_path / "fork")
+    (tmp_path / "fork" / "notes.txt").write_text("outside the import root\n")
+    co = eng.checkout_engine(str(tmp_path / "fork"), None, "src")
+    assert co.base_sha == repo.head.commit.hexsha and "uncommitted" not in capsys.readouterr().err
+    (tmp_path / "fork" / "src" / "m.py").write_text("X = 3\n")
+    eng.checkout_engine(str(tmp_path / "fork"), None, "src")
+    err = capsys.readouterr().err
+    assert "uncommitted changes are not part of this run" in err and repo.head.commit.hexsha[:12] in err
+    eng.checkout_engine(str(tmp_path / "fork"), "v2", "src")
+    assert "uncommitted" not in capsys.readouterr().err
+    repo.git.checkout("--", "src/m.py")
+    (tmp_path / "fork" / "src" / "new_kernel.py").write_text("Y = 1\n")
+    eng.checkout_engine(str(tmp_path / "fork"), None, "src")
+    assert "uncommitted changes" in capsys.readouterr().err
