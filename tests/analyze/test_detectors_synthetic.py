@@ -494,6 +494,42 @@ def test_no_quantization_finding_without_fp8_or_a_per_token_chain(toy):
     assert kinds(a, "quantization") == []  # the scale is a buffer: the chain does not close on the input
 
 
+class _StaticQuantGeluFp8(nn.Module):
+    """SGLang's ModelOpt FP8 as its CPU path runs it: the MLP's GELU output divided by the down
+    projection's own static input_scale (a parameter calibrated ahead), clamped, cast to float8; the GEMM
+    gets that scale broadcast to rows. `other` divides by another parameter than the GEMM's scale."""
+
+    def __init__(self, other: bool = False):
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.w8 = nn.Parameter(torch.randn(32, 64).to(torch.float8_e4m3fn), requires_grad=False)
+        self.input_scale = nn.Parameter(torch.tensor(0.01), requires_grad=False)
+        self.other_scale = nn.Parameter(torch.tensor(0.02), requires_grad=False)
+        self.w_scale = nn.Parameter(torch.tensor(0.05), requires_grad=False)
+        self.other = other
+
+    def forward(self, pixels, words=None, tau=None):
+        g = F.gelu(self.up(pixels), approximate="tanh").reshape(-1, 64)
+        div = self.other_scale if self.other else self.input_scale
+        x8 = (g.float() / div.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        sa = self.input_scale.float().reshape(1, 1).expand(x8.shape[0], 1).contiguous()
+        sb = self.w_scale.float().reshape(1, 1).expand(1, 32).contiguous()
+        return torch._scaled_mm(x8, self.w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+
+
+def test_a_static_quantization_is_found_with_its_producer(toy):
+    """One scale fixed ahead (ModelOpt FP8): no scale path, and the value path divides by the GEMM's own
+    scale parameter: found as activation+quant with `scale: static` (sglang-qwen-image-fp8-gelu-quant
+    replays for it). Dividing by another parameter than the one the GEMM is told is not this chain."""
+    a, _ = toy(_StaticQuantGeluFp8(), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    (found,) = kinds(a, "quantization")
+    assert found["detail"] == "activation+quant" and found["facts"]["producer"] == "gelu", found["summary"]
+    assert found["facts"]["scale"] == "static" and found["facts"]["ops"] >= 2
+    assert "static scale" in found["summary"] and found["estimate"]["estimated_ms"] > 0
+    a, _ = toy(_StaticQuantGeluFp8(other=True), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    assert kinds(a, "quantization") == []
+
+
 def _torchao_fp8(model):
     """The FP8 recipe as torchao applies it on a GPU, built with torchao's own constructors
     (runner/quant.torchao_weights). torchao computes the per-row scale in one op of its own

@@ -1,4 +1,4 @@
-"""quantization: the per-token activation quantization in front of FP8 GEMMs (issue 16).
+"""quantization: the activation quantization in front of FP8 GEMMs (issue 16).
 
 An FP8 linear (`_scaled_mm` on a float8 activation with one scale per row) is fed by a quantization
 of its input x, as torchao's dynamic recipe and optbot's emulation of it both run it: a scale path
@@ -13,6 +13,10 @@ Two findings:
   modulation, an activation, or nothing fusable: the quantization alone) and emits the float8 values
   and per-token scales in the same pass. The estimate is one chain's measured time; that the producer
   then stores 1-byte values instead of x, and the GEMM reads them, is not counted.
+
+A static quantization (one scale per tensor, calibrated ahead: SGLang's ModelOpt FP8) has no scale
+path: the GEMM's activation scale is a one-element parameter (copied, cast or broadcast to rows), and the
+value path divides by that same parameter, clamps and casts to float8 (`facts["scale"] == "static"`).
 
 Recognized by data flow only: the float8 value feeding the GEMM's first operand and the float32
 scale feeding its third, each walked back through pointwise, cast and reduction ops to one source
@@ -91,20 +95,61 @@ def _value_path(g: Graph, a8: int, x: int) -> list[int] | None:
     return None
 
 
-def _chain(g: Graph, gemm: Op) -> tuple[int, list[int]] | None:
-    """(x's root, the quantization's op ids) for an FP8 GEMM fed by a per-row quantization."""
+def _static_leaf(g: Graph, v: int) -> int | None:
+    """The one-element parameter `v` is a copy, view, cast or broadcast of (a static per-tensor scale
+    calibrated ahead: ModelOpt FP8's `input_scale`), or None."""
+    for _ in range(MAX_STEPS):
+        p = g.producer.get(v)
+        if p is None:
+            ok = g.numel(v) == 1 and g.values[v]["origin"].startswith("weight:")
+            return v if ok else None
+        if not (p.alias or kind(p) in ("copy", "cast")) or len(p.inputs) != 1:
+            return None
+        v = p.inputs[0]
+    return None
+
+
+def _static_chain(g: Graph, a8: int, scale: int) -> tuple[int, list[int]] | None:
+    """(x's root, the op ids) of a static quantization: x divided (or multiplied) by one fixed scale, the
+    GEMM's own, then clamped and cast to float8, with no scale computed from x (SGLang's ModelOpt FP8,
+    whose CPU path is these torch ops; on the GPU its Triton kernel is invisible to the capture)."""
+    leaf = _static_leaf(g, scale)
+    if leaf is None:
+        return None
+    ops, v, n, scaled = [], a8, g.numel(a8), False
+    for _ in range(MAX_STEPS):
+        p, v = _step_back(g, v)
+        if p is None or kind(p) not in ("pointwise", "cast") or p.name.rstrip("_") in ACTIVATIONS:
+            break
+        big = [i for i in p.inputs if g.numel(i) == n]
+        small = [i for i in p.inputs if g.numel(i) == 1]
+        if len(big) != 1 or len(big) + len(small) != len(p.inputs):
+            break
+        if p.name in ("div", "mul") and small and _static_leaf(g, small[0]) == leaf:
+            scaled = True
+        ops.append(p.id)
+        v = big[0]
+    if not scaled or len(ops) < 2:
+        return None
+    return g.root(v), sorted(ops)
+
+
+def _chain(g: Graph, gemm: Op) -> tuple[int, list[int], str] | None:
+    """(x's root, the quantization's op ids, "row" | "static") for an FP8 GEMM fed by a per-row
+    quantization, or by a static one (one scale fixed ahead)."""
     if len(gemm.inputs) < 3 or g.values[gemm.inputs[0]]["dtype"] != "f8":
         return None
     a8, scale = gemm.inputs[0], gemm.inputs[2]
     rows = g.numel(a8) // max(1, (g.values[a8]["shape"] or [1])[-1])
     sp = _scale_path(g, scale, rows)
     if sp is None:
-        return None
+        st = _static_chain(g, a8, scale)
+        return None if st is None else (*st, "static")
     s_ops, x = sp
     v_ops = _value_path(g, a8, x)
     if v_ops is None or g.numel(x) != g.numel(a8):
         return None
-    return x, sorted(set(s_ops + v_ops))
+    return x, sorted(set(s_ops + v_ops)), "row"
 
 
 def _producer(g: Graph, x: int) -> tuple[str, str]:
@@ -134,6 +179,7 @@ def _producer(g: Graph, x: int) -> tuple[str, str]:
 def detect(ctx) -> list[Finding]:
     g, cost = ctx.graph, ctx.cost
     by_x: dict[int, list[tuple[Op, list[int]]]] = {}
+    static: set[int] = set()
     for o in g.ops:
         if o.name != "_scaled_mm":
             continue
@@ -141,9 +187,12 @@ def detect(ctx) -> list[Finding]:
         if c is None or not all(ctx.free(i) for i in c[1]):
             continue
         by_x.setdefault(c[0], []).append((o, c[1]))
+        if c[2] == "static":
+            static.add(c[0])
     out = []
     for x, chains in by_x.items():
         first = chains[0][1]
+        fixed = x in static  # one scale calibrated ahead: no scale path, values only
         width = (g.values[x]["shape"] or [1])[-1]
         if len(chains) > 1:
             rest = sorted({i for _, ids in chains[1:] for i in ids})
@@ -170,11 +219,14 @@ def detect(ctx) -> list[Finding]:
             KIND, detail, first, first[-1], ms,
             f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller "
             "float8 store not counted)",
-            0.7, "a per-row FP8 quantization (abs -> amax scale path, divide -> clamp -> float8 value path) between "
-                 f"its input's producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values and "
-                 "scales where the input is computed",
-            "store-replay", signature=f"{detail}:k{width}",
-            summary=f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values and "
-                    f"per-token scales from {what}",
-            facts={"producer": prod, "row_len": width, "ops": len(first)}))
+            0.7, (f"a static FP8 quantization (divide by one scale fixed ahead -> clamp -> float8) between its input's "
+                  f"producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values where the input is "
+                  "computed") if fixed else
+                 ("a per-row FP8 quantization (abs -> amax scale path, divide -> clamp -> float8 value path) between "
+                  f"its input's producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values and "
+                  "scales where the input is computed"),
+            "store-replay", signature=f"{detail}:k{width}" + (":static" if fixed else ""),
+            summary=f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values "
+                    + ("with the static scale " if fixed else "and per-token scales ") + f"from {what}",
+            facts={"producer": prod, "row_len": width, "ops": len(first), "scale": "static" if fixed else "row"}))
     return out
