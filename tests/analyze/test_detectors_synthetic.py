@@ -530,6 +530,49 @@ def test_a_static_quantization_is_found_with_its_producer(toy):
     assert kinds(a, "quantization") == []
 
 
+class _UnseenStaticQuantFp8(nn.Module):
+    """SGLang's ModelOpt FP8 on the GPU: `static_quant_fp8` allocates the float8 buffer like its input
+    (`empty_like`) and a Triton kernel the dispatcher never sees writes it; the GEMM takes the static
+    input_scale parameter (`per_row_scale`: a per-row buffer the kernel writes too, as with
+    repeat_scale). The unseen kernel is the same arithmetic run with the capture's modes off."""
+
+    def __init__(self, per_row_scale: bool = False):
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.w8 = nn.Parameter(torch.randn(32, 64).to(torch.float8_e4m3fn), requires_grad=False)
+        self.input_scale = nn.Parameter(torch.tensor(0.01), requires_grad=False)
+        self.w_scale = nn.Parameter(torch.tensor(0.05).reshape(1, 1), requires_grad=False)
+        self.per_row_scale = per_row_scale
+
+    def forward(self, pixels, words=None, tau=None):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        g = F.gelu(self.up(pixels), approximate="tanh").reshape(-1, 64)
+        x8 = torch.empty_like(g, dtype=torch.float8_e4m3fn)
+        sa = torch.empty((g.shape[0], 1), dtype=torch.float32) if self.per_row_scale else self.input_scale
+        with _disable_current_modes():  # the "kernel": invisible to the capture
+            x8.copy_((g / self.input_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn))
+            if self.per_row_scale:
+                sa.fill_(self.input_scale.item())
+        sa2 = sa if self.per_row_scale else sa.reshape(1, 1)
+        if not self.per_row_scale:
+            sa2 = sa2.expand(x8.shape[0], 1).contiguous()
+        return torch._scaled_mm(x8, self.w8.t(), scale_a=sa2, scale_b=self.w_scale.expand(1, 32).contiguous(),
+                                out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("per_row_scale", [False, True])
+def test_a_quantization_by_an_unseen_kernel_is_found_from_its_buffers(toy, per_row_scale):
+    """On the GPU SGLang's static quantization is a Triton kernel the capture cannot see: the FP8 GEMM
+    reads a float8 buffer made `empty_like` the GELU's output. Found as activation+quant, its estimate
+    the bytes that kernel must move (no op carries its time)."""
+    a, _ = toy(_UnseenStaticQuantFp8(per_row_scale), [{"pixels": torch.randn(1, 8, 32)}], only=["quantization"])
+    (found,) = kinds(a, "quantization")
+    assert found["detail"] == "activation+quant" and found["facts"]["producer"] == "gelu", found["summary"]
+    assert found["facts"]["unseen"] and found["facts"]["scale"] == ("unseen" if per_row_scale else "static")
+    assert "cannot see" in found["summary"] and "copy bandwidth" in found["estimate"]["basis"]
+
+
 def _torchao_fp8(model):
     """The FP8 recipe as torchao applies it on a GPU, built with torchao's own constructors
     (runner/quant.torchao_weights). torchao computes the per-row scale in one op of its own

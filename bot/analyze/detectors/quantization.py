@@ -134,9 +134,29 @@ def _static_chain(g: Graph, a8: int, scale: int) -> tuple[int, list[int]] | None
     return g.root(v), sorted(ops)
 
 
+ALLOC_LIKE = ("empty_like", "new_empty", "new_empty_strided")
+
+
+def _unseen_chain(g: Graph, a8: int, scale: int, rows: int) -> tuple[int, list[int], str] | None:
+    """A quantization by a kernel the capture cannot see (SGLang's Triton `_static_quant_fp8` on the
+    GPU): the float8 activation is a buffer allocated like x (`empty_like(x, dtype=float8)`) and written
+    unseen; its scale is a static parameter ("static") or a per-row buffer written unseen too ("unseen").
+    (x's root, [the allocations], how the scale is known)."""
+    p = g.producer.get(a8)
+    if p is None or not p.alloc or p.name not in ALLOC_LIKE or not p.inputs or g.numel(p.inputs[0]) != g.numel(a8):
+        return None
+    if _static_leaf(g, scale) is not None:
+        return g.root(p.inputs[0]), [p.id], "static"
+    sp = g.producer.get(scale)
+    if sp is not None and sp.alloc and g.numel(scale) == rows:
+        return g.root(p.inputs[0]), sorted({p.id, sp.id}), "unseen"
+    return None
+
+
 def _chain(g: Graph, gemm: Op) -> tuple[int, list[int], str] | None:
-    """(x's root, the quantization's op ids, "row" | "static") for an FP8 GEMM fed by a per-row
-    quantization, or by a static one (one scale fixed ahead)."""
+    """(x's root, the quantization's op ids, "row" | "static" | "unseen") for an FP8 GEMM fed by a
+    per-row quantization, a static one (one scale fixed ahead), or one by a kernel the capture cannot
+    see (its ops are the buffers' allocations)."""
     if len(gemm.inputs) < 3 or g.values[gemm.inputs[0]]["dtype"] != "f8":
         return None
     a8, scale = gemm.inputs[0], gemm.inputs[2]
@@ -144,7 +164,7 @@ def _chain(g: Graph, gemm: Op) -> tuple[int, list[int], str] | None:
     sp = _scale_path(g, scale, rows)
     if sp is None:
         st = _static_chain(g, a8, scale)
-        return None if st is None else (*st, "static")
+        return (*st, "static") if st is not None else _unseen_chain(g, a8, scale, rows)
     s_ops, x = sp
     v_ops = _value_path(g, a8, x)
     if v_ops is None or g.numel(x) != g.numel(a8):
@@ -179,7 +199,8 @@ def _producer(g: Graph, x: int) -> tuple[str, str]:
 def detect(ctx) -> list[Finding]:
     g, cost = ctx.graph, ctx.cost
     by_x: dict[int, list[tuple[Op, list[int]]]] = {}
-    static: set[int] = set()
+    how: dict[int, str] = {}
+    by_id = {o.id: o for o in g.ops}
     for o in g.ops:
         if o.name != "_scaled_mm":
             continue
@@ -187,12 +208,12 @@ def detect(ctx) -> list[Finding]:
         if c is None or not all(ctx.free(i) for i in c[1]):
             continue
         by_x.setdefault(c[0], []).append((o, c[1]))
-        if c[2] == "static":
-            static.add(c[0])
+        how[c[0]] = c[2]
     out = []
     for x, chains in by_x.items():
         first = chains[0][1]
-        fixed = x in static  # one scale calibrated ahead: no scale path, values only
+        fixed = how[x] == "static"  # one scale calibrated ahead: no scale path, values only
+        unseen = all(by_id[i].alloc for i in first)  # its work runs in a kernel the capture cannot see
         width = (g.values[x]["shape"] or [1])[-1]
         if len(chains) > 1:
             rest = sorted({i for _, ids in chains[1:] for i in ids})
@@ -210,15 +231,18 @@ def detect(ctx) -> list[Finding]:
                 facts={"gemms": len(chains), "row_len": width, "ops_per_chain": len(first)}))
         detail, prod = _producer(g, x)
         ms = cost.ms(first)
+        how_ms = f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller float8 store not counted)"
+        if unseen:  # no op of its own carries its time: what it must move (read x, write float8) at the copy rate
+            nbytes = g.nbytes(x) + g.numel(x)
+            ms = cost.bytes_ms(nbytes)
+            how_ms = (f"{ms:.4f} ms for its {nbytes / 1e6:.1f} MB (read x, write float8) at the copy bandwidth: the "
+                      "quantization kernel is invisible to the capture, so no measured op carries its time")
         ctx.claim(first)
-        by_id = {o.id: o for o in g.ops}
         names = " -> ".join(dict.fromkeys(by_id[i].name for i in first))
         what = {"norm+quant": f"the normalization ({prod} last)", "activation+quant": f"the activation ({prod})",
                 "quant": "one pass"}[detail]
         out.append(Finding(
-            KIND, detail, first, first[-1], ms,
-            f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller "
-            "float8 store not counted)",
+            KIND, detail, first, first[-1], ms, how_ms,
             0.7, (f"a static FP8 quantization (divide by one scale fixed ahead -> clamp -> float8) between its input's "
                   f"producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values where the input is "
                   "computed") if fixed else
@@ -226,7 +250,8 @@ def detect(ctx) -> list[Finding]:
                   f"its input's producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values and "
                   "scales where the input is computed"),
             "store-replay", signature=f"{detail}:k{width}" + (":static" if fixed else ""),
-            summary=f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values "
+            summary=(f"FP8 activation quantization in a kernel the capture cannot see (into {names}): emit float8 values "
+                     if unseen else f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values ")
                     + ("with the static scale " if fixed else "and per-token scales ") + f"from {what}",
-            facts={"producer": prod, "row_len": width, "ops": len(first), "scale": "static" if fixed else "row"}))
+            facts={"producer": prod, "row_len": width, "ops": len(first), "scale": how[x], "unseen": unseen}))
     return out
