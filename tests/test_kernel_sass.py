@@ -128,6 +128,11 @@ ROUNDING_KERNELS = {
     "sglang-qwen-image-fp8-gelu-quant": ["kernel_store/sglang-qwen-image-fp8-gelu-quant/gelu_static_quant.py",
         "_gelu_static_quant_kernel", *_sig(H="*bf16", Q="*fp8e4nv", S="*fp32", numel="i64"),
         *_consts(BLOCK=4096, ROUND=2, F8_STORE=1, EVEN=1)],
+    "sglang-qwen-image-fp8-norm-quant": ["kernel_store/sglang-qwen-image-fp8-norm-quant/norm_static_quant.py",
+        "_norm_static_quant_kernel",
+        *_sig(X="*bf16", R="*bf16", G="*bf16", SCALE="*bf16", SHIFT="*bf16", S_IN="*fp32", Q="*fp8e4nv",
+              ROUT="*bf16", S="i32", D="i32", sx=_I64, sr=_I64, sgb=_I64, smb=_I64, sq=_I64, sro=_I64, eps="fp32"),
+        *_consts(BLOCK=1024, NB=3, EVEN=1, RESIDUAL=1, GATED=1, ROUND=2, F8_STORE=1)],
 }
 # Kernels with a ROUND parameter not built above, and why: the GEMM kernel's epilogue is the rows kernel's
 # (the same norm and RoPE arithmetic, built above); a GEMM build takes minutes.
