@@ -1,12 +1,13 @@
 """One patch file for a stack of kernel-store entries, for `optbot bench --candidate` and
 `optbot validate --candidate` on a machine that has only the working tree:
 
-    python benchmarks/stack_patch.py WORKLOAD OUT.patch [--aside] ENTRY[:aside] [ENTRY[:aside] ...]
+    python benchmarks/stack_patch.py WORKLOAD OUT.patch [--aside] [--engine NAME] ENTRY[:aside] [ENTRY[:aside] ...]
 
 The entries are applied in the order given, each onto the last (bot/generate/replay.apply_entry,
 the replay step's own code: `git apply --3way`), in the workload's engine at its base. OUT.patch is
 the diff from the base to the stack's tip, after a message whose trailers name every entry and
-every declared kernel (the validator reads them: kernel checks, engagement), as one commit would.
+every declared kernel (the validator reads them: kernel checks, engagement), as one commit would. --engine NAME: the engine
+the entries patch (default: the workload's own, diffusers), e.g. sglang.
 --aside writes UNDER_COMPILE = "reference" into every kernel file (replay.under_compile's choice,
 forced): the same stack with its kernels stepping aside under torch.compile, to bench beside it;
 ENTRY:aside does it for that entry's kernels only.
@@ -24,8 +25,8 @@ from bot.knowledge.store import get_entry
 from bot.target import resolve_target
 
 
-def main(workload: str, out: str, entries: list[str], aside: bool = False) -> None:
-    t = resolve_target(workload, None, None, "full", "cpu")
+def main(workload: str, out: str, entries: list[str], aside: bool = False, engine: str | None = None) -> None:
+    t = resolve_target(workload, engine, None, "full", "cpu")
     store = locate().kernel_store
     onto, adds, removes = t.checkout.base_sha, [], []
     for i, spec in enumerate(entries):
@@ -55,4 +56,11 @@ if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     rest = sys.argv[3:]
-    main(sys.argv[1], sys.argv[2], [a for a in rest if a != "--aside"], "--aside" in rest)
+    engine = None
+    if "--engine" in rest:
+        i = rest.index("--engine")
+        if i + 1 >= len(rest):
+            sys.exit("--engine needs a name, e.g. --engine sglang")
+        engine = rest[i + 1]
+        rest = rest[:i] + rest[i + 2:]
+    main(sys.argv[1], sys.argv[2], [a for a in rest if a != "--aside"], "--aside" in rest, engine)
