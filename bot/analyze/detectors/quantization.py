@@ -231,7 +231,8 @@ def detect(ctx) -> list[Finding]:
                 facts={"gemms": len(chains), "row_len": width, "ops_per_chain": len(first)}))
         detail, prod = _producer(g, x)
         ms = cost.ms(first)
-        how_ms = f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller float8 store not counted)"
+        how_ms = (f"{ms:.4f} ms measured for the {len(first)} quantization ops, all of it (the producer's smaller "
+                  "float8 store not counted)")
         if unseen:  # no op of its own carries its time: what it must move (read x, write float8) at the copy rate
             nbytes = g.nbytes(x) + g.numel(x)
             ms = cost.bytes_ms(nbytes)
@@ -250,8 +251,9 @@ def detect(ctx) -> list[Finding]:
                   f"its input's producer ({prod}) and the FP8 GEMM; one kernel can emit the float8 values and "
                   "scales where the input is computed"),
             "store-replay", signature=f"{detail}:k{width}" + (":static" if fixed else ""),
-            summary=(f"FP8 activation quantization in a kernel the capture cannot see (into {names}): emit float8 values "
-                     if unseen else f"FP8 activation quantization as {len(first)} ops ({names}): emit float8 values ")
-                    + ("with the static scale " if fixed else "and per-token scales ") + f"from {what}",
+            summary=(f"FP8 activation quantization in a kernel the capture cannot see (into {names})" if unseen
+                     else f"FP8 activation quantization as {len(first)} ops ({names})")
+                    + ": emit float8 values " + ("with the static scale " if fixed else "and per-token scales ")
+                    + f"from {what}",
             facts={"producer": prod, "row_len": width, "ops": len(first), "scale": how[x], "unseen": unseen}))
     return out
