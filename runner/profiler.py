@@ -277,7 +277,6 @@ class _FlopCounter(torch.utils._python_dispatch.TorchDispatchMode):
             self.attention += 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv  # QK^T and PV
         return func(*args, **kwargs)
 
-
     def _inside(self, func, args, kwargs):
         """A registered custom op (SGLang's fused linear + GELU, an optbot kernel op): its backend kernel
         runs with this mode active again, so the aten GEMMs inside it are counted. The mode sees the
