@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -113,6 +114,22 @@ def _gelu_cases(before: str = ""):
         yield f"{M} x {N}", (M, N), 120, M * N * 2, variants
 
 
+def _sglang_static_quant():
+    """SGLang's `static_quant_fp8` (the `_static_quant_fp8` kernel's launcher), from the engine repository
+    that `optbot engine init sglang` (or benchmarks/gpu_sglang.sh) made, when sglang is not importable
+    as it is; None, with the reason printed, where it cannot be had (the row is then left out)."""
+    eng = Path(os.environ.get("OPTBOT_HOME", Path.home() / ".cache" / "optbot")) / "engines" / "sglang-0.5.23" / "python"
+    if eng.is_dir() and str(eng) not in sys.path:
+        sys.path.append(str(eng))
+    try:
+        from sglang.kernels.ops.quantization.fp8_kernel import static_quant_fp8
+    except Exception as e:  # noqa: BLE001 - sglang absent or not importable here: no upstream row
+        print(f"(no SGLang row: sglang.kernels.ops.quantization.fp8_kernel does not import: {type(e).__name__}: "
+              f"{str(e)[:160]})")
+        return None
+    return static_quant_fp8
+
+
 def _gelu_static_cases(before: str = ""):
     """SGLang's Qwen-Image in its ModelOpt FP8 path (kernel_store/sglang-qwen-image-fp8-gelu-quant): the
     GELU and the static (one scale, calibrated ahead) quantization of its output. Upstream runs torch's
@@ -121,10 +138,7 @@ def _gelu_static_cases(before: str = ""):
     returns (q, the scale); the bytes count no per-row scales (12 KB at most: within the rounding)."""
     gs = _load("kernel_store/sglang-qwen-image-fp8-gelu-quant/gelu_static_quant.py")
     compiled = torch.compile(gs.reference, fullgraph=True)
-    try:
-        from sglang.srt.layers.quantization.fp8_utils import static_quant_fp8
-    except Exception:  # noqa: BLE001 - sglang absent or not importable here: no upstream row
-        static_quant_fp8 = None
+    static_quant_fp8 = _sglang_static_quant()
     for M, N in [(4096, 12288), (512, 12288)]:
         torch.manual_seed(0)
         h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16) * 2
