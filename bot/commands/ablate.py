@@ -6,6 +6,7 @@ import click
 from bot.validate.ablate import ablate
 from bot.commands.common import command_line, workload_options, write_json
 from bot.target import resolve_target
+from runner.job import parse_mode
 
 
 @click.command("ablate")
@@ -14,7 +15,10 @@ from bot.target import resolve_target
 @click.option("--base", default=None, metavar="REF", help="Bottom of the stack (default: --ref / the workload's).")
 @click.option("--rounds", default=2, show_default=True, help="Timed processes per variant (interleaved rounds).")
 @click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
-def command(workload, engine, ref, preset, device, json_path, quant, candidate, base, rounds, iters):
+@click.option("--mode", default="eager", show_default=True, metavar="MODE",
+              help="The production mode the rounds are timed in: eager, graph, compile[:RECIPE][+graph] "
+                   "(optimize takes the mode its stack validation measured fastest).")
+def command(workload, engine, ref, preset, device, json_path, quant, candidate, base, rounds, iters, mode):
     """Time the stack with each of its commits reverted, and print each commit's contribution.
 
     \b
@@ -26,9 +30,16 @@ def command(workload, engine, ref, preset, device, json_path, quant, candidate, 
     Examples:
       optbot ablate flux2 --candidate optbot/flux2/d93305b4891d
       optbot ablate flux2 --preset full --device cuda --candidate my-stack --json ablation.json
+      optbot ablate qwen-image --engine sglang --quant fp8 --preset full --device cuda \\
+          --candidate optbot/qwen-image+fp8/ce490c7ad331 --mode graph
     """
+    try:
+        parse_mode(mode)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--mode") from None
     t = resolve_target(workload, engine, ref, preset, device, quant)
-    ab = ablate(t, candidate, base, iters=iters, rounds=rounds, log=lambda m: click.echo(f"· {m}", err=True))
+    ab = ablate(t, candidate, base, iters=iters, rounds=rounds, mode=mode,
+                log=lambda m: click.echo(f"· {m}", err=True))
     click.echo(ab.render())
     data = ab.to_json()
     data["command"] = command_line()

@@ -73,9 +73,11 @@ def command(workload, engine, ref, preset, device, json_path, quant, candidate, 
     data = v.to_json()
     data["command"] = command_line()
     if ablate:
-        from bot.validate.ablate import ablate as run_ablation
+        from bot.validate.ablate import ablate as run_ablation, ablation_mode
 
-        ab = run_ablation(t, candidate, base, iters=iters, log=opts.log)
+        mode, why = ablation_mode(v)
+        opts.log(f"ablation in {mode}: {why}")
+        ab = run_ablation(t, candidate, base, iters=iters, log=opts.log, mode=mode)
         click.echo(ab.render())
         data["ablation"] = ab.to_json()
     write_json(json_path, data)

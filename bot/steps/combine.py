@@ -27,7 +27,7 @@ from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
 from bot.steps.baseline import Measurement, measurements
 from bot.steps.validate import verdict_of
 from bot.target import run_label
-from bot.validate.ablate import Ablation, AblationRow
+from bot.validate.ablate import Ablation, AblationRow, ablation_mode
 from bot.validate.verdict import Speed, Verdict
 
 
@@ -211,9 +211,11 @@ def _ablate(ctx: RunContext, res: Result, cands: dict[str, Candidate]) -> tuple[
                     f"{res.stack_sha256[:12]}), base, preset, dtype, hardware, torch and triton, so not measured "
                     f"again (--revalidate measures it)"), rec.get("run_id", "")
     ctx.check_pause("ablating the stack")
+    mode, why = ablation_mode(res.stack_verdict)
     ab = ctx.ablate(t, res.head_sha, res.base_sha, run_dir=ctx.run_dir / "ablation", log=ctx.log,
-                    rounds=ctx.options.ablation_rounds, members=[cands[c.candidate_id].commit_sha for c in res.commits])
-    note = (f"leave-one-out, {ab.mode}, {ab.rounds} rounds on {ab.device}; base {_f(ab.base_ms)} ms, stack "
+                    rounds=ctx.options.ablation_rounds, members=[cands[c.candidate_id].commit_sha for c in res.commits],
+                    mode=mode, between_rounds=ctx.check_pause)
+    note = (f"leave-one-out, {ab.mode} ({why}), {ab.rounds} rounds on {ab.device}; base {_f(ab.base_ms)} ms, stack "
             f"{_f(ab.stack_ms)} ms, round-to-round noise {_f(ab.noise_pct, 1)}%")
     notes = [f"{r.sha[:12]}: {r.note}" for r in ab.rows if r.note]
     return ab, note + ("; " + "; ".join(notes) if notes else ""), ""

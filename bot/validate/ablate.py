@@ -12,11 +12,21 @@ base, stack, v1..vN, ...), so drift hits all alike; the rounds of the base give 
 
 contribution_i = step(stack without i) - step(stack): what commit i buys on top of the others.
 The contributions need not add up to base - stack (commits interact); the table says so.
+
+The rounds are timed in one production mode (`mode`: optimize passes the one its stack verdict
+measured fastest, since on an engine whose eager step is host-bound the eager rounds are noise: SGLang's
+FP8 Qwen-Image, H100, 2026-12-07, 20% A/A noise eager against 1.2% under a CUDA graph). Each finished
+round is kept in `rounds.json` of the run directory and `between_rounds` (optimize: its --pause-after
+check) runs before the next, so an attempt that stops keeps what it measured and a resumed one goes on
+from there, on a GPU of the same name (a round is base, stack and variants back to back: rounds from
+two machines of one kind compare; rounds from another kind are dropped).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +38,8 @@ from bot.paths import new_run_dir
 from bot.target import Target
 from bot.validate.resolve import GIT_ENV, resolve_base, resolve_candidate
 from bot.validate.validator import fresh_seeds
+from bot.validate.verdict import Verdict
+from runner.job import parse_mode
 
 
 @dataclass
@@ -75,6 +87,20 @@ class Ablation:
         return "\n".join(lines)
 
 
+def ablation_mode(v: Verdict | None) -> tuple[str, str]:
+    """(the production mode to time the leave-one-out in, why): the mode in which the stack's verdict
+    measured the stack fastest, of those that ran for base and stack alike; eager where none did. The
+    fastest mode is the one production serves, and on a host-bound engine the only one whose rounds
+    are not noise (SGLang's FP8 Qwen-Image, H100, 2026-12-07: eager 268 ms at 20% A/A noise, CUDA graph
+    196 ms at 1.2%; compiled modes fail there)."""
+    timed = [(statistics.fmean(s.candidate_ms), s.mode) for s in (v.speed if v else [])
+             if s.base_ms and s.candidate_ms and s.outcome != "n/a" and not s.base_mode]
+    if not timed:
+        return "eager", "no mode of the stack's verdict was timed for base and stack: eager"
+    ms, mode = min(timed)
+    return mode, f"the stack's fastest mode in its verdict, {ms:.3f} ms"
+
+
 def _f(x, nd: int = 3) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -114,13 +140,14 @@ def _rebuilt_worktree(target: Target, base_sha: str, members: list[str], leave: 
 
 
 def ablate(target: Target, candidate: str, base: str | None = None, *, iters: int | None = None, rounds: int = 2,
-           log=None, run_dir: Path | None = None, members: list[str] | None = None) -> Ablation:
+           log=None, run_dir: Path | None = None, members: list[str] | None = None, mode: str = "eager",
+           between_rounds: Callable[[str], None] | None = None) -> Ablation:
+    parse_mode(mode)  # an unknown mode fails here, before any worktree or process
     say = log or (lambda m: None)
     base_sha = resolve_base(target.checkout, base)
     rev = resolve_candidate(target.checkout, candidate, base_sha)
     run_dir = run_dir or new_run_dir("ablate")
     is_cuda = target.device.startswith("cuda")
-    mode = "eager"
     ab = Ablation(workload=target.workload.name, preset=target.preset, device=target.device, mode=mode,
                   base_sha=base_sha, candidate_sha=rev.sha, rounds=rounds, run_dir=str(run_dir))
     variants: dict[str, tuple[Path, str]] = {
@@ -140,26 +167,34 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
             row.note = note
             continue
         variants[sha] = (wt, git.Repo(wt).head.commit.hexsha)
-    seed, wseed = fresh_seeds(1)[0], fresh_seeds(1)[0]
-    medians: dict[str, list[float]] = {k: [] for k in variants}
-    notes: dict[str, str] = {}
-    for r in range(rounds):
+    kept = _Rounds.load(run_dir, mode, {k: sha for k, (_, sha) in variants.items()})
+    if kept.done:
+        say(f"ablation: {kept.done} round(s) kept from an earlier attempt on {kept.device_name}")
+    medians, notes = kept.medians, kept.notes
+    first = kept.done
+    for r in range(first, rounds):
+        if r > first and between_rounds is not None:
+            between_rounds(f"ablation round {r + 1}/{rounds}")
         for name, (wt, sha) in variants.items():
             if name in notes:
                 continue
-            job = target.job("validate_step", wt, run_dir / f"{name[:12]}-r{r}", engine_sha=sha, seeds=[seed],
-                             weight_seed=wseed, warmup=3 if is_cuda else 1, iters=iters or (10 if is_cuda else 5),
-                             params={"correctness": False, "timing": {"modes": ["eager"]}})
+            job = target.job("validate_step", wt, run_dir / f"{name[:12]}-r{r}", engine_sha=sha, seeds=[kept.seed],
+                             weight_seed=kept.weight_seed, warmup=3 if is_cuda else 1,
+                             iters=iters or (10 if is_cuda else 5),
+                             params={"correctness": False, "timing": {"modes": [mode]}})
             say(f"ablation round {r + 1}/{rounds}: {name[:12]}")
             out = run_job(job, Path(job.out_dir), timeout_s=1800, name="timing")
             if not out.ok:
                 notes[name] = f"{out.reason()}"
                 continue
-            t = out.result["timing"].get("eager")
+            kept.device_name = kept.device_name or (out.result.get("env") or {}).get("device_name", "")
+            t = out.result["timing"].get(mode)
             if not isinstance(t, dict) or "median_ms" not in t:  # the mode failed in the job: say how
-                notes[name] = f"eager timing: {str(t)[:300]}"
+                notes[name] = f"{mode} timing: {str(t)[:300]}"
                 continue
             medians[name].append(t["median_ms"])
+        kept.done = r + 1
+        kept.save()
     mean = {k: statistics.fmean(v) for k, v in medians.items() if v and k not in notes}
     ab.base_ms, ab.stack_ms = mean.get("base"), mean.get("stack")
     if len(medians["base"]) > 1 and ab.base_ms:
@@ -174,3 +209,59 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
             if ab.base_ms:
                 row.contribution_pct = 100 * row.contribution_ms / ab.base_ms
     return ab
+
+
+@dataclass
+class _Rounds:
+    """The finished rounds of one ablation (its `rounds.json`): which variants at which shas, in which
+    mode, on which GPU, with which seeds, and each variant's medians and failures so far."""
+    path: Path
+    mode: str
+    variants: dict[str, str]
+    seed: int
+    weight_seed: int
+    device_name: str = ""
+    done: int = 0
+    medians: dict[str, list[float]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, run_dir: Path, mode: str, variants: dict[str, str]) -> "_Rounds":
+        path = Path(run_dir) / "rounds.json"
+        fresh = cls(path, mode, variants, fresh_seeds(1)[0], fresh_seeds(1)[0], medians={k: [] for k in variants})
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return fresh
+        if d.get("mode") != mode or d.get("variants") != variants or not isinstance(d.get("done"), int):
+            return fresh  # another stack or mode: measured anew
+        here = _gpu_name()
+        if here and d.get("device_name") and d["device_name"] != here:
+            return fresh  # measured on another kind of GPU: its rounds do not compare with this one's
+        return cls(path, mode, variants, int(d["seed"]), int(d["weight_seed"]), d.get("device_name", ""),
+                   d["done"], {k: [float(x) for x in d["medians"].get(k, [])] for k in variants},
+                   {k: str(v) for k, v in d.get("notes", {}).items()})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {k: getattr(self, k) for k in ("mode", "variants", "seed", "weight_seed", "device_name", "done",
+                                              "medians", "notes")}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.path)
+
+
+def _gpu_name() -> str:
+    """This machine's first GPU's name, as the runner's environment records it ("" without one).
+    nvidia-smi, not torch: the bot process does not initialise CUDA."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return ""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""

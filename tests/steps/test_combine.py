@@ -14,7 +14,7 @@ from bot.run.context import Budget, RunOptions, RunContext
 from bot.run.state import Results
 from bot.steps import baseline, combine
 from bot.steps.combine import StackCommit, _prefer_tuned
-from bot.validate.ablate import Ablation, AblationRow
+from bot.validate.ablate import Ablation, AblationRow, ablation_mode
 from tests.knowledge.verdicts import ENV
 
 
@@ -144,3 +144,69 @@ def test_a_one_commit_stack_with_its_candidates_tree_keeps_that_verdict(tmp_path
     assert combine.same_tree_verdict(repo, other, [StackCommit("replay-a", other, "s")], cands, {"replay-a": v}) is None
     two = [StackCommit("replay-a", stack_head, "s"), StackCommit("replay-b", other, "t")]
     assert combine.same_tree_verdict(repo, other, two, cands, {"replay-a": v}) is None
+
+
+def test_the_leave_one_out_is_timed_in_the_stacks_fastest_mode():
+    """The stack verdict of SGLang's FP8 Qwen-Image on an H100 (the optimize run of 2026-12-07): eager
+    268 ms at 20% A/A noise, CUDA graph 196 ms at 1.2%, both compiled modes failing for base and stack.
+    The ablation takes the graph mode; without a mode timed for both, or with only a mode the base ran
+    elsewhere ("enabled"), it falls back to eager; a faster compiled mode wins when it ran."""
+    import dataclasses
+    from pathlib import Path
+
+    from bot.jsonable import from_json
+    from bot.validate.verdict import Verdict
+
+    path = (Path(__file__).parents[2] / "benchmarks/results/h100-sglang-qwen-fp8-optimize-20261207/verdict-stack.json")
+    sv = from_json(Verdict, json.loads(path.read_text()))
+    assert [(s.mode, s.outcome) for s in sv.speed] == [("eager", "faster"), ("graph", "faster"),
+                                                        ("compile", "n/a"), ("compile+graph", "n/a")]
+    mode, why = ablation_mode(sv)
+    assert mode == "graph" and why == "the stack's fastest mode in its verdict, 196.434 ms"
+    assert ablation_mode(None)[0] == "eager"
+    eager_only = dataclasses.replace(sv, speed=[dataclasses.replace(s, base_ms=[], outcome="n/a")
+                                                if s.mode == "graph" else s for s in sv.speed])
+    assert ablation_mode(eager_only)[0] == "eager"
+    nothing = dataclasses.replace(sv, speed=[dataclasses.replace(s, candidate_ms=[], outcome="n/a") for s in sv.speed])
+    assert ablation_mode(nothing) == ("eager", "no mode of the stack's verdict was timed for base and stack: eager")
+    enabled = dataclasses.replace(sv, speed=[*sv.speed[:1], dataclasses.replace(sv.speed[1], base_mode="eager",
+                                                                                 outcome="enabled")])
+    assert ablation_mode(enabled)[0] == "eager"
+    compiled = dataclasses.replace(sv, speed=[*sv.speed[:3], dataclasses.replace(
+        sv.speed[3], base_ms=[190.0, 191.0], candidate_ms=[180.0, 181.0], outcome="faster")])
+    assert ablation_mode(compiled)[0] == "compile+graph"
+
+
+def test_the_step_ablates_in_that_mode_and_lets_the_pause_check_run_between_rounds(tmp_path):
+    """combine._ablate hands the leave-one-out the stack's fastest mode and the run's own --pause-after
+    check, and its note says which mode and why (the ablation itself is RunContext.ablate, given here
+    a recorder in place of the GPU rounds)."""
+    from pathlib import Path
+
+    from bot.jsonable import from_json
+    from bot.validate.verdict import Verdict
+
+    root = tmp_path / "knowledge"
+    (root / "kernel_store").mkdir(parents=True)
+    sv = from_json(Verdict, json.loads((Path(__file__).parents[2] / "benchmarks/results/"
+                                        "h100-sglang-qwen-fp8-optimize-20261207/verdict-stack.json").read_text()))
+    cands = _replayed(("sglang-qwen-image-fp8-gelu-quant", "sglang-qwen-image-fp8-norm-quant"))
+    ctx = RunContext("run-3", tmp_path / "run3", RunOptions("qwen-image", knowledge_path=str(root), ablation_rounds=2),
+                     Budget(), Results(baseline=baseline.Result("done", None, None, "", env=dict(ENV))), log=lambda m: None)
+    ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16+fp8", preset="full",
+                                  workload=SimpleNamespace(name="qwen-image"), checkout=SimpleNamespace(base_sha="b" * 40))
+    calls = []
+
+    def recorder(target, head, base, **kw):
+        calls.append(kw)
+        return Ablation("qwen-image", "full", "cuda", kw["mode"], base, head, base_ms=204.0, stack_ms=196.0,
+                        noise_pct=0.5, rounds=kw["rounds"])
+
+    ctx.ablate = recorder
+    res = combine.Result("done", "b", "b" * 40, "2" * 40, [StackCommit(c, str(i) * 40, c) for i, c in enumerate(cands, 1)],
+                         stack_verdict=sv, stack_sha256="u" * 64)
+    ab, note, known_from = combine._ablate(ctx, res, cands)
+    assert len(calls) == 1 and calls[0]["mode"] == "graph" and calls[0]["rounds"] == 2
+    assert calls[0]["between_rounds"] == ctx.check_pause
+    assert note.startswith("leave-one-out, graph (the stack's fastest mode in its verdict, 196.434 ms), 2 rounds on cuda")
+    assert ab.mode == "graph" and known_from == ""
