@@ -12,7 +12,8 @@ and optionally DTYPES (dtype names; default: the job's dtype) and TOLERANCE
 We add M=1 and an odd M (37) to the first shape, draw fresh seeds (job.seeds), and run the kernel
 under PoisonEmpty with a poisoned allocator, checking outputs (finite, atol + rtol) and that the
 inputs are unmodified. On CUDA the kernel and its reference are also timed with
-runner/timing.time_interleaved, reference twice (A/A) for the noise. On CPU, Triton kernels run
+runner/timing.time_interleaved, reference twice (A/A) for the noise, at one shape (BENCH_SHAPES[0] where
+the module has it) through bench_kernel / bench_reference where it has them (kernel_test.bench_subject). On CPU, Triton kernels run
 with TRITON_INTERPRET=1 and get no speed figure ("speed needs a GPU").
 
 job.params: {"tests": [PATH, ...], "tolerance": {dtype: {"atol", "rtol"}}}.
@@ -30,6 +31,7 @@ import torch
 from runner import env as envmod
 from runner.harness import DTYPES
 from runner.job import split_precision
+from runner.kinds.kernel_test import bench_subject
 from runner.kinds.validate_step import input_changes
 from runner.poison import PoisonEmpty, poison_allocator
 from runner.timing import time_interleaved
@@ -130,14 +132,18 @@ def run(job) -> dict:
         entry = {"test": path, "name": getattr(mod, "NAME", Path(path).stem), "cases": cases,
                  "ok": all(c["ok"] for c in cases)}
         if job.device.startswith("cuda") and entry["ok"]:
+            # one shape, the first the module benchmarks at (the full model's where it says), timing the op
+            # as the engine calls it: SHAPES[0] timed launches (0.19 ms for [1, 1, 64] on an H100,
+            # 2026-12-07) and kernel() a quantization kernel's dequantization too
+            bench_shapes, kern, ref = bench_subject(mod)
             dtype = DTYPES[dtypes[0]]
-            inputs = _as_tuple(mod.make_inputs(tuple(mod.SHAPES[0]), dtype, job.device, job.seeds[0]))
-            t = time_interleaved({"reference": lambda: mod.reference(*inputs),
-                                  "reference_aa": lambda: mod.reference(*inputs),
-                                  "kernel": lambda: mod.kernel(*inputs)}, job.device,
+            inputs = _as_tuple(mod.make_inputs(bench_shapes[0], dtype, job.device, job.seeds[0]))
+            t = time_interleaved({"reference": lambda: ref(*inputs),
+                                  "reference_aa": lambda: ref(*inputs),
+                                  "kernel": lambda: kern(*inputs)}, job.device,
                                  warmup=job.warmup, iters=job.iters)
             entry["micro"] = {k: (v if isinstance(v, str) else v.to_json()) for k, v in t.items()}
-            entry["micro"]["shape"] = list(mod.SHAPES[0])
+            entry["micro"]["shape"] = list(bench_shapes[0])
         else:
             entry["micro"] = None if job.device.startswith("cuda") else "speed needs a GPU"
         tests.append(entry)

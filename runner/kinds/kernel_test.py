@@ -90,6 +90,15 @@ def compare(out, ref, atol: float, rtol: float) -> dict:
     return res
 
 
+def bench_subject(mod) -> tuple[list[tuple], object, object]:
+    """(shapes, kernel, reference) that a microbenchmark of this kernel test module times: its
+    BENCH_SHAPES (the full model's) else SHAPES, and bench_kernel / bench_reference where it defines them
+    (the op as the engine calls it; a quantization test's kernel() adds a dequantization) else kernel /
+    reference. One rule for `store check`'s micro (this kind) and the validator's (kernel_check)."""
+    shapes = [tuple(s) for s in getattr(mod, "BENCH_SHAPES", None) or mod.SHAPES]
+    return shapes, getattr(mod, "bench_kernel", mod.kernel), getattr(mod, "bench_reference", mod.reference)
+
+
 def _in_mode(kernel, inputs, mode: str, is_cuda: bool):
     """kernel(*inputs) as production runs it: compiled whole (a graph break raises), and on CUDA
     also captured into a CUDA graph after a warm-up on a side stream (what capture needs)."""
@@ -168,7 +177,8 @@ def run(job: Job) -> dict:
     micro = None
     if is_cuda and p.get("bench", True) and not crashed:  # after a CUDA fault no microbenchmark can run
         micro = []
-        for shape in getattr(mod, "BENCH_SHAPES", mod.SHAPES):
+        bench_shapes, kern, ref = bench_subject(mod)
+        for shape in bench_shapes:
             dtype = "bfloat16" if any(c[0] == "bfloat16" for c in mod.CASES) else mod.CASES[0][0]
             inputs = mod.make_inputs(shape, dtype, job.device, 0)
             # A/A pair (reference twice) estimates the noise; kernel and reference interleaved A/B.
@@ -176,11 +186,8 @@ def run(job: Job) -> dict:
             # op stands where inductor would have fused the same ops itself, so a kernel that does
             # not beat that costs the compiled model time (H200, 2026-12-02: both FLUX.2 stacks
             # slower than compile alone).
-            # bench_kernel / bench_reference (optional): the op as the engine calls it, where kernel() and
-            # reference() wrap it for the comparison (a quantization kernel's dequantization would be
-            # most of what is timed, and inductor would fuse it into the compiled reference)
-            kern = getattr(mod, "bench_kernel", mod.kernel)
-            ref = getattr(mod, "bench_reference", mod.reference)
+            # bench_kernel / bench_reference (bench_subject): a quantization kernel's dequantization would be
+            # most of what is timed, and inductor would fuse it into the compiled reference
             fns = {"kernel": lambda: kern(*inputs), "reference": lambda: ref(*inputs),
                    "reference_aa": lambda: ref(*inputs)}
             if p.get("bench_compiled", True):

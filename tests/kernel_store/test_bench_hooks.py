@@ -45,3 +45,23 @@ def test_hooks_time_what_kernel_and_reference_compare(path):
     torch.testing.assert_close(values(mod.bench_kernel(*inputs), inputs), mod.kernel(*inputs), atol=0, rtol=0)
     torch.testing.assert_close(values(mod.bench_reference(*inputs), inputs), mod.reference(*inputs),
                                atol=0, rtol=0)
+
+
+def test_both_microbenchmarks_time_the_same_subject():
+    """`store check`'s micro (runner/kinds/kernel_test) and the validator's (runner/kinds/kernel_check) take
+    what they time from one rule, kernel_test.bench_subject: the module's BENCH_SHAPES (the validator's one
+    shape is the first) and its bench hooks, else SHAPES and kernel / reference. Before 2026-12-07 the
+    validator timed SHAPES[0] through kernel(): [1, 1, 64] and a dequantization for SGLang's norm kernel."""
+    import inspect
+
+    from runner.kinds import kernel_check
+    from runner.kinds.kernel_test import bench_subject
+
+    sglang_norm = _load(ROOT / "kernel_store/sglang-qwen-image-fp8-norm-quant/test_norm_static_quant.py")
+    shapes, kern, ref = bench_subject(sglang_norm)
+    assert shapes[0] == (1, 4096, 3072, 0) and shapes == [tuple(s) for s in sglang_norm.BENCH_SHAPES]
+    assert (kern, ref) == (sglang_norm.bench_kernel, sglang_norm.bench_reference)
+    plain = _load(ROOT / "kernel_store/flux2-qk-rmsnorm-rope/test_qk_norm_rope.py")
+    assert not hasattr(plain, "BENCH_SHAPES") and not hasattr(plain, "bench_kernel")
+    assert bench_subject(plain) == ([tuple(s) for s in plain.SHAPES], plain.kernel, plain.reference)
+    assert "bench_subject(mod)" in inspect.getsource(kernel_check.run)
