@@ -12,9 +12,11 @@
 #        .whl-sgl-c/   .whl-sgl-b less torchao (16 MB), for runs that carry .sgl-engine (without torchao
 #                      a QUANT=fp8 bench's diffusers reference rows, torchao's recipe, cannot run: bench
 #                      those in a call of their own carrying .whl-sgl-b)
-#      The tree plus .whl-sgl-c and .sgl-engine is one call's carry (under 64 MiB; with .whl-sgl-b it
-#      no longer is, since 2026-12-07: .whl-sgl-b goes with runs that need no .sgl-engine); each CuTe-DSL
-#      third needs a call of its own on the same warm machine first:
+#      The carry limit counts disk usage: the tree plus .whl-sgl-c and .sgl-engine was 66.9 MiB on
+#      2026-12-07, so .sgl-engine goes in a call of its own first (`WHL=.whl-sgl-c bash
+#      benchmarks/gpu_sglang.sh cmd true`: the engine is cloned into the machine's /tmp, where it stays
+#      while the machine is warm), then the work carrying .whl-sgl-c; each CuTe-DSL third needs a call
+#      of its own on the same warm machine first:
 #        bash benchmarks/gpu_sglang.sh stage      # carry .cdsl-a, then .cdsl-b, then .cdsl-c
 #   2. on the H200 (carry .whl-sgl-c and .sgl-engine, WHL=.whl-sgl-c):
 #      bash benchmarks/gpu_sglang.sh            # profile of both DiTs; or: bash benchmarks/h200.sh sglang
