@@ -34,10 +34,13 @@ def command(workload, engine, ref, preset, device, json_path, quant, candidate, 
           --candidate optbot/qwen-image+fp8/ce490c7ad331 --mode graph
     """
     try:
-        parse_mode(mode)
+        _, graph = parse_mode(mode)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--mode") from None
     t = resolve_target(workload, engine, ref, preset, device, quant)
+    if graph and not t.device.startswith("cuda"):
+        raise click.BadParameter(f"{mode} captures a CUDA graph: it needs --device cuda (this run is on {t.device})",
+                                 param_hint="--mode")
     ab = ablate(t, candidate, base, iters=iters, rounds=rounds, mode=mode,
                 log=lambda m: click.echo(f"· {m}", err=True))
     click.echo(ab.render())

@@ -238,9 +238,12 @@ class _Rounds:
         here = _gpu_name()
         if here and d.get("device_name") and d["device_name"] != here:
             return fresh  # measured on another kind of GPU: its rounds do not compare with this one's
-        return cls(path, mode, variants, int(d["seed"]), int(d["weight_seed"]), d.get("device_name", ""),
-                   d["done"], {k: [float(x) for x in d["medians"].get(k, [])] for k in variants},
-                   {k: str(v) for k, v in d.get("notes", {}).items()})
+        try:
+            return cls(path, mode, variants, int(d["seed"]), int(d["weight_seed"]), d.get("device_name", ""),
+                       d["done"], {k: [float(x) for x in (d.get("medians") or {}).get(k, [])] for k in variants},
+                       {k: str(v) for k, v in (d.get("notes") or {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return fresh  # a file this code did not write whole: measured anew
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

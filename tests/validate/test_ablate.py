@@ -105,6 +105,8 @@ def test_kept_rounds_of_another_stack_mode_or_gpu_are_not_used(tmp_path, monkeyp
     assert ab._Rounds.load(tmp_path, "graph", variants).done == 0
     (tmp_path / "rounds.json").write_text("{not json")
     assert ab._Rounds.load(tmp_path, "graph", variants).done == 0
+    (tmp_path / "rounds.json").write_text(json.dumps({"mode": "graph", "variants": variants, "done": 1}))
+    assert ab._Rounds.load(tmp_path, "graph", variants).done == 0  # no seeds: not this code's whole file
 
 
 def test_an_unknown_mode_is_refused_before_any_work(flux2_cpu, tmp_path):
@@ -113,3 +115,17 @@ def test_an_unknown_mode_is_refused_before_any_work(flux2_cpu, tmp_path):
     with pytest.raises(ValueError, match="unknown mode 'graphs'"):
         ablate(flux2_cpu, "HEAD", rounds=1, run_dir=tmp_path, mode="graphs")
     assert not list(tmp_path.iterdir())
+
+
+def test_optbot_ablate_refuses_a_bad_mode_with_exit_2(flux2_cpu, cli_runner):
+    """`optbot ablate --mode`: an unknown mode, and a graph mode where no GPU runs the rounds, are refused
+    before anything runs, with the option named and no traceback."""
+    from bot.cli import cli
+
+    r = cli_runner.invoke(cli, ["ablate", "flux2", "--device", "cpu", "--candidate", "HEAD", "--mode", "graphs"])
+    assert r.exit_code == 2 and "Invalid value for --mode: unknown mode 'graphs'" in r.output, r.output
+    r = cli_runner.invoke(cli, ["ablate", "flux2", "--device", "cpu", "--candidate", "HEAD", "--mode", "compile+graph"])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for --mode: compile+graph captures a CUDA graph: it needs --device cuda (this run is on cpu)" \
+        in r.output
+    assert "Traceback" not in r.output
