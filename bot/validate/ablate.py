@@ -255,16 +255,9 @@ class _Rounds:
 
 
 def _gpu_name() -> str:
-    """This machine's first GPU's name, as the runner's environment records it ("" without one).
-    nvidia-smi, not torch: the bot process does not initialise CUDA."""
-    import shutil
-    import subprocess
+    """This machine's first GPU's name as nvidia-smi lists it ("" without one; the runner's environment
+    records the same name). nvidia-smi, not torch: the bot process does not initialise CUDA."""
+    from bot.runner_host import query_gpus
 
-    if not shutil.which("nvidia-smi"):
-        return ""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+    gpus, _ = query_gpus()
+    return gpus[0].name if gpus else ""
