@@ -38,6 +38,11 @@ class Context:
         if self.opts.log:
             self.opts.log(msg)
 
+    def ran(self, what: str, out) -> None:
+        """Say how long a runner job took (its JobOutcome): a validation cut from outside (a device
+        call's limit, a CI timeout) then shows which of its processes the time went to."""
+        self.say(f"{what}: {out.status}, {out.seconds:.0f} s")
+
     def job(self, kind: str, worktree: Path | None, sha: str, name: str, params: dict, *, seeds=None,
             shapes=None) -> Job:
         """A job with this validation's seeds, weights and shapes (unless given), output under run_dir/name."""

@@ -75,6 +75,7 @@ def check_outputs(ctx: Context, base: dict, cand: dict, reference: dict | None =
         "tolerance": None if wl.bit_exact else tol.bound()})
     ctx.say("compare: outputs in a clean process")
     out = run_job(job, ctx.run_dir / "compare", timeout_s=600, name="compare")
+    ctx.ran("compare", out)
     if not out.ok:
         raise out.error("the compare job")
     for c in out.result["checks"]:
@@ -164,6 +165,7 @@ def check_kernels(ctx: Context, rev: Revision, corr: Correctness) -> JobOutcome 
     job = ctx.job("kernel_check", rev.worktree, rev.sha, "kernels", {"tests": tests, "tolerance": tolmap})
     ctx.say(f"kernels: {len(tests)} test module(s) vs their references")
     out = run_job(job, ctx.run_dir / "kernels", timeout_s=ctx.opts.timeout_s or 900, name="kernels")
+    ctx.ran("kernels", out)
     if not out.ok:
         corr.ok = False
         return out

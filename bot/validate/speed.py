@@ -62,6 +62,7 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
             job = ctx.job("validate_step", wt, sha, name, params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
             ctx.say(f"{side}: timed process {len(runs[side]) + 1}")
             out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.timeout_s or 1800, name=name)
+            ctx.ran(f"{side}: timed process {len(runs[side]) + 1}", out)
             if not out.ok:
                 if side == "candidate":
                     return [], out

@@ -147,6 +147,7 @@ def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) ->
         job.out_dir = str(cache.parent)
     ctx.say(f"base {base_sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in a runner process")
     out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.base_timeout_s, name="base")
+    ctx.ran(f"base {base_sha[:12]}", out)
     if not out.ok:
         raise out.error("the BASE engine failed to run, so nothing can be validated: its validate_step job")
     if cache is not None:
@@ -171,6 +172,7 @@ def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | Non
         job.out_dir = str(ref_cache.parent)
     ctx.say(f"reference: the base at {dtype}, unquantized, for the {recipe} outputs' distance from it")
     out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.base_timeout_s, name="reference")
+    ctx.ran("reference", out)
     if not out.ok:
         raise out.error(f"the BASE engine failed to run unquantized ({dtype}), so the {recipe} outputs have no "
                         f"reference: its validate_step job")
@@ -249,6 +251,7 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
     cand_job = ctx.job("validate_step", rev.worktree, rev.sha, "candidate", ctx.side_params())
     ctx.say(f"candidate {rev.sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in its own process")
     cand_out = run_job(cand_job, Path(cand_job.out_dir), timeout_s=_cand_timeout(ctx, base_out), name="candidate")
+    ctx.ran(f"candidate {rev.sha[:12]}", cand_out)
     if not cand_out.ok:
         return _crash_verdict(ctx, rev, cand_out, "candidate step")
     if base_out is None:

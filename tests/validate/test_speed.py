@@ -95,6 +95,14 @@ def test_a_noisy_rejection_times_another_pair(flux2_cpu, tmp_path, monkeypatch):
     assert len(eager.base_ms) == 3 and len(eager.candidate_ms) == 3
     assert calls == [(2, 2), (3, 3)]  # decided again over all processes, then no more rounds (retimes=1)
     assert any("timing another candidate/base pair (1 of 1)" in ln for ln in lines), lines
+    # each runner process's outcome and seconds, as it ends: a validation cut from outside (a device
+    # call's limit) shows where its time went
+    import re
+
+    timed = [ln for ln in lines if re.fullmatch(r"(candidate [0-9a-f]{12}|base [0-9a-f]{12}|compare|"
+                                                 r"(candidate|base): timed process \d): ok, \d+ s", ln)]
+    assert [t.split(":")[0].split(" ")[0] for t in timed][:3] == ["candidate", "base", "compare"], lines
+    assert sum("timed process" in t for t in timed) == 4, lines  # two pairs (retimes=1)
 
 
 def test_a_mode_the_engine_cannot_run_says_so_once_and_whole():
