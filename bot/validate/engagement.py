@@ -35,6 +35,10 @@ def enabled_modes(base: dict, cand: dict) -> list[str]:
     return [m for m, _ in mode_failures(cand, base)]
 
 
+def _rounded(categories: dict | None) -> dict[str, float]:
+    return {k: round(float(v), 4) for k, v in (categories or {}).items()}
+
+
 def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | None,
                      enabled: list[str] | None = None) -> Engagement:
     """The revision's declarations (trailers) against both sides' profiled op histograms; `enabled`:
@@ -52,7 +56,9 @@ def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | No
     missing = [a for a in adds if not any(declared_matches(a, k) for k in hc)]
     present = [r for r in removes if any(declared_matches(r, k) for k in hc)]
     e = Engagement(ok=True, reason="", declared_adds=adds, declared_removes=removes, missing=missing,
-                   still_present=present, changed_ops=changed[:20])
+                   still_present=present, changed_ops=changed[:20],
+                   base_categories=_rounded(base_prof.get("categories")), candidate_categories=_rounded(cand_prof.get("categories")),
+                   changed_modules=sorted({k[2] for k in set(hb) | set(hc) if hb.get(k, 0) != hc.get(k, 0)}))
     if missing or present:
         e.ok = False
         parts = []

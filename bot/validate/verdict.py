@@ -84,6 +84,13 @@ class Engagement:
     missing: list[str] = field(default_factory=list)  # declared added, not seen in the step
     still_present: list[str] = field(default_factory=list)  # declared removed, still seen
     changed_ops: list[str] = field(default_factory=list)  # histogram differences (a sample)
+    # ms per kernel category (runner/categorize.py) of one eager step under the profiler, each side, on the
+    # validation's device: what the change moved, and for the stack what is left (bot/deliver/report.py)
+    base_categories: dict[str, float] = field(default_factory=dict)
+    candidate_categories: dict[str, float] = field(default_factory=dict)
+    # every module pattern whose op/kernel counts differ between the two (runner/module_pattern.py; "" for
+    # top level): the places the change acts on, measured; None in verdicts recorded before it was kept
+    changed_modules: list[str] | None = None
 
 
 @dataclass

@@ -145,6 +145,11 @@ def test_optimize_flux2_killed_after_validate_then_resumed_on_another_machine(tm
         assert last.startswith(("cpu", "cuda", "not measured")), r
     assert re.search(r"\| baseline \| eager \| [0-9.]+ .*\| cpu", md)
     assert "device:      cpu" in md
+    # what is left, from this run's own numbers: the branch's fastest mode on the cpu clock, and the time by
+    # category of base and branch from the stack's engagement profiles
+    left = md.split("### What is left")[1].split("###")[0]
+    assert re.search(r"Fastest production mode of the branch: eager, [0-9.]+ ms/step, measured on cpu", left), left
+    assert re.search(r"\| [a-z]+ \| [0-9.]+ \| [0-9.]+ \| -?[0-9.]+ \| cpu \|", left), left
     # the knowledge branch carries the chart
     know = git.Repo(env["OPTBOT_KNOWLEDGE_PATH"])
     files = know.git.ls_tree("-r", "--name-only", out["deliver"]["knowledge_branch"]).split()

@@ -40,6 +40,11 @@ def test_engagement_rules():
     cand = {"histogram": [["aten::linear", "aten::linear", "blocks.*.attn.to_qkv", 2]]}
     changed = check_engagement(_rev({}), base, cand)
     assert changed.ok and len(changed.changed_ops) == 3, changed
+    # every module whose counts differ (the report's "What is left" reads them), and each side's time by category
+    assert changed.changed_modules == ["blocks.*.attn.to_k", "blocks.*.attn.to_q", "blocks.*.attn.to_qkv"]
+    assert same.changed_modules == []  # identical: nothing changed anywhere
+    timed = check_engagement(_rev({}), {**base, "categories": {"gemm": 2.123456}}, {**cand, "categories": {"gemm": 1.5}})
+    assert timed.base_categories == {"gemm": 2.1235} and timed.candidate_categories == {"gemm": 1.5}
     ok = check_engagement(_rev({"Optbot-Adds-Kernels": ["attn.to_qkv"], "Optbot-Removes-Kernels": ["attn.to_k"]}), base, cand)
     assert ok.ok, ok.reason
     # a declared kernel that does not run is not excused by other counts that changed
