@@ -12,7 +12,7 @@ from bot.errors import ConfigError, OptbotError
 from bot.knowledge.check import record_validation
 from bot.knowledge.records import KernelTests, MicroRecord, read_bench, save_bench
 from bot.knowledge.store import get_entry, load_store, sync_sources
-from bot.paths import new_run_dir
+from bot.paths import new_run_dir, runs_dir
 from bot.target import require_device
 
 _store_opt = knowledge_options(store=True)
@@ -97,6 +97,17 @@ def sync_sources_cmd(knowledge, entry_ids):
         click.echo(f"{eid}: {'rewrote ' + ', '.join(changed) + ' in patch.diff' if changed else 'patch.diff already holds every kernel source'}")
 
 
+def _resumed_run_dir(run_id: str) -> Path:
+    """The run directory of an earlier `store check`, by its id (or path): exit 2 naming it if there is none."""
+    d = Path(run_id) if Path(run_id).is_dir() else runs_dir() / run_id
+    if not d.is_dir() or "store-check" not in d.name:
+        raise click.BadParameter(f"{run_id}: no store check run directory under {runs_dir()} (the id `optbot store "
+                                 f"check` printed as 'run directory ...')", param_hint="--resume")
+    click.echo(f"resuming store check {d.name}: each validation keeps its seeds and the runner processes it "
+               f"finished", err=True)
+    return d
+
+
 @command.command("check")
 @_store_opt
 @click.argument("entry_ids", nargs=-1)
@@ -128,9 +139,13 @@ def sync_sources_cmd(knowledge, entry_ids):
 @github_option("knowledge-repo", "With --propose: the GitHub repository of the knowledge (where the pull request opens).")
 @github_option("knowledge-remote", "Git remote the proposal's branch is pushed to (default: the knowledge repository's origin).")
 @github_option("github-api-url")
+@click.option("--resume", "resume", metavar="RUN_ID", default=None,
+              help="Go on with a store check that was stopped (a device call's time limit, a lost machine): "
+                   "its run directory is reused, and each entry's validation keeps the seeds and the runner "
+                   "processes it finished (kernel tests run again). RUN_ID as the check printed it.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernels, no_validate, record, propose,
-              dry_run, repo, knowledge_repo, knowledge_remote, github_api_url, json_path):
+              dry_run, repo, knowledge_repo, knowledge_remote, github_api_url, resume, json_path):
     """Re-validate entries (all but the retired ones by default), each in five checks: schema; kernel
     sources == the files the patch adds; the patch applies to the engine in a real worktree (at the
     entry's base sha, or with --engine/--ref at that engine's tip); kernel tests in an isolated
@@ -148,6 +163,8 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
       optbot store check --engine ./engine --device cuda --propose \\
           --knowledge-repo team/optbot                     the nightly: one knowledge PR that
                                                            retires, re-tunes or re-records
+      optbot store check ENTRY --device cuda --resume 20261207-143126-store-check-cb4a7b
+                                                           go on where a stopped check was
 
     Exit code 1 when any check fails; with --propose, when an entry needs a person (held, a
     failing kernel test, a validator that could not run): every other outcome is the proposal's.
@@ -173,7 +190,7 @@ def check_cmd(knowledge, entry_ids, device, preset, gpus, engine, ref, no_kernel
         for e in [e for e in entries if e.status == "retired"]:
             click.echo(f"{e.id}: retired ({e.retired.reason[:120]}), not checked", err=True)
         entries = [e for e in entries if e.status != "retired"]
-    run_dir = new_run_dir("store-check")
+    run_dir = _resumed_run_dir(resume) if resume else new_run_dir("store-check")
     lanes = [f"cuda:{i}" for i in range(gpus)] if gpus > 1 else [device]
     click.echo(f"checking {len(entries)} entries on {', '.join(lanes)}; run directory {run_dir}", err=True)
     tips, cache = [], {}

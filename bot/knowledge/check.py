@@ -273,8 +273,10 @@ def finish_entry(entry: Entry, prep: Prepared, device: str, work_dir: Path, run_
     if not prep.commit_sha:
         return result
     if run_kernels:
+        # a folder of their own: the kernel tests' process may write all of it, and the validation's
+        # (outputs, kept processes of an earlier attempt: bot/validate/attempt.py) is beside it, not in it
         result.checks.extend(run_kernel_tests(entry, prep.engine_root, prep.commit_sha, device,
-                                              work_dir / entry.id, params=kernel_params))
+                                              work_dir / entry.id / "kernel-tests", params=kernel_params))
     if run_validation:
         result.checks.extend(_full_validation(entry, prep.checkout, prep.commit_sha, device, work_dir, preset, log,
                                               prep.base_sha))

@@ -38,6 +38,23 @@ class Context:
         if self.opts.log:
             self.opts.log(msg)
 
+    def run_job(self, job: Job, out_dir: Path, timeout_s: float, name: str, what: str):
+        """Run one runner process of this validation (bot/jobs.run_job), or keep the one an earlier
+        attempt finished with exactly this job (bot/validate/attempt.py); say how it went."""
+        from bot.jobs import run_job
+        from bot.validate import attempt
+
+        key = attempt.job_key(job, attempt.tree_of(self.target.checkout.repo, job.engine_sha) if job.engine_sha else "")
+        old = attempt.reuse(self.run_dir, name, key)
+        if old is not None:
+            self.say(f"{what}: finished in an earlier attempt ({old.seconds:.0f} s), kept")
+            return old
+        out = run_job(job, out_dir, timeout_s=timeout_s, name=name)
+        if out.ok:
+            attempt.keep(self.run_dir, name, key, out)
+        self.ran(what, out)
+        return out
+
     def ran(self, what: str, out) -> None:
         """Say how long a runner job took (its JobOutcome): a validation cut from outside (a device
         call's limit, a CI timeout) then shows which of its processes the time went to."""

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from bot.errors import OptbotError, RunnerError
-from bot.jobs import JobOutcome, run_job
+from bot.jobs import JobOutcome
 from bot.tolerance import NO_FARTHER
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
@@ -74,8 +74,7 @@ def check_outputs(ctx: Context, base: dict, cand: dict, reference: dict | None =
         "pairs": pairs, "bit_exact": wl.bit_exact,
         "tolerance": None if wl.bit_exact else tol.bound()})
     ctx.say("compare: outputs in a clean process")
-    out = run_job(job, ctx.run_dir / "compare", timeout_s=600, name="compare")
-    ctx.ran("compare", out)
+    out = ctx.run_job(job, ctx.run_dir / "compare", 600, "compare", "compare")
     if not out.ok:
         raise out.error("the compare job")
     for c in out.result["checks"]:
@@ -164,8 +163,7 @@ def check_kernels(ctx: Context, rev: Revision, corr: Correctness) -> JobOutcome 
     tolmap = {k: {"atol": t.atol, "rtol": t.rtol} for k in wl.tolerance for t in (wl.tolerance_for(k, engine),)}
     job = ctx.job("kernel_check", rev.worktree, rev.sha, "kernels", {"tests": tests, "tolerance": tolmap})
     ctx.say(f"kernels: {len(tests)} test module(s) vs their references")
-    out = run_job(job, ctx.run_dir / "kernels", timeout_s=ctx.opts.timeout_s or 900, name="kernels")
-    ctx.ran("kernels", out)
+    out = ctx.run_job(job, ctx.run_dir / "kernels", ctx.opts.timeout_s or 900, "kernels", "kernels")
     if not out.ok:
         corr.ok = False
         return out

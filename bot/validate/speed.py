@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bot.jobs import JobOutcome, run_job
+from bot.jobs import JobOutcome
 from bot.validate.context import Context
 from bot.validate.resolve import Revision
 from bot.validate.verdict import Speed, vs_base
@@ -61,8 +61,8 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
             name = f"{side}-timing{suffix}"
             job = ctx.job("validate_step", wt, sha, name, params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
             ctx.say(f"{side}: timed process {len(runs[side]) + 1}")
-            out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.timeout_s or 1800, name=name)
-            ctx.ran(f"{side}: timed process {len(runs[side]) + 1}", out)
+            out = ctx.run_job(job, Path(job.out_dir), ctx.opts.timeout_s or 1800, name,
+                              f"{side}: timed process {len(runs[side]) + 1}")
             if not out.ok:
                 if side == "candidate":
                     return [], out

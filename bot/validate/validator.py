@@ -28,6 +28,9 @@ A mode that fails for the candidate and runs for the base (a compile graph break
 fault under CUDA-graph capture) rejects it "crashed" with the mode and the error, on any device;
 each non-eager mode's outputs are compared with the base's in that mode (check 3).
 Before any of them, a stack whose added lines reach for the runner's own machinery is held (tamper_lines).
+With a run directory that holds an earlier attempt at the same candidate and base (Options.run_dir), the
+validation keeps that attempt's seeds and each runner process it finished (bot/validate/attempt.py): a
+validation cut from outside goes on where it stopped.
 
 The checks live in their own modules (context.py holds what they share): correctness.py (3, 4),
 engagement.py (5), speed.py (6); this module orders them and turns a crash into its verdict.
@@ -44,6 +47,7 @@ from pathlib import Path
 from bot.engine import add_worktree
 from bot.errors import OptbotError
 from bot.jobs import JobOutcome, run_job
+from bot.validate import attempt
 from bot.paths import new_run_dir
 from bot.target import Target
 from bot.validate.context import Context
@@ -99,15 +103,20 @@ def validate(target: Target, candidate: str, base: str | None = None, opts: Opti
     base_wt = add_worktree(target.checkout, f"base-{base_sha[:12]}", base_sha)
     is_cuda = target.device.startswith("cuda")
     preset = target.workload.preset(target.preset)
-    seeds = list(opts.seeds) if opts.seeds else fresh_seeds(3)
-    if len(set(seeds)) < 2:
-        raise OptbotError(f"validation needs at least 2 different seeds, got {seeds}")
-    ctx = Context(target=target, opts=opts, run_dir=opts.run_dir or new_run_dir("validate"), seeds=seeds,
-                  weight_seed=opts.weight_seed if opts.weight_seed is not None else fresh_seeds(1)[0],
+    if opts.seeds and len(set(opts.seeds)) < 2:
+        raise OptbotError(f"validation needs at least 2 different seeds, got {list(opts.seeds)}")
+    run_dir = opts.run_dir or new_run_dir("validate")
+    repo = target.checkout.repo
+    ident = {"candidate_tree": attempt.tree_of(repo, rev.sha), "base_tree": attempt.tree_of(repo, base_sha),
+             "workload": target.workload.name, "preset": target.preset, "device": target.device, "dtype": target.dtype}
+    seeds, weight_seed, resumed = attempt.begin(run_dir, ident, opts.seeds, opts.weight_seed, fresh_seeds)
+    ctx = Context(target=target, opts=opts, run_dir=run_dir, seeds=seeds, weight_seed=weight_seed,
                   shapes=[preset.shapes, *preset.extra_shapes], is_cuda=is_cuda,
                   warmup=opts.warmup if opts.warmup is not None else (3 if is_cuda else 1),
                   iters=opts.iters if opts.iters is not None else (10 if is_cuda else 5))
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    if resumed:
+        ctx.say(f"resuming the validation in {run_dir}: its seeds, and the runner processes it finished")
     if len(ctx.shapes) < 2:
         ctx.notes.append(f"preset {target.preset} declares no extra_shapes: correctness ran on one shape only")
     verdict = _run(ctx, rev, base_sha, base_wt)
@@ -146,8 +155,7 @@ def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) ->
     if cache is not None:
         job.out_dir = str(cache.parent)
     ctx.say(f"base {base_sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in a runner process")
-    out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.base_timeout_s, name="base")
-    ctx.ran(f"base {base_sha[:12]}", out)
+    out = ctx.run_job(job, Path(job.out_dir), ctx.opts.base_timeout_s, "base", f"base {base_sha[:12]}")
     if not out.ok:
         raise out.error("the BASE engine failed to run, so nothing can be validated: its validate_step job")
     if cache is not None:
@@ -171,8 +179,7 @@ def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | Non
         ref_cache.parent.mkdir(parents=True, exist_ok=True)
         job.out_dir = str(ref_cache.parent)
     ctx.say(f"reference: the base at {dtype}, unquantized, for the {recipe} outputs' distance from it")
-    out = run_job(job, Path(job.out_dir), timeout_s=ctx.opts.base_timeout_s, name="reference")
-    ctx.ran("reference", out)
+    out = ctx.run_job(job, Path(job.out_dir), ctx.opts.base_timeout_s, "reference", "reference")
     if not out.ok:
         raise out.error(f"the BASE engine failed to run unquantized ({dtype}), so the {recipe} outputs have no "
                         f"reference: its validate_step job")
@@ -250,8 +257,8 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
         ctx.say(f"base: reusing {cache.parent}")
     cand_job = ctx.job("validate_step", rev.worktree, rev.sha, "candidate", ctx.side_params())
     ctx.say(f"candidate {rev.sha[:12]}: {len(ctx.shapes)} shapes x {len(ctx.seeds)} seeds, in its own process")
-    cand_out = run_job(cand_job, Path(cand_job.out_dir), timeout_s=_cand_timeout(ctx, base_out), name="candidate")
-    ctx.ran(f"candidate {rev.sha[:12]}", cand_out)
+    cand_out = ctx.run_job(cand_job, Path(cand_job.out_dir), _cand_timeout(ctx, base_out), "candidate",
+                           f"candidate {rev.sha[:12]}")
     if not cand_out.ok:
         return _crash_verdict(ctx, rev, cand_out, "candidate step")
     if base_out is None:

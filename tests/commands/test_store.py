@@ -59,6 +59,80 @@ def test_store_check_runs_the_validator_and_records_it(cli_runner, diffusers_eng
     assert checks["validate:flux2"]["ok"] is False and checks["validate:flux2"]["details"]["reason"] == "correctness"
 
 
+def test_a_stopped_store_check_resumes_where_its_validation_stopped(cli_runner, diffusers_engine, tmp_path,
+                                                                    monkeypatch):
+    """A store check stopped from outside (here: the moment the candidate's process has finished, as a
+    device call's limit would) goes on with --resume: the entry's validation keeps its seeds and the
+    candidate's process, and runs the rest; a run id that is no store check is exit 2, named."""
+    import re
+
+    from bot.validate.context import Context
+
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-merge-qkv", store / "flux2-merge-qkv")
+    real = Context.ran
+
+    def stop_after_the_candidate(self, what, out):
+        real(self, what, out)
+        if what.startswith("candidate "):
+            raise KeyboardInterrupt("the call's time limit")
+
+    monkeypatch.setattr(Context, "ran", stop_after_the_candidate)
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store)])
+    assert r.exit_code == 1 and "Aborted!" in r.output, r.output  # click's answer to the interrupt
+    run_id = re.search(r"run directory \S+/([^/\s]+)", r.stderr).group(1)
+    monkeypatch.setattr(Context, "ran", real)
+
+    out = tmp_path / "check.json"
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store), "--resume", run_id, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"resuming store check {run_id}" in r.stderr
+    assert re.search(r"candidate [0-9a-f]{12}: finished in an earlier attempt \(\d+ s\), kept", r.stderr), r.stderr
+    assert re.search(r"base [0-9a-f]{12}: ok, \d+ s", r.stderr), r.stderr
+    checks = {c["name"]: c for c in json.loads(out.read_text())["entries"][0]["checks"]}
+    assert checks["validate:flux2"]["details"]["status"] == "accepted"
+
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store), "--resume", "20261207-000000-optimize-abcdef"])
+    assert r.exit_code == 2 and "20261207-000000-optimize-abcdef: no store check run directory" in r.output
+
+
+PLANT = """
+import json as _json
+import os as _os
+
+# a store entry's kernel test that plants a finished process for the next (resumed) check's validation
+for _d in (_os.getcwd(), _os.path.dirname(_os.getcwd())):
+    try:
+        _p = _os.path.join(_d, "validate-flux2", "done")
+        _os.makedirs(_p, exist_ok=True)
+        with open(_os.path.join(_p, "candidate-timing.json"), "w") as _f:
+            _json.dump({"key": "FORGED", "outcome": {"status": "ok"}}, _f)
+    except OSError:
+        pass
+"""
+
+
+def test_a_kernel_test_cannot_plant_a_process_for_a_resumed_check(cli_runner, diffusers_engine, tmp_path):
+    """The kernel tests run before the validation on every (resumed) check, in a process that may write its
+    own folder: a folder beside the validation's, never around it, so what a kernel test writes is
+    nowhere the next attempt reads (the sandbox hides the rest of the run directory)."""
+    store = tmp_path / "store"
+    shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")
+    test = store / "flux2-swiglu" / "test_swiglu.py"
+    test.write_text(test.read_text() + PLANT)
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    run_id = r.stderr.split("run directory ")[1].split()[0].rsplit("/", 1)[1]
+    r = cli_runner.invoke(cli, ["store", "check", "--store", str(store), "--resume", run_id])
+    assert r.exit_code == 0, r.output
+    from bot.paths import runs_dir
+
+    validation = runs_dir() / run_id / "flux2-swiglu" / "validate-flux2"
+    assert (validation / "done" / "candidate.json").is_file()
+    # the plant lands in the kernel jobs' own folders, never in done/, the only place an attempt reads
+    assert not any("FORGED" in f.read_text() for f in (validation / "done").glob("*.json"))
+
+
 def test_store_check_fails_on_a_patch_that_does_not_apply(cli_runner, diffusers_engine, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(STORE_DIR / "flux2-swiglu", store / "flux2-swiglu")

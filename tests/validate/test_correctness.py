@@ -144,7 +144,7 @@ def test_the_compare_job_gets_the_engines_own_fp8_bound(monkeypatch, tmp_path, e
     sent = {}
     ctx = SimpleNamespace(target=SimpleNamespace(workload=load_workload("flux2"), dtype="bfloat16+fp8", engine_name=engine),
                           seeds=[1], shapes=[], run_dir=tmp_path, say=lambda *_: None,
-                          job=lambda kind, wt, sha, name, params: sent.update(params) or SimpleNamespace())
-    monkeypatch.setattr(correctness, "run_job", lambda *a, **k: JobOutcome("ok", {"checks": []}))
+                          job=lambda kind, wt, sha, name, params: sent.update(params) or SimpleNamespace(),
+                          run_job=lambda *a, **k: JobOutcome("ok", {"checks": []}))
     corr = correctness.check_outputs(ctx, {"runs": []}, {"runs": []})
     assert sent["tolerance"]["rel_l2"] == bound and f"rel_l2 <= {bound:g}" in corr.rule
