@@ -47,9 +47,9 @@ from pathlib import Path
 from bot.engine import add_worktree
 from bot.errors import OptbotError
 from bot.jobs import JobOutcome, run_job
-from bot.validate import attempt
 from bot.paths import new_run_dir
 from bot.target import Target
+from bot.validate import attempt
 from bot.validate.context import Context
 from bot.validate.correctness import check_kernels, check_outputs, correctness_summary
 from bot.validate.engagement import check_engagement, enabled_modes
