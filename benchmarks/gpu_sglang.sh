@@ -159,8 +159,9 @@ if [[ "$what" == optimize ]]; then
   wl="${2:-flux2}"; resume="${3:-}"; ENGINE="${ENGINE:-sglang}"
   LIMIT="${LIMIT:-560}"; PAUSE="${PAUSE:-$((LIMIT - 340))}"
   # what starts before PAUSE runs to its end: one SGLang validation (~330 s) or one ablation round
-  # (~150 s); a PAUSE closer to LIMIT lets `timeout` cut it, and a cut validation is lost (2026-12-07:
-  # PAUSE=560 LIMIT=570 cut a leave-one-out one job before its end)
+  # (~150 s); a PAUSE closer to LIMIT lets `timeout` cut it (2026-12-07: PAUSE=560 LIMIT=570 cut a
+  # leave-one-out one job before its end), and the next --resume call redoes the runner process it cut
+  # (finished ones are kept: bot/validate/attempt.py, ablation/rounds.json)
   (( PAUSE + 340 > LIMIT )) && echo "warning: PAUSE=$PAUSE leaves $((LIMIT - PAUSE)) s of LIMIT=$LIMIT for the work it lets start (one validation is ~330 s)" >&2
   export OPTBOT_RUNS_DIR="${OPTBOT_RUNS_DIR:-/tmp/optbot-runs}"
   start=$(date +%s)
