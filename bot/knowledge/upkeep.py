@@ -317,26 +317,26 @@ class Proposal:
         return f"optbot store check: {n} of {len(self.decisions)} entries change against {self.engine}{at}"
 
     def body(self) -> str:
-        from bot.deliver import report as rpt
+        from bot.deliver import blocks as b
 
         cpu = not self.device.startswith("cuda")
         rows = [[f"`{d.entry_id}`", d.checks, d.outcome, d.done or d.action, d.why, d.measured_on]
                 for d in self.decisions]
-        blocks = [rpt.H(2, self.title()),
-                  rpt.P(f"Every entry of `kernel_store/` was checked against the engine {self.where}"
+        blocks = [b.H(2, self.title()),
+                  b.P(f"Every entry of `kernel_store/` was checked against the engine {self.where}"
                         + (f" at `{self.tip}`" if self.tip else " (each entry at its recorded base)")
                         + f", like a lockfile: `{self.command}`."),
-                  rpt.P(f"Measured on: **{self.device}**."
+                  b.P(f"Measured on: **{self.device}**."
                         + (" CPU: correctness and engagement only; speed needs a GPU, so no entry is called "
                            "slower from CPU timings." if cpu else "")),
-                  rpt.Table(["entry", "checks", "outcome", "action taken", "why", "measured on"], rows),
-                  rpt.P("Rules (docs/store.md): an entry whose patch no longer applies on the tip, or no longer "
+                  b.Table(["entry", "checks", "outcome", "action taken", "why", "measured on"], rows),
+                  b.P("Rules (docs/store.md): an entry whose patch no longer applies on the tip, or no longer "
                         "computes the same or runs its kernels there, is retired (`status: retired`, with the "
                         "reason; replay skips it and says why); one that no longer wins on a GPU is re-tuned "
                         "over its config space, or retired without one; a changed environment (GPU, driver, "
                         "torch, triton, engine sha) is re-measured and re-recorded in bench.json. The next "
                         "nightly check updates this pull request; it never opens a second one.")]
-        return rpt.to_markdown(blocks)
+        return b.to_markdown(blocks)
 
 
 def publish(p: Proposal, staging: Staging, knowledge, forge, log=print) -> Proposal:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.deliver import report as rpt
+from bot.deliver.blocks import H, Img, P, to_html, to_markdown
 from bot.deliver.pull_request import PullRequestRef, marker
 from bot.deliver.knowledge import commit_files_to_branch
 from bot.errors import OptbotError
@@ -75,21 +76,21 @@ def run(ctx: RunContext) -> Result:
     summary_blocks = rpt.build_blocks(res, ctx.run_id, {"entries": entries, "lessons": lessons},
                                       chart_src="latency.png" if chart else None, command=ctx.options.command,
                                       steps=steps)
-    kfiles[f"{kdir}/report.md"] = rpt.to_markdown(summary_blocks).encode()
+    kfiles[f"{kdir}/report.md"] = to_markdown(summary_blocks).encode()
 
     title_k = f"optbot knowledge: {workload} @ {base[:12]} ({len(entries)} entries, {len(lessons)} lessons)"
-    kbody_blocks = [rpt.H(2, title_k),
-                    rpt.P("Store entries: " + (", ".join(f"[{n}]({u})" for n, u in entries) or "none")),
-                    rpt.P("Lessons: " + (", ".join(f"[{n}]({u})" for n, u in lessons) or "none")),
-                    rpt.P(f"Latency chart and run report: `{kdir}/` (run {ctx.run_id})."
+    kbody_blocks = [H(2, title_k),
+                    P("Store entries: " + (", ".join(f"[{n}]({u})" for n, u in entries) or "none")),
+                    P("Lessons: " + (", ".join(f"[{n}]({u})" for n, u in lessons) or "none")),
+                    P(f"Latency chart and run report: `{kdir}/` (run {ctx.run_id})."
                           + (f" Learning: {learn.reason}" if learn and learn.reason else ""))]
     if chart:
-        kbody_blocks.append(rpt.Img("latency", forge.file_url("knowledge", kbranch, f"{kdir}/latency.png")
+        kbody_blocks.append(Img("latency", forge.file_url("knowledge", kbranch, f"{kdir}/latency.png")
                                     + ("?raw=true" if forge.name == "github" else "")))
     if krepo is not None:
         date = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(os.path.getmtime(ctx.run_dir / "state.json")))
         ksha = commit_files_to_branch(krepo, kbranch, kfiles, title_k + f"\n\nOptbot-Run: {ctx.run_id}\n", date)
-        kpr = forge.publish_knowledge(krepo.working_tree_dir, kbranch, ksha, title_k, rpt.to_markdown(kbody_blocks))
+        kpr = forge.publish_knowledge(krepo.working_tree_dir, kbranch, ksha, title_k, to_markdown(kbody_blocks))
     else:
         out = ctx.run_dir / "knowledge"
         for rel, data in kfiles.items():
@@ -103,7 +104,7 @@ def run(ctx: RunContext) -> Result:
 
     # the engine PR -----------------------------------------------------------------------------
     links = {"entries": entries, "lessons": lessons, "knowledge_pr": kpr.url}
-    body = rpt.to_markdown(rpt.build_blocks(res, ctx.run_id, links, chart_src=None, command=ctx.options.command,
+    body = to_markdown(rpt.build_blocks(res, ctx.run_id, links, chart_src=None, command=ctx.options.command,
                                             steps=steps))
     n = comb.delivered
     title = f"optbot: {n} optimization(s) for {workload} ({co.preset}) @ {base[:12]}"
@@ -121,8 +122,8 @@ def run(ctx: RunContext) -> Result:
     report_blocks = rpt.build_blocks(res, ctx.run_id, links, chart_src="latency.png" if chart else None,
                                      command=ctx.options.command, steps=steps)
     md, html_path = ctx.run_dir / "report.md", ctx.run_dir / "report.html"
-    md.write_text(rpt.to_markdown(report_blocks))
-    html_path.write_text(rpt.to_html(report_blocks, title))
+    md.write_text(to_markdown(report_blocks))
+    html_path.write_text(to_html(report_blocks, title))
 
     dash = update_dashboard(ctx, epr)
     notes.append(f"dashboard: {dash.action} {dash.url} {dash.note}".strip())

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.target import Target
+from bot.validate.attempt import job_key, keep, reuse, tree_of
 from bot.workload import Shape
 from runner.job import Job
 
@@ -42,16 +43,15 @@ class Context:
         """Run one runner process of this validation (bot/jobs.run_job), or keep the one an earlier
         attempt finished with exactly this job (bot/validate/attempt.py); say how it went."""
         from bot.jobs import run_job
-        from bot.validate import attempt
 
-        key = attempt.job_key(job, attempt.tree_of(self.target.checkout.repo, job.engine_sha) if job.engine_sha else "")
-        old = attempt.reuse(self.run_dir, name, key)
+        key = job_key(job, tree_of(self.target.checkout.repo, job.engine_sha) if job.engine_sha else "")
+        old = reuse(self.run_dir, name, key)
         if old is not None:
             self.say(f"{what}: finished in an earlier attempt ({old.seconds:.0f} s), kept")
             return old
         out = run_job(job, out_dir, timeout_s=timeout_s, name=name)
         if out.ok:
-            attempt.keep(self.run_dir, name, key, out)
+            keep(self.run_dir, name, key, out)
         self.ran(what, out)
         return out
 

@@ -49,7 +49,7 @@ from bot.errors import OptbotError
 from bot.jobs import JobOutcome, run_job
 from bot.paths import new_run_dir
 from bot.target import Target
-from bot.validate import attempt
+from bot.validate.attempt import begin, tree_of
 from bot.validate.context import Context
 from bot.validate.correctness import check_kernels, check_outputs, correctness_summary
 from bot.validate.engagement import check_engagement, enabled_modes
@@ -107,9 +107,9 @@ def validate(target: Target, candidate: str, base: str | None = None, opts: Opti
         raise OptbotError(f"validation needs at least 2 different seeds, got {list(opts.seeds)}")
     run_dir = opts.run_dir or new_run_dir("validate")
     repo = target.checkout.repo
-    ident = {"candidate_tree": attempt.tree_of(repo, rev.sha), "base_tree": attempt.tree_of(repo, base_sha),
+    ident = {"candidate_tree": tree_of(repo, rev.sha), "base_tree": tree_of(repo, base_sha),
              "workload": target.workload.name, "preset": target.preset, "device": target.device, "dtype": target.dtype}
-    seeds, weight_seed, resumed = attempt.begin(run_dir, ident, opts.seeds, opts.weight_seed, fresh_seeds)
+    seeds, weight_seed, resumed = begin(run_dir, ident, opts.seeds, opts.weight_seed, fresh_seeds)
     ctx = Context(target=target, opts=opts, run_dir=run_dir, seeds=seeds, weight_seed=weight_seed,
                   shapes=[preset.shapes, *preset.extra_shapes], is_cuda=is_cuda,
                   warmup=opts.warmup if opts.warmup is not None else (3 if is_cuda else 1),

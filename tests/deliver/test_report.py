@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bot.analyze.opportunity import Estimate, Location, Opportunity
 from bot.deliver import report as rpt
+from bot.deliver.blocks import P, to_html, to_markdown
 from bot.generate.candidate import Candidate
 from bot.run.state import Results
 from bot.steps import analyze, checkout, combine, generate, validate
@@ -46,7 +47,7 @@ def _results() -> Results:
 
 
 def test_report_shows_the_verdicts_numbers_with_their_device():
-    md = rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+    md = to_markdown(rpt.build_blocks(_results(), "run-1", {}))
     assert "| optimized | eager | 8.200 |" in md and "cuda (NVIDIA H200)" in md
     assert "| optimized | CUDA graph | 7.550 |" in md
     assert "| c1: t | 10.100 | 1.900 | 18.8 | cuda |" in md
@@ -54,7 +55,7 @@ def test_report_shows_the_verdicts_numbers_with_their_device():
     assert "| [1, 4608, 48, 128] | 0.500 | 0.501 | 0.200 | 2.50x | 50 | cuda |" in md
     assert "| attention-waste | blocks.*.attn | f.py:3 | 1.500 |" in md
     assert "accepted | accepted: 1.21x faster (cuda), correct |" in md
-    html = rpt.to_html(rpt.build_blocks(_results(), "run-1", {}))
+    html = to_html(rpt.build_blocks(_results(), "run-1", {}))
     assert html.count("<details>") >= 2 and "<td>cuda (NVIDIA H200)</td>" in html
 
 
@@ -64,21 +65,21 @@ def test_a_one_commit_stack_that_kept_its_candidates_verdict_says_so():
     r = _results()
     r.combine.stack_verdict = dataclasses.replace(r.combine.stack_verdict, reused_from="the stack's one commit has "
                                                   "candidate c1's tree (cccccccccccc), whose verdict (this run) stands for it")
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "| optimized | eager | 8.200 |" in md
     assert "Not timed again for the stack: the stack's one commit has candidate c1's tree" in md
-    assert "Not timed again" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+    assert "Not timed again" not in to_markdown(rpt.build_blocks(_results(), "run-1", {}))
 
 
 def test_report_without_a_stack_says_what_was_not_measured():
     r = _results()
     r.combine = combine.Result("done", "optbot/flux2/aaaa", "a" * 40, "a" * 40, stack_note="no accepted optimization")
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "not measured: no accepted optimization" in md
 
 
 def test_html_escapes_text():
-    html = rpt.to_html([rpt.P("<script>alert(1)</script> `x<y`")])
+    html = to_html([P("<script>alert(1)</script> `x<y`")])
     assert "<script>" not in html and "<code>x&lt;y</code>" in html
 
 
@@ -88,7 +89,7 @@ def test_the_optimizations_table_shows_every_timed_mode():
     r = _results()
     v = r.validate.verdicts["c1"]
     v.speed[0] = Speed("eager", "cuda", [10.0, 10.2], [10.3, 10.1], 0.99, 3.0, "no-change", n=20)
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "| eager 0.990x (no-change), graph 1.200x (cuda) |" in md
 
 
@@ -100,12 +101,12 @@ def test_a_mode_the_base_cannot_run_is_shown_against_the_base_without_the_graph(
     sv.speed[1] = Speed("graph", "cuda", [10.0, 10.2], [7.5, 7.6], 1.34, 0.4, "enabled",
                         note="graph runs for the candidate only; against the base's eager; base: CUDA graph "
                              "capture failed: RuntimeError: Cannot copy", n=20, base_mode="eager")
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "| baseline | CUDA graph | n/a |" in md  # the base has no graph number of its own
     assert "| optimized | CUDA graph | 7.550 |" in md and "| 1.338x |" in md  # 10.1 / 7.55: against eager
     assert "against the base's eager" in md
     r.validate.verdicts["c1"].speed[1] = sv.speed[1]
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "graph 1.340x vs the base's eager (enabled)" in md
 
 
@@ -122,16 +123,16 @@ def test_a_quantized_run_says_what_its_outputs_were_held_to_and_why():
     assert "rel_l2 <= 0.048" in text and "rel_l2 <= 0.095" in text and "0.0952" in text and "0.0827" in text
     r = _results()
     r.checkout.dtype, r.checkout.judged_by = "bfloat16+fp8", text
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "Quantized (bfloat16+fp8): the base and every candidate run the recipe" in md and "0.0952" in md
     assert "no farther from the unquantized model than 1.05x the quantized base" in text
     # each output's distance from the unquantized model stands beside the quantized base's
     r.combine.stack_verdict.correctness.checks.append(OutputCheck(
         "1024x1024/txt512/b1 seed 5 [vs unquantized]", "noise_pred", True, "", max_abs=0.44, rel_l2=0.0951,
         against="unquantized", base_rel_l2=0.095))
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     assert "| 5 [vs unquantized] | 0.44 | 0.0951 (the quantized base's: 0.095) | ok |" in md
-    assert "Quantized" not in rpt.to_markdown(rpt.build_blocks(_results(), "run-1", {}))
+    assert "Quantized" not in to_markdown(rpt.build_blocks(_results(), "run-1", {}))
     assert checkout.judged_by(SimpleNamespace(workload=wl, dtype="bfloat16", engine_name="diffusers")).startswith(
         "rel_l2 <= 0.05 and |d| <= 0.25 + 0.1*|ref| (bfloat16), against")
 
@@ -162,7 +163,7 @@ def test_what_is_left_measures_the_branch_against_the_floor_and_says_why_each_op
                                                     summary="noise_pred: max abs 0.9 over the bound")
     r.combine.stack_verdict.engagement = Engagement(True, "", base_categories={"gemm": 101.0, "quantization": 17.2},
                                                     candidate_categories={"gemm": 100.9, "quantization": 9.1})
-    md = rpt.to_markdown(rpt.build_blocks(r, "run-1", {}))
+    md = to_markdown(rpt.build_blocks(r, "run-1", {}))
     left = md.split("### What is left")[1].split("###")[0]
     # the fastest optimized mode (graph, 7.55 ms) against the real profile's floor, 143.90 ms: below it here,
     # which the line states as measured rather than hiding
@@ -182,11 +183,11 @@ def test_what_is_left_measures_the_branch_against_the_floor_and_says_why_each_op
     # opportunity at or above a changed module is acted on, whichever commit names it; one the named
     # commit leaves unchanged is left, and says so
     r.combine.stack_verdict.engagement.changed_modules = ["transformer_blocks.*.norm1.linear"]
-    left = rpt.to_markdown(rpt.build_blocks(r, "run-1", {})).split("### What is left")[1].split("###")[0]
+    left = to_markdown(rpt.build_blocks(r, "run-1", {})).split("### What is left")[1].split("###")[0]
     assert "| fuse-norm-consumer |" not in left and "op counts the branch leaves as the base's" in left
     assert "| attention-waste | blocks.*.attn | f.py:3 | 1.500 | c1: on the branch, and it changes no op count" in left
     # a refused stack delivers nothing: the base is what is left, and its accepted candidate says why
     r.combine.stack_verdict = dataclasses.replace(r.combine.stack_verdict, status="rejected", reason="no-change")
-    left = rpt.to_markdown(rpt.build_blocks(r, "run-1", {})).split("### What is left")[1].split("###")[0]
+    left = to_markdown(rpt.build_blocks(r, "run-1", {})).split("### What is left")[1].split("###")[0]
     assert "c1: accepted alone, not delivered (the stack was refused)" in left
     assert "no profile of the stack in this run (nothing delivered)" in left
