@@ -76,7 +76,10 @@ def what_is_left(results) -> list:
     blocks.append(P(" ".join(lines) or "No timing of the branch or the base to compare with a floor."))
 
     eng = sv.engagement if sv else None
-    after = eng.candidate_categories if eng else {}
+    # on the CPU a branch's Triton kernels run in the interpreter: its times by category would say where the
+    # kernels run, not what they cost (DESIGN decision 7), so only the base's are shown there
+    interpreted = bool(sv and not sv.device.startswith("cuda"))
+    after = eng.candidate_categories if eng and not interpreted else {}
     before = (eng.base_categories if eng and eng.base_categories else (prof.categories if prof else {})) or {}
     if before:
         dev = sv.device if after else (prof.device if prof else "?")
@@ -86,8 +89,11 @@ def what_is_left(results) -> list:
         blocks.append(Table(["category", "base ms", "branch ms", "change ms", "one eager step under the profiler, on"],
                             rows))
         if not after:
-            blocks.append(P("Branch column: no profile of the stack in this run (" + (
-                "nothing delivered" if sv is None else "its engagement check was not run") + ")."))
+            blocks.append(P("Branch column: " + (
+                f"not shown on {sv.device}, where the branch's Triton kernels run in the interpreter, whose times say "
+                "nothing about them (DESIGN decision 7); a GPU run gives it" if interpreted else
+                "no profile of the stack in this run (" + ("nothing delivered" if sv is None else
+                                                          "its engagement check was not run") + ")") + "."))
 
     opps = ana.opportunities if ana else []
     if opps:
