@@ -48,8 +48,9 @@ def _acts_on(pattern: str, changed: list[str]) -> bool:
 def what_is_left(results) -> list:
     """Where the branch stands against the compute floor, which kinds of work the step still spends its
     time on (one eager step of base and branch under the profiler, from the stack's engagement check),
-    and the analyzer's opportunities no delivered commit names, each with why: a missed target is
-    explained from the profile, not guessed at."""
+    and the analyzer's opportunities at modules the branch leaves unchanged (or, for a verdict recorded
+    before the changed modules were kept, that no delivered commit names), each with why: a missed
+    target is explained from the profile, not guessed at."""
     comb, prof, ana, gen, val = results.combine, results.profile, results.analyze, results.generate, results.validate
     blocks: list = [H(3, "What is left")]
     sv = comb.stack_verdict if comb and not comb.refused else None

@@ -38,9 +38,11 @@ DONE = "done"
 
 def tree_of(repo, sha: str) -> str:
     """The git tree of `sha` in `repo` (gitpython), or sha itself where the repository lacks it."""
+    from gitdb.exc import ODBError
+
     try:
         return repo.commit(sha).tree.hexsha
-    except (ValueError, LookupError, AttributeError):  # gitpython: BadName is a ValueError subclass
+    except (ODBError, ValueError):  # BadName, BadObject: not in this repository
         return sha
 
 
