@@ -107,6 +107,10 @@ class JobOutcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def took(self) -> str:
+        """How the process ended and how long it ran, for a progress line: "<status>, <seconds> s"."""
+        return f"{self.status}, {self.seconds:.0f} s"
+
     def reason(self) -> str:
         if self.status == "ok":
             return "ok"

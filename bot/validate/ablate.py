@@ -184,7 +184,7 @@ def ablate(target: Target, candidate: str, base: str | None = None, *, iters: in
                              params={"correctness": False, "timing": {"modes": [mode]}})
             say(f"ablation round {r + 1}/{rounds}: {name[:12]}")
             out = run_job(job, Path(job.out_dir), timeout_s=1800, name="timing")
-            say(f"ablation round {r + 1}/{rounds}: {name[:12]}: {out.status}, {out.seconds:.0f} s")
+            say(f"ablation round {r + 1}/{rounds}: {name[:12]}: {out.took()}")
             if not out.ok:
                 notes[name] = f"{out.reason()}"
                 continue

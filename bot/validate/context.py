@@ -58,7 +58,7 @@ class Context:
     def ran(self, what: str, out) -> None:
         """Say how long a runner job took (its JobOutcome): a validation cut from outside (a device
         call's limit, a CI timeout) then shows which of its processes the time went to."""
-        self.say(f"{what}: {out.status}, {out.seconds:.0f} s")
+        self.say(f"{what}: {out.took()}")
 
     def job(self, kind: str, worktree: Path | None, sha: str, name: str, params: dict, *, seeds=None,
             shapes=None) -> Job:

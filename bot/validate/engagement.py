@@ -49,16 +49,17 @@ def check_engagement(rev: Revision, base_prof: dict | None, cand_prof: dict | No
         return Engagement(ok=False, reason="no profile of the step was taken", declared_adds=adds, declared_removes=removes)
     hb = {tuple(r[:3]): r[3] for r in base_prof["histogram"]}
     hc = {tuple(r[:3]): r[3] for r in cand_prof["histogram"]}
-    changed = []
+    changed, modules = [], set()
     for k in sorted(set(hb) | set(hc)):
         if hb.get(k, 0) != hc.get(k, 0):
             changed.append(f"{k[0]} @ {k[2] or '(top)'}: {hb.get(k, 0)} -> {hc.get(k, 0)}")
+            modules.add(k[2])
     missing = [a for a in adds if not any(declared_matches(a, k) for k in hc)]
     present = [r for r in removes if any(declared_matches(r, k) for k in hc)]
     e = Engagement(ok=True, reason="", declared_adds=adds, declared_removes=removes, missing=missing,
                    still_present=present, changed_ops=changed[:20],
                    base_categories=_rounded(base_prof.get("categories")), candidate_categories=_rounded(cand_prof.get("categories")),
-                   changed_modules=sorted({k[2] for k in set(hb) | set(hc) if hb.get(k, 0) != hc.get(k, 0)}))
+                   changed_modules=sorted(modules))
     if missing or present:
         e.ok = False
         parts = []
