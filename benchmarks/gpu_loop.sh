@@ -18,9 +18,14 @@
 #
 # In pieces: the experiment outlasts one 10-minute device call, so every invocation goes on where
 # the last one stopped and ends within CALL_S seconds (default 570): optimize runs with
-# --pause-after (CALL_S - elapsed - RESERVE_S), RESERVE_S (default 180) being the longest piece of
-# work that is never interrupted (one validation, one ablation). Exit 0 with "call again" when it
-# paused. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
+# --pause-after (CALL_S - elapsed - RESERVE_S), a clean stop between two pieces of work, and under
+# `timeout` (CALL_S - elapsed - PACK_S, PACK_S default 30 for packing the kit): what the pause let
+# start and the limit cut (one validation on the full preset is 300-450 s) resumes in the next call
+# from the runner processes it finished (bot/validate/attempt.py), so a cut costs the process in
+# flight, not the validation. Exit 0 with "call again" when it paused or was cut. A call that finds
+# no loop state starts the experiment afresh; LOOP_CONTINUE=1 makes it fail instead (exit 3), for
+# the calls after the first, so that a machine that went cold without the kit carried is noticed
+# instead of starting run 1 over. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
 # (knowledge repository + what resume reads of the run in progress: kit_files) is written to $OUT/kit.tgz.part-* (15 MiB
 # parts), and an invocation on a fresh machine restores it from $KIT.part-* (default
 # .loop-kit/kit.tgz.part-*: copy the parts there and name .loop-kit in the call's carry).
@@ -32,7 +37,7 @@
 set -uo pipefail
 wl="${1:-qwen-image}"; mode="${2:-seeded}"
 T0=$(date +%s)
-CALL_S="${CALL_S:-570}"; RESERVE_S="${RESERVE_S:-180}"
+CALL_S="${CALL_S:-570}"; RESERVE_S="${RESERVE_S:-180}"; PACK_S="${PACK_S:-30}"
 PRESET="${PRESET:-full}"; DEVICE="${DEVICE:-cuda}"
 LOOP="${LOOP_DIR:-/tmp/optbot-loop}/$wl-$mode"
 RES="${RES:-benchmarks/results/$(bash benchmarks/gpu_tag.sh)-loop-$(date +%Y%m%d)/$wl-$mode}"
@@ -75,6 +80,10 @@ pack() {  # the resume kit and the results, for the next call (maybe on another 
 
 if [ ! -d "$know/.git" ] && compgen -G "$KIT.part-*" > /dev/null; then
   echo "restoring the loop's state from $KIT.part-*"; cat "$KIT".part-* | tar xzf - -P
+fi
+if [ ! -d "$know/.git" ] && [ "${LOOP_CONTINUE:-0}" = 1 ]; then
+  echo "LOOP_CONTINUE=1 but no loop state in $LOOP and no kit at $KIT.part-*: carry .loop-kit (the last call's kit parts)" >&2
+  exit 3
 fi
 if [ ! -d "$know/.git" ]; then
   mkdir -p "$know"
@@ -119,19 +128,29 @@ for run in 1 2; do
     echo "run $run: not started in this call (${left} s left before the reserve): call again"; pack; exit 0
   fi
   start=$(date +%s)
-  if [ -f "$LOOP/run$run.id" ]; then
+  if [ -s "$LOOP/run$run.id" ]; then
     args=(--resume "$(cat "$LOOP/run$run.id")")
   else
     args=(--preset "$PRESET" --device "$DEVICE" --gpus "$gpus" --dry-run --knowledge-path "$know"
           --ablation-rounds "${ABLATION_ROUNDS:-1}")
     [ -n "${GENERATORS:-}" ] && args+=(--generators "$GENERATORS")
   fi
-  python3 -m bot optimize "$wl" "${args[@]}" --pause-after "${left}s" --json "$LOOP/run$run.json" >> "$LOOP/run$run.txt" 2>&1
+  limit=$(( CALL_S - ($(date +%s) - T0) - PACK_S ))
+  timeout --kill-after=15 "$limit" python3 -m bot optimize "$wl" "${args[@]}" --pause-after "${left}s" \
+    --json "$LOOP/run$run.json" >> "$LOOP/run$run.txt" 2>&1
   rc=$?
-  [ -f "$LOOP/run$run.id" ] || python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$LOOP/run$run.json" > "$LOOP/run$run.id"
+  # the run's id from the first line optimize prints (an attempt cut by the limit writes no --json)
+  [ -s "$LOOP/run$run.id" ] || grep -m1 -o '^run [0-9]\{8\}-[0-9]\{6\}-optimize-[0-9a-f]*' "$LOOP/run$run.txt" \
+    | cut -d' ' -f2 > "$LOOP/run$run.id"
+  [ -s "$LOOP/run$run.id" ] || { echo "run $run: no run id in $LOOP/run$run.txt" >&2; rm -f "$LOOP/run$run.id"; tail -30 "$LOOP/run$run.txt"; pack; exit 1; }
   echo "run $run: attempt exit $rc after $(( $(date +%s) - start )) s wall" | tee -a "$LOOP/wall.txt"
   cp "$LOOP/run$run.txt" "$LOOP/run$run.json" "$LOOP/wall.txt" "$RES/" 2>/dev/null
   if [ "$rc" = 75 ]; then echo "run $run paused: call again"; pack; exit 0; fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "run $run: cut at the call's limit ($limit s): call again; it resumes from the finished runner processes" \
+      | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt"
+    cp "$LOOP/run$run.txt" "$LOOP/wall.txt" "$RES/" 2>/dev/null; pack; exit 0
+  fi
   if [ "$rc" != 0 ]; then tail -30 "$LOOP/run$run.txt"; pack; exit "$rc"; fi
   touch "$LOOP/run$run.done"
   cp "$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")/state.json" "$RES/run$run-state.json"
