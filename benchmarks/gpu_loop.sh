@@ -25,7 +25,8 @@
 # flight, not the validation. Exit 0 with "call again" when it paused or was cut. A call that finds
 # no loop state starts the experiment afresh; LOOP_CONTINUE=1 makes it fail instead (exit 3), for
 # the calls after the first, so that a machine that went cold without the kit carried is noticed
-# instead of starting run 1 over. Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
+# instead of starting run 1 over. A cut call that finished no runner process exits 4 (one process
+# outlasts the call: raise CALL_S). Everything lives in $LOOP_DIR (default /tmp/optbot-loop); when $OUT is set, the resume kit
 # (knowledge repository + what resume reads of the run in progress: kit_files) is written to $OUT/kit.tgz.part-* (15 MiB
 # parts), and an invocation on a fresh machine restores it from $KIT.part-* (default
 # .loop-kit/kit.tgz.part-*: copy the parts there and name .loop-kit in the call's carry).
@@ -67,6 +68,13 @@ kit_files() {  # what a fresh machine needs to go on: the knowledge, the loop's 
     if [ -f "$LOOP/run$run.done" ]; then echo "$d/state.json"
     else find "$d" -type f ! -name '*.pt' ! -name '*.safetensors' ! -path "$d/validate/*/*/*"; fi
   done
+}
+
+finished() {  # how much of run $1 is done: step results, verdicts, kept runner processes (a cut attempt keeps them)
+  [ -s "$LOOP/run$1.id" ] || { echo 0; return; }
+  local d="$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$1.id")"
+  { find "$d" -maxdepth 1 -name '*.json' ! -name state.json -type f
+    find "$d" \( -path '*/done/*.json' -o -name verdict-record.json \) -type f; } 2>/dev/null | wc -l
 }
 
 pack() {  # the resume kit and the results, for the next call (maybe on another machine)
@@ -135,6 +143,7 @@ for run in 1 2; do
           --ablation-rounds "${ABLATION_ROUNDS:-1}")
     [ -n "${GENERATORS:-}" ] && args+=(--generators "$GENERATORS")
   fi
+  before=$(finished "$run")
   limit=$(( CALL_S - ($(date +%s) - T0) - PACK_S ))
   timeout --kill-after=15 "$limit" python3 -m bot optimize "$wl" "${args[@]}" --pause-after "${left}s" \
     --json "$LOOP/run$run.json" >> "$LOOP/run$run.txt" 2>&1
@@ -147,6 +156,11 @@ for run in 1 2; do
   cp "$LOOP/run$run.txt" "$LOOP/run$run.json" "$LOOP/wall.txt" "$RES/" 2>/dev/null
   if [ "$rc" = 75 ]; then echo "run $run paused: call again"; pack; exit 0; fi
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    if [ "$(finished "$run")" = "$before" ]; then  # one runner process outlasts a whole call: it never would end
+      echo "run $run: cut at the call's limit ($limit s) without finishing one runner process: raise CALL_S" \
+        | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt" >&2
+      cp "$LOOP/run$run.txt" "$LOOP/wall.txt" "$RES/" 2>/dev/null; pack; exit 4
+    fi
     echo "run $run: cut at the call's limit ($limit s): call again; it resumes from the finished runner processes" \
       | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt"
     cp "$LOOP/run$run.txt" "$LOOP/wall.txt" "$RES/" 2>/dev/null; pack; exit 0

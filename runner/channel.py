@@ -7,6 +7,9 @@ depend on when its reader thread gets to run.
   phase starts and ends (runner/timing.py); the kernel stamps each as it is sent, so a claimed total
   that the bot's clock contradicts (a patched ``time.perf_counter`` or ``Event.elapsed_time``) is
   caught (bot/jobs.clock_check).
+- the same marks with the phase ``stage:NAME``: where a job's time went (build, correctness, each
+  mode), clocked by the bot as well and shown in its progress line (bot/jobs.JobOutcome.took); no
+  verdict reads them.
 - ``{"result": {...}}``: the job's result, written once by ``finish``, which then ``os._exit``s: no
   atexit hook, finalizer or thread of code the job imported runs after it, so nothing can rewrite
   or add to the report after the fact. The bot accepts exactly one result message.
@@ -52,6 +55,16 @@ def phase():
     _send({"mark": "start", "phase": label})
     yield label
     _send({"mark": "end", "phase": label})
+
+
+@contextmanager
+def stage(name: str):
+    """Bracket one stage of a job (the bot prints how long each took, by its own clock)."""
+    _send({"mark": "start", "phase": f"stage:{name}"})
+    try:
+        yield
+    finally:  # a stage that raised still ends (a failed mode is a result, not a crash)
+        _send({"mark": "end", "phase": f"stage:{name}"})
 
 
 def finish(result: dict, code: int = 0) -> None:

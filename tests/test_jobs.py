@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -222,6 +223,23 @@ def test_an_honest_timed_job_passes_the_clock_check(tmp_path):
     # ms late on a loaded machine (clock_check allows 5% and 10 ms for that).
     share = sum(eager["samples_ms"]) / 1e3 / out.phases[eager["phase"]]
     assert 0.9 < share < 1.1, (share, out.phases)
+    # where the job's time went, by the bot's clock: its stages, in the order they ran
+    stages = [k for k in out.phases if k.startswith("stage:")]
+    assert stages == ["stage:build", "stage:eager"], out.phases
+    assert out.phases["stage:eager"] >= out.phases[eager["phase"]]
+    assert re.fullmatch(r"ok, \d+ s \(build \d+, eager \d+\)", out.took()), out.took()
+
+
+def test_the_progress_line_shows_stage_names_a_child_could_not_abuse():
+    """Stage names come from the child: only short plain names reach the log line, at most twelve."""
+    from bot.jobs import JobOutcome
+
+    phases = {"t0": 1.0, "stage:build": 12.4, "stage:\x1b[2Jcleared": 1.0, "stage:" + "x" * 40: 1.0,
+              **{f"stage:s{i}": 1.0 for i in range(20)}}
+    line = JobOutcome("ok", seconds=37.2, phases=phases).took()
+    assert line.startswith("ok, 37 s (build 12, s0 1, ") and "\x1b" not in line and "xxx" not in line
+    assert line.count(",") == 12 and "s10 1)" in line, line
+    assert JobOutcome("failed", seconds=3).took() == "failed, 3 s"
 
 
 # The warm start (runner/zygote.py): each job is a fork of a process that imported torch once.

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from runner import env as envmod
+from runner.channel import stage
 from runner.harness import build, make_step, step_passes
 from runner.poison import PoisonEmpty, poison_allocator
 from runner.errors import error_line
@@ -80,68 +81,24 @@ def input_changes(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor
 def run(job) -> dict:
     faulthandler.enable()  # a segfault in candidate code leaves its Python stack in the log tail
     p = job.params or {}
-    built = build(job)
+    with stage("build"):
+        built = build(job)
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {"ok": True, "runs": [], "timing": {}, "profile": None, "flops": None}
 
     if p.get("correctness", True):
-        for si, shape in enumerate(job.shapes):
-            for seed in job.seeds:
-                step, passes = make_step(built, job, shape, seed)
-                tensors = _tensors(passes)
-                before = {k: v.detach().to("cpu").clone() for k, v in tensors.items()}
-                poisoned = poison_allocator(job.device)
-                mode = PoisonEmpty()
-                with mode:
-                    outs = step()
-                _sync(job.device)
-                fname = out_dir / f"out_{si}_{seed}.pt"
-                cpu = {k: v.detach().to("cpu").clone() for k, v in outs.items()}
-                torch.save(cpu, fname)
-                result["runs"].append({
-                    "shape": shape, "seed": seed, "file": str(fname),
-                    "inputs_modified": input_changes(before, tensors),
-                    "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
-                                    "finite": bool(torch.isfinite(v).all())} for k, v in cpu.items()},
-                    "poison": {**poisoned, "empty_tensors_nan_filled": mode.filled},
-                })
-                del outs, cpu
+        with stage("correctness"):
+            _correctness(built, job, out_dir, result)
 
     shape0, seed0 = job.shapes[0], job.seeds[0]
     if p.get("profile"):
-        from runner.profiler import profile_step
-        from runner.module_pattern import module_pattern
-
-        step, _ = make_step(built, job, shape0, seed0)
-        step()  # warm: first-call work (JIT, lazy init) must not be the histogram
-        _sync(job.device)
-        prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
-        hist: dict[tuple[str, str, str], int] = {}
-        for k in prof["kernels"]:
-            key = (k["name"], k.get("op", ""), module_pattern(k["module"]))
-            hist[key] = hist.get(key, 0) + k["calls"]
-        result["profile"] = {
-            "histogram": [[n, o, m, c] for (n, o, m), c in sorted(hist.items())],
-            "launches": prof["launches"], "busy_ms": prof["busy_ms"], "categories": prof["categories"],
-        }
+        with stage("profile"):
+            result["profile"] = _profile(built, job, shape0, seed0, out_dir)
 
     if p.get("flops"):
-        from runner.profiler import count_flops
-
-        step, _ = make_step(built, job, shape0, seed0)
-        fl = count_flops(step)
-        fl["device"] = "cuda" if job.device.startswith("cuda") else "cpu"
-        if job.device.startswith("cuda"):
-            from runner import peaks
-
-            from runner.job import split_precision
-            from runner.roofline import compute_floor
-
-            fp8 = split_precision(job.dtype)[1] == "fp8"  # FP8 linear layers: their floor is the FP8 ceiling's
-            fl["peaks"] = peaks.measure(job.device, built.dtype, fp8=fp8)
-            fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, fl["peaks"], fp8=fp8)
-        result["flops"] = fl
+        with stage("flops"):
+            result["flops"] = _flops(built, job, shape0, seed0)
 
     result["passes"] = step_passes(job.workload)
     result["env"] = envmod.capture(job.device, job.engine_sha, built.engine_file)
@@ -152,6 +109,66 @@ def run(job) -> dict:
     return result
 
 
+def _correctness(built, job, out_dir: Path, result: dict) -> None:
+    for si, shape in enumerate(job.shapes):
+        for seed in job.seeds:
+            step, passes = make_step(built, job, shape, seed)
+            tensors = _tensors(passes)
+            before = {k: v.detach().to("cpu").clone() for k, v in tensors.items()}
+            poisoned = poison_allocator(job.device)
+            mode = PoisonEmpty()
+            with mode:
+                outs = step()
+            _sync(job.device)
+            fname = out_dir / f"out_{si}_{seed}.pt"
+            cpu = {k: v.detach().to("cpu").clone() for k, v in outs.items()}
+            torch.save(cpu, fname)
+            result["runs"].append({
+                "shape": shape, "seed": seed, "file": str(fname),
+                "inputs_modified": input_changes(before, tensors),
+                "outputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""),
+                                "finite": bool(torch.isfinite(v).all())} for k, v in cpu.items()},
+                "poison": {**poisoned, "empty_tensors_nan_filled": mode.filled},
+            })
+            del outs, cpu
+
+
+def _profile(built, job, shape0, seed0, out_dir: Path) -> dict:
+    from runner.profiler import profile_step
+    from runner.module_pattern import module_pattern
+
+    step, _ = make_step(built, job, shape0, seed0)
+    step()  # warm: first-call work (JIT, lazy init) must not be the histogram
+    _sync(job.device)
+    prof = profile_step(built.model, step, job.device, out_dir / "trace.json.gz")
+    hist: dict[tuple[str, str, str], int] = {}
+    for k in prof["kernels"]:
+        key = (k["name"], k.get("op", ""), module_pattern(k["module"]))
+        hist[key] = hist.get(key, 0) + k["calls"]
+    return {
+        "histogram": [[n, o, m, c] for (n, o, m), c in sorted(hist.items())],
+        "launches": prof["launches"], "busy_ms": prof["busy_ms"], "categories": prof["categories"],
+    }
+
+
+def _flops(built, job, shape0, seed0) -> dict:
+    from runner.profiler import count_flops
+
+    step, _ = make_step(built, job, shape0, seed0)
+    fl = count_flops(step)
+    fl["device"] = "cuda" if job.device.startswith("cuda") else "cpu"
+    if job.device.startswith("cuda"):
+        from runner import peaks
+
+        from runner.job import split_precision
+        from runner.roofline import compute_floor
+
+        fp8 = split_precision(job.dtype)[1] == "fp8"  # FP8 linear layers: their floor is the FP8 ceiling's
+        fl["peaks"] = peaks.measure(job.device, built.dtype, fp8=fp8)
+        fl["compute_floor_ms"], fl["compute_floor_basis"] = compute_floor(fl, fl["peaks"], fp8=fp8)
+    return fl
+
+
 def _time_modes(built, step, job, t: dict, out_dir: Path) -> tuple[dict, dict]:
     timing: dict = {}
     files: dict = {}
@@ -159,19 +176,20 @@ def _time_modes(built, step, job, t: dict, out_dir: Path) -> tuple[dict, dict]:
     modes = list(t["modes"])
     for i, mode in enumerate(modes):
         try:
-            fn = walk.callable(mode)
-            r = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
-            if isinstance(r, str):
-                timing[mode] = r
-                continue
-            timing[mode] = {**r.to_json(), "mode": mode,
-                            **({"compiled": walk.how, "graphs": compile_report(top=1)} if walk.how else {})}
-            if t.get("save_outputs") and mode != "eager":  # eager's outputs are the correctness run's
-                outs = fn()  # graph modes: the static outputs the replay just rewrote
-                _sync(job.device)
-                fname = out_dir / f"mode_{mode.replace('+', '_').replace(':', '-')}.pt"
-                torch.save({k: v.detach().to("cpu").clone() for k, v in outs.items()}, fname)
-                files[mode] = str(fname)
+            with stage(mode):
+                fn = walk.callable(mode)
+                r = time_interleaved({mode: fn}, job.device, warmup=job.warmup, iters=job.iters)[mode]
+                if isinstance(r, str):
+                    timing[mode] = r
+                    continue
+                timing[mode] = {**r.to_json(), "mode": mode,
+                                **({"compiled": walk.how, "graphs": compile_report(top=1)} if walk.how else {})}
+                if t.get("save_outputs") and mode != "eager":  # eager's outputs are the correctness run's
+                    outs = fn()  # graph modes: the static outputs the replay just rewrote
+                    _sync(job.device)
+                    fname = out_dir / f"mode_{mode.replace('+', '_').replace(':', '-')}.pt"
+                    torch.save({k: v.detach().to("cpu").clone() for k, v in outs.items()}, fname)
+                    files[mode] = str(fname)
         except Exception as e:  # noqa: BLE001 - a mode that fails is a reported result, never a crash
             timing[mode] = ("CUDA graph capture failed: " if mode.endswith("graph") else "") + error_line(e)
             if not cuda_usable(job.device):

@@ -30,7 +30,8 @@ def test_a_cut_validation_resumes_from_its_finished_processes(flux2_cpu, tmp_pat
         validate(flux2_cpu, patch, opts=Options(run_dir=run_dir, speed=False, log=stop_at_the_base))
     first = json.loads((run_dir / "attempt.json").read_text())
     assert [p.name for p in (run_dir / "done").iterdir()] == ["candidate.json"]
-    assert any(re.fullmatch(r"candidate [0-9a-f]{12}: ok, \d+ s", ln) for ln in said), said
+    assert any(re.fullmatch(r"candidate [0-9a-f]{12}: ok, \d+ s \(build \d+, correctness \d+, profile \d+\)", ln)
+               for ln in said), said
 
     # attempt 2, as a store check does it: the patch committed anew (another sha, the same tree)
     lines: list[str] = []
@@ -42,7 +43,8 @@ def test_a_cut_validation_resumes_from_its_finished_processes(flux2_cpu, tmp_pat
                for ln in lines), lines
     assert not any(ln.startswith("candidate ") and "in its own process" in ln and "kept" not in ln
                    for ln in lines[lines.index(next(x for x in lines if "kept" in x)):]), lines
-    assert any(re.fullmatch(r"base [0-9a-f]{12}: ok, \d+ s", ln) for ln in lines), lines  # the base ran now
+    assert any(re.fullmatch(r"base [0-9a-f]{12}: ok, \d+ s \(build \d+, correctness \d+, profile \d+\)", ln)
+               for ln in lines), lines  # the base ran now
 
     # another candidate in the same folder is another validation: fresh seeds, nothing kept
     lines.clear()
@@ -64,7 +66,8 @@ def test_a_kept_process_whose_outputs_are_gone_runs_again(flux2_cpu, tmp_path):
     lines: list[str] = []
     v = validate(flux2_cpu, patch, opts=Options(run_dir=run_dir, speed=False, log=lines.append))
     assert v.status == "accepted"
-    assert any(re.fullmatch(r"candidate [0-9a-f]{12}: ok, \d+ s", ln) for ln in lines), lines  # ran again
+    assert any(re.fullmatch(r"candidate [0-9a-f]{12}: ok, \d+ s \(build \d+, correctness \d+, profile \d+\)", ln)
+               for ln in lines), lines  # ran again
     assert any(re.fullmatch(r"base [0-9a-f]{12}: finished in an earlier attempt \(\d+ s\), kept", ln)
                for ln in lines), lines
 
