@@ -154,8 +154,11 @@ def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None
     if comb and comb.dropped:
         blocks.append(P("Dropped while stacking: " + "; ".join(comb.dropped)))
     if cands or (gen and gen.notes):
+        superseded = val.superseded if val else {}
         vrows = [[cid, c.generator, c.kind, c.title, verdicts[cid].status if cid in verdicts else "not validated",
-                  _reason(verdicts[cid]) if cid in verdicts else ""] for cid, c in cands.items()]
+                  _reason(verdicts[cid]) if cid in verdicts else
+                  (f"its tuned variant {superseded[cid]} was accepted" if cid in superseded else "")]
+                 for cid, c in cands.items()]
         inner = [Table(["candidate", "generator", "kind", "what", "verdict", "reason"], vrows)] if vrows else []
         inner += [P("Generators: " + "; ".join(gen.notes))] if gen and gen.notes else []
         blocks.append(Details(f"All candidates and verdicts ({len(cands)})", inner))

@@ -105,10 +105,26 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------------------------ plan
 
+def assign(todo: list, shards: int) -> tuple[int, dict[str, int]]:
+    """(how many shards, candidate id -> its shard 1..n): round-robin in the run's order over at most
+    `shards`; a plain replay goes to its tuned variant's shard, which validates it only if the
+    variant is not accepted (bot/steps/validate.py), so it is not a shard of its own."""
+    from bot.steps.validate import tuned_variants
+
+    variant_of = tuned_variants(todo)
+    own = [c for c in todo if c.id not in variant_of]
+    n = max(1, min(shards, len(own)))
+    shard_of = {c.id: i % n + 1 for i, c in enumerate(own)}
+    shard_of.update({cid: shard_of[v.id] for cid, v in variant_of.items()})
+    return n, shard_of
+
+
 def plan(run_id: str, shards: int, out: Path) -> ShardPlan:
     """The plan of run `run_id` (stopped after generate) for at most `shards` shards, written to
     `out` with everything a shard needs. Candidates go round-robin in the run's order, so the same
-    run and count always give the same assignment; never more shards than candidates to measure."""
+    run and count always give the same assignment; never more shards than candidates to measure. A
+    plain replay goes with its tuned variant (bot/steps/validate.py: validated only if the variant is
+    not accepted)."""
     from bot.knowledge.location import knowledge_of
     from bot.steps.validate import run_seeds
 
@@ -133,9 +149,9 @@ def plan(run_id: str, shards: int, out: Path) -> ShardPlan:
             skip[c.id] = "validated before the plan (checkpoint in the run directory)"
         else:
             todo.append(c)
-    n = max(1, min(shards, len(todo)))
+    n, shard_of = assign(todo, shards)
     p = ShardPlan(plan_id=uuid.uuid4().hex, run_id=state.run_id, workload=state.workload, base_sha=co.base_sha,
-                  shards=n, candidates=[Planned(c.id, c.commit_sha, i % n + 1) for i, c in enumerate(todo)],
+                  shards=n, candidates=[Planned(c.id, c.commit_sha, shard_of[c.id]) for c in todo],
                   not_sharded=skip, created_at=now())
     run_seeds(state.run_dir)  # drawn now: every shard and the stack validate on the same seeds
     if not (state.run_dir / BUNDLE).is_file() and gen.candidates:
@@ -211,12 +227,15 @@ def validate_shard(plan_dir: Path, shard: int, shards: int, out: Path,
     t0, gpu0 = time.monotonic(), LEDGER.snapshot().get("cuda", 0.0)
     log(f"shard {shard}/{shards} of plan {p.plan_id[:12]} (run {p.run_id}): {len(mine)} candidate(s): "
         + (", ".join(c.id for c in mine) or "none"))
-    verdicts = validate_candidates(ctx, mine) if mine else {}
+    verdicts, superseded = validate_candidates(ctx, mine) if mine else ({}, {})
     out.mkdir(parents=True, exist_ok=True)
     (out / VERDICTS).mkdir()
     done, missing = [], {}
     for c in mine:
         f = work / "validate" / c.id / "verdict-record.json"
+        if c.id in superseded:
+            missing[c.id] = f"not validated: its tuned variant {superseded[c.id]} was accepted"
+            continue
         if load_checkpoint(work, c.id, c.commit_sha) is None:
             missing[c.id] = verdicts[c.id].summary or "no verdict was reached"
             continue
@@ -292,7 +311,7 @@ def merge(plan_dir: Path, shard_dirs: list[Path]) -> Merged:
     if absent:
         raise OptbotError(f"plan {p.plan_id[:12]} of run {p.run_id}: no result of shard(s) "
                           f"{', '.join(f'{s}/{p.shards}' for s in absent)} among {', '.join(map(str, shard_dirs))}")
-    lost = [c for c in p.candidates if c.id not in got]
+    lost = without_verdict(p.candidates, {cid: v for cid, (_, v) in got.items()}, state.result("generate").candidates)
     if lost:
         why = {cid: w for _, r in results.values() for cid, w in r.not_validated.items()}
         raise OptbotError("no verdict for " + "; ".join(
@@ -306,6 +325,16 @@ def merge(plan_dir: Path, shard_dirs: list[Path]) -> Merged:
     state.save()
     return Merged(p.plan_id, p.run_id, p.workload, {cid: v.status for cid, (_, v) in got.items()},
                   [r for _, (_, r) in sorted(results.items())])
+
+
+def without_verdict(planned: list[Planned], got: dict[str, Verdict], candidates: list) -> list[Planned]:
+    """The planned candidates no shard gave a verdict for, but a replay whose tuned variant (in its
+    shard) was accepted: that shard rightly did not validate it (bot/steps/validate.py)."""
+    from bot.steps.validate import tuned_variants
+
+    variant_of = tuned_variants(candidates)
+    return [c for c in planned if c.id not in got
+            and not (c.id in variant_of and variant_of[c.id].id in got and got[variant_of[c.id].id].accepted)]
 
 
 def _read_json(f: Path, limit: int, what: str) -> Any:

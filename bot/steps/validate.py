@@ -4,6 +4,12 @@ run's GPUs, each side in its own runner process. Run state keeps each Verdict it
 A candidate whose entry has a recorded GPU verdict that applies unchanged (generate's `known`) gets
 that verdict back, labelled where it came from (Verdict.reused_from); a resumed run takes the
 verdicts it reached before the stop from their checkpoints (bot/run/resume.py).
+
+A tuned variant goes before its entry's plain replay (the same patch but for the kernel's config
+defaults): when the variant is accepted, the replay is not validated at all (`Result.superseded`),
+since combine would drop it for the variant anyway (combine._prefer_tuned); when the variant is
+rejected, the replay is validated as usual. On the H100 of 2026-12-07 a Qwen-Image validation on
+the full preset was ~200 GPU-s; three replays with variants are a tenth of that run.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ class Result:
     status: str
     reason: str
     verdicts: dict[str, Verdict] = field(default_factory=dict)  # candidate id -> its verdict
+    # replay id -> its tuned variant's id, accepted: the replay was not validated (its variant stands for it)
+    superseded: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         return self.reason
@@ -36,14 +44,25 @@ def run(ctx: RunContext) -> Result:
     cands = gen.candidates if gen else []
     if not cands:
         return Result("skipped", "no candidates to validate")
-    verdicts = validate_candidates(ctx, cands)
+    verdicts, superseded = validate_candidates(ctx, cands)
     n_ok = sum(v.accepted for v in verdicts.values())
-    return Result("done", f"{n_ok} of {len(verdicts)} accepted", verdicts)
+    skipped = f"; {len(superseded)} replay(s) not validated, their tuned variants accepted" if superseded else ""
+    return Result("done", f"{n_ok} of {len(verdicts)} accepted{skipped}", verdicts, superseded)
 
 
-def validate_candidates(ctx: RunContext, cands: list[Candidate]) -> dict[str, Verdict]:
-    """Candidate id -> its verdict, each measured one checkpointed as soon as it is reached. The
-    step runs it over all the run's candidates; a fan-out shard over its own (bot/run/fanout.py)."""
+def tuned_variants(cands: list[Candidate]) -> dict[str, Candidate]:
+    """Replay id -> the variant-search candidate of the same store entry, among `cands`."""
+    tuned = {c.trailers.get("Optbot-Entry"): c for c in cands if c.generator == "variant-search"}
+    return {c.id: tuned[c.trailers.get("Optbot-Entry")] for c in cands
+            if c.generator == "replay" and c.trailers.get("Optbot-Entry") in tuned}
+
+
+def validate_candidates(ctx: RunContext, cands: list[Candidate]) -> tuple[dict[str, Verdict], dict[str, str]]:
+    """(candidate id -> its verdict, replay id -> the accepted variant that superseded it). Each
+    measured verdict is checkpointed as soon as it is reached. Replays with a tuned variant among
+    `cands` wait for the variants' verdicts and are validated only where the variant was not
+    accepted. The step runs it over all the run's candidates; a fan-out shard over its own
+    (bot/run/fanout.py)."""
     gen = ctx.results.generate
     t = ctx.target
     gpus = max(1, ctx.options.gpus)
@@ -64,7 +83,16 @@ def validate_candidates(ctx: RunContext, cands: list[Candidate]) -> dict[str, Ve
         save_checkpoint(ctx.run_dir, c.id, c.commit_sha, v)
         return v
 
-    return dict(zip((c.id for c in cands), map_on_lanes(one, cands, devices)))
+    variant_of = tuned_variants(cands)
+    first = [c for c in cands if c.id not in variant_of]
+    verdicts = dict(zip((c.id for c in first), map_on_lanes(one, first, devices)))
+    superseded = {cid: v.id for cid, v in variant_of.items() if verdicts[v.id].accepted}
+    then = [c for c in cands if c.id in variant_of and c.id not in superseded]
+    verdicts.update(zip((c.id for c in then), map_on_lanes(one, then, devices)))
+    if superseded:
+        ctx.log("not validated, their tuned variants accepted: "
+                + ", ".join(f"{cid} (by {vid})" for cid, vid in superseded.items()))
+    return {c.id: verdicts[c.id] for c in cands if c.id in verdicts}, superseded
 
 
 def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
