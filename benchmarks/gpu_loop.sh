@@ -33,6 +33,10 @@
 # The results (both runs' logs, JSON, state, the summary) go to $RES and, as one archive, to
 # $OUT/results.tgz.
 #
+# An experiment that spans sessions runs on the optbot it started with: benchmarks/loop_pin.sh COMMIT
+# makes .loop-pin/ (that commit's bot/ and runner/, these scripts), and the calls run from there.
+# $LOOP/calls.txt (copied to $RES) names each call's GPU and optbot commit.
+#
 # Env: GPUS (default: all), GENERATORS (default: optimize's), ABLATION_ROUNDS (default 1),
 #      PRESET/DEVICE (default full/cuda; tiny/cpu only to try the script itself).
 set -uo pipefail
@@ -128,6 +132,12 @@ subprocess.run(["git", "-C", str(dst), "-c", "user.name=optbot", "-c", "user.ema
 PY
   { nvidia-smi 2>/dev/null || true; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >> "$RES/env.txt" 2>&1
 fi
+
+# which machine and which optbot each call ran on: an experiment may span machines and sessions (a pinned
+# optbot, benchmarks/loop_pin.sh, names its commit in PIN)
+echo "$(date -u +%FT%TZ) $( (nvidia-smi -L 2>/dev/null || echo "$DEVICE") | head -1) optbot $(cat PIN 2>/dev/null \
+  || git rev-parse HEAD 2>/dev/null || echo unknown)" >> "$LOOP/calls.txt"
+cp "$LOOP/calls.txt" "$RES/"
 
 for run in 1 2; do
   [ -f "$LOOP/run$run.done" ] && continue
