@@ -170,15 +170,11 @@ def _prefer_tuned(accepted: list[Candidate]) -> tuple[list[Candidate], list[str]
     the same kernel file, so they cannot both land. When both are accepted the tuned one stays (its
     config won the microbenchmark) and the replay is dropped with that reason, instead of failing
     to cherry-pick later."""
-    tuned = {c.trailers.get("Optbot-Entry"): c.id for c in accepted if c.generator == "variant-search"}
-    keep, dropped = [], []
-    for c in accepted:
-        other = tuned.get(c.trailers.get("Optbot-Entry")) if c.generator == "replay" else None
-        if other:
-            dropped.append(f"{c.id}: superseded by {other} (the same entry with its tuned config)")
-        else:
-            keep.append(c)
-    return keep, dropped
+    from bot.steps.validate import tuned_variants
+
+    variant_of = tuned_variants(accepted)
+    return ([c for c in accepted if c.id not in variant_of],
+            [f"{cid}: superseded by {v.id} (the same entry with its tuned config)" for cid, v in variant_of.items()])
 
 
 def _f(x, nd: int = 3) -> str:
