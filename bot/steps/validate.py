@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,31 +71,71 @@ def validate_candidates(ctx: RunContext, cands: list[Candidate]) -> tuple[dict[s
     gpus = max(1, ctx.options.gpus)
     devices = [f"cuda:{i}" for i in range(gpus)] if ctx.on_cuda and gpus > 1 else [t.device]
 
+    variant_of = tuned_variants(cands)
+    progress = _Progress(len(cands), len(devices), undecided=len(variant_of))
+
     def one(c: Candidate, device: str) -> Verdict:
         known = gen.known.get(c.id)
         if known is not None and known.status == "accepted":
+            progress.settle()
             return reused_verdict(ctx, c, known)
         done = load_checkpoint(ctx.run_dir, c.id, c.commit_sha)
         if done is not None:  # a resumed run (or merged shards): this candidate's verdict was reached before
+            progress.settle()
             return done
         if ctx.budget.exhausted():
             return dataclasses.replace(_blank(ctx, c), summary="wall-time budget spent before this candidate was "
                                                                "validated")
         ctx.check_pause(f"validating {c.id}")  # the lanes' validations in flight finish and are kept
+        ctx.log(progress.starting(c.id))
+        t0 = time.monotonic()
         v = verdict_of(ctx, c.commit_sha, c.id, device)
         save_checkpoint(ctx.run_dir, c.id, c.commit_sha, v)
+        ctx.log(progress.finished(c.id, v, time.monotonic() - t0))
         return v
 
-    variant_of = tuned_variants(cands)
     first = [c for c in cands if c.id not in variant_of]
     verdicts = dict(zip((c.id for c in first), map_on_lanes(one, first, devices)))
     superseded = {cid: v.id for cid, v in variant_of.items() if verdicts[v.id].accepted}
+    progress.settle(len(superseded), undecided=0)
     then = [c for c in cands if c.id in variant_of and c.id not in superseded]
     verdicts.update(zip((c.id for c in then), map_on_lanes(one, then, devices)))
     if superseded:
         ctx.log("not validated, their tuned variants accepted: "
                 + ", ".join(f"{cid} (by {vid})" for cid, vid in superseded.items()))
     return {c.id: verdicts[c.id] for c in cands if c.id in verdicts}, superseded
+
+
+class _Progress:
+    """The validate step's progress lines for people: which candidate is measured, how many of the
+    step's candidates are settled, and, once one was measured, about how long the rest takes at
+    this run's pace (a superseded replay is counted when it is decided: it is never measured)."""
+
+    def __init__(self, total: int, lanes: int, undecided: int = 0):
+        self.total, self.lanes, self.settled, self.took = total, lanes, 0, []
+        self.undecided = undecided  # replays waiting on their tuned variants' verdicts
+        self._lock = threading.Lock()
+
+    def settle(self, n: int = 1, undecided: int | None = None) -> None:
+        """`n` candidates settled without a measurement (reused, checkpointed, superseded)."""
+        with self._lock:
+            self.settled += n
+            if undecided is not None:
+                self.undecided = undecided
+
+    def starting(self, cid: str) -> str:
+        with self._lock:
+            return f"validating {cid} ({self.settled + 1} of {self.total})"
+
+    def finished(self, cid: str, v: Verdict, seconds: float) -> str:
+        with self._lock:
+            self.settled += 1
+            self.took.append(seconds)
+            left = self.total - self.settled
+            eta = (f"; about {statistics.mean(self.took) * left / self.lanes / 60:.0f} min for the {left} left at "
+                   f"this pace" + (" (fewer if tuned variants are accepted)" if self.undecided else "")
+                   if left else "")
+            return f"{cid}: {v.status}{f' ({v.reason})' if v.reason else ''} in {seconds:.0f} s{eta}"
 
 
 def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:

@@ -2,6 +2,7 @@
 recorded verdict is its verdict, with the recorded numbers and where they came from."""
 from __future__ import annotations
 
+import re
 import shutil
 from types import SimpleNamespace
 
@@ -49,8 +50,10 @@ def _ctx_validating(tmp_path, cands, accept):
                        workload="qwen-image", preset="full", device="cuda", dtype="bfloat16", base_sha=base,
                        candidate_sha=ref, candidate=by_sha[ref])
 
+    said: list[str] = []
     ctx = RunContext("r", tmp_path, RunOptions("qwen-image"), Budget(),
-                     Results(generate=generate.Result("done", "", cands)), log=lambda m: None, validate=validate)
+                     Results(generate=generate.Result("done", "", cands)), log=said.append, validate=validate)
+    ctx.said = said
     ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16", preset="full",
                                   workload=SimpleNamespace(name="qwen-image"), checkout=SimpleNamespace(base_sha="b" * 40))
     return ctx, asked
@@ -77,6 +80,13 @@ def test_a_replay_whose_tuned_variant_is_accepted_is_not_validated(tmp_path):
     assert res.superseded == {"replay-a": "variant-a"}
     assert list(res.verdicts) == ["replay-b", "variant-a", "variant-b", "replay-c", "compile-region-x"]
     assert res.reason == "3 of 5 accepted; 1 replay(s) not validated, their tuned variants accepted"
+    # progress for people: which candidate, how many of the step's are settled, the pace
+    assert ctx.said[0] == "validating variant-a (1 of 6)"
+    assert re.fullmatch(r"variant-a: accepted in \d+ s; about \d+ min for the 5 left at this pace \(fewer if tuned "
+                        r"variants are accepted\)", ctx.said[1]), ctx.said
+    assert re.fullmatch(r"variant-b: rejected \(slower\) in \d+ s; .*", ctx.said[3]), ctx.said
+    assert "validating replay-b (6 of 6)" in ctx.said and re.fullmatch(r"replay-b: accepted in \d+ s", ctx.said[-2])
+    assert ctx.said[-1] == "not validated, their tuned variants accepted: replay-a (by variant-a)"
     # the verdicts reached are checkpointed: a resumed run asks the validator nothing again
     ctx2, asked2 = _ctx_validating(tmp_path, cands, accept=set())
     assert validate.run(ctx2).superseded == {"replay-a": "variant-a"} and asked2 == []
