@@ -163,18 +163,18 @@ for run in 1 2; do
     | cut -d' ' -f2 > "$LOOP/run$run.id"
   [ -s "$LOOP/run$run.id" ] || { echo "run $run: no run id in $LOOP/run$run.txt" >&2; rm -f "$LOOP/run$run.id"; tail -30 "$LOOP/run$run.txt"; pack; exit 1; }
   echo "run $run: attempt exit $rc after $(( $(date +%s) - start )) s wall" | tee -a "$LOOP/wall.txt"
-  cp "$LOOP/run$run.txt" "$LOOP/run$run.json" "$LOOP/wall.txt" "$RES/" 2>/dev/null
-  if [ "$rc" = 75 ]; then echo "run $run paused: call again"; pack; exit 0; fi
+  cut=""
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     if [ "$(finished "$run")" = "$before" ]; then  # one runner process outlasts a whole call: it never would end
-      echo "run $run: cut at the call's limit ($limit s) without finishing one runner process: raise CALL_S" \
-        | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt" >&2
-      cp "$LOOP/run$run.txt" "$LOOP/wall.txt" "$RES/" 2>/dev/null; pack; exit 4
+      cut=4; msg="cut at the call's limit ($limit s) without finishing one runner process: raise CALL_S"
+    else
+      cut=0; msg="cut at the call's limit ($limit s): call again; it resumes from the finished runner processes"
     fi
-    echo "run $run: cut at the call's limit ($limit s): call again; it resumes from the finished runner processes" \
-      | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt"
-    cp "$LOOP/run$run.txt" "$LOOP/wall.txt" "$RES/" 2>/dev/null; pack; exit 0
+    echo "run $run: $msg" | tee -a "$LOOP/wall.txt" "$LOOP/run$run.txt"
   fi
+  cp "$LOOP/run$run.txt" "$LOOP/run$run.json" "$LOOP/wall.txt" "$RES/" 2>/dev/null
+  if [ "$rc" = 75 ]; then echo "run $run paused: call again"; pack; exit 0; fi
+  if [ -n "$cut" ]; then pack; exit "$cut"; fi
   if [ "$rc" != 0 ]; then tail -30 "$LOOP/run$run.txt"; pack; exit "$rc"; fi
   touch "$LOOP/run$run.done"
   cp "$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")/state.json" "$RES/run$run-state.json"

@@ -36,6 +36,7 @@ from bot.knowledge.records import now
 from bot.paths import runs_dir
 from bot.run.resume import BUNDLE, load_checkpoint, save_checkpoint
 from bot.run.state import RunState
+from bot.steps.validate import tuned_variants
 from bot.trigger.grammar import MAX_SHARDS
 from bot.validate.verdict import Verdict
 
@@ -109,8 +110,6 @@ def assign(todo: list, shards: int) -> tuple[int, dict[str, int]]:
     """(how many shards, candidate id -> its shard 1..n): round-robin in the run's order over at most
     `shards`; a plain replay goes to its tuned variant's shard, which validates it only if the
     variant is not accepted (bot/steps/validate.py), so it is not a shard of its own."""
-    from bot.steps.validate import tuned_variants
-
     variant_of = tuned_variants(todo)
     own = [c for c in todo if c.id not in variant_of]
     n = max(1, min(shards, len(own)))
@@ -330,8 +329,6 @@ def merge(plan_dir: Path, shard_dirs: list[Path]) -> Merged:
 def without_verdict(planned: list[Planned], got: dict[str, Verdict], candidates: list) -> list[Planned]:
     """The planned candidates no shard gave a verdict for, but a replay whose tuned variant (in its
     shard) was accepted: that shard rightly did not validate it (bot/steps/validate.py)."""
-    from bot.steps.validate import tuned_variants
-
     variant_of = tuned_variants(candidates)
     return [c for c in planned if c.id not in got
             and not (c.id in variant_of and variant_of[c.id].id in got and got[variant_of[c.id].id].accepted)]

@@ -25,7 +25,7 @@ from bot.knowledge.review import entry_patch, proposal_trailers, text_sha256
 from bot.run.context import RunContext
 from bot.run.resume import bundle_candidates, load_checkpoint, save_checkpoint
 from bot.steps.baseline import Measurement, measurements
-from bot.steps.validate import verdict_of
+from bot.steps.validate import tuned_variants, verdict_of
 from bot.target import run_label
 from bot.validate.ablate import Ablation, AblationRow, ablation_mode
 from bot.validate.verdict import Speed, Verdict
@@ -170,8 +170,6 @@ def _prefer_tuned(accepted: list[Candidate]) -> tuple[list[Candidate], list[str]
     the same kernel file, so they cannot both land. When both are accepted the tuned one stays (its
     config won the microbenchmark) and the replay is dropped with that reason, instead of failing
     to cherry-pick later."""
-    from bot.steps.validate import tuned_variants
-
     variant_of = tuned_variants(accepted)
     return ([c for c in accepted if c.id not in variant_of],
             [f"{cid}: superseded by {v.id} (the same entry with its tuned config)" for cid, v in variant_of.items()])
