@@ -9,7 +9,8 @@ Every reader and writer of the store and the lessons gets its folders from a `Kn
      inside a knowledge checkout (a clone of optbot, as the README's commands do)
   4. $OPTBOT_HOME/knowledge: optbot's own knowledge repository, created on first use as a git
      repository with one commit holding a copy of the kernel_store/ and lessons/ that ship with
-     optbot (SHIPPED_STORE, SHIPPED_LESSONS)
+     optbot (SHIPPED_STORE, SHIPPED_LESSONS), and brought up to date with what a newer optbot ships
+     whenever a command reads it (bot/knowledge/shipped.py: what changed there is kept)
 
 So a run never writes into a repository the user did not point it at: started from anywhere else,
 it does not touch the checkout optbot was installed from (an editable install), whose
@@ -28,13 +29,12 @@ from pathlib import Path
 
 import git
 
+from bot.knowledge import shipped
 from bot.paths import REPO_ROOT, optbot_home
 
 ENV = "OPTBOT_KNOWLEDGE_PATH"
 SHIPPED_STORE = REPO_ROOT / "kernel_store"  # what ships with optbot: the seed of a new knowledge repository
 SHIPPED_LESSONS = REPO_ROOT / "lessons"
-_IDENTITY = {"GIT_AUTHOR_NAME": "optbot", "GIT_AUTHOR_EMAIL": "optbot@localhost",
-             "GIT_COMMITTER_NAME": "optbot", "GIT_COMMITTER_EMAIL": "optbot@localhost"}
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,16 @@ def default_knowledge(cwd: Path) -> Knowledge:
     home = optbot_home() / "knowledge"
     created = _create_home(home) if not home.exists() else False
     why = f"default: {cwd} is in no git repository holding kernel_store/"
-    return Knowledge.at(home, why + ("; created now from the kernel_store/ and lessons/ that ship with optbot"
-                                     if created else ""))
+    if created:
+        why += "; created now from the kernel_store/ and lessons/ that ship with optbot"
+    elif str(home) not in _SYNCED:  # optbot's own repository: take what a newer optbot ships (shipped.py)
+        _SYNCED.add(str(home))
+        clause = shipped.sync(home).clause()
+        why += f"; {clause}" if clause else ""
+    return Knowledge.at(home, why)
+
+
+_SYNCED: set[str] = set()  # homes brought up to date with what ships, once a process
 
 
 def _repository_of(cwd: Path) -> Path | None:
@@ -128,16 +136,8 @@ def _create_home(home: Path) -> bool:
     tmp = home.parent / f".knowledge-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        junk = shutil.ignore_patterns("__pycache__", "*.pyc")
-        for src, name in ((SHIPPED_STORE, "kernel_store"), (SHIPPED_LESSONS, "lessons")):
-            if src.is_dir():
-                shutil.copytree(src, tmp / name, ignore=junk)
-            else:
-                (tmp / name).mkdir()
-        repo = git.Repo.init(tmp, initial_branch="main")
-        repo.git.add("-A")
-        repo.git.commit("--allow-empty", "-q", "-m", f"optbot knowledge: seeded from {REPO_ROOT}'s kernel_store/ and "
-                        f"lessons/", env=_IDENTITY)
+        shipped.seed(git.Repo.init(tmp, initial_branch="main"),
+                     f"{shipped.SEED_MESSAGE}{REPO_ROOT}'s kernel_store/ and lessons/")
         try:
             tmp.rename(home)
         except OSError:
