@@ -24,11 +24,15 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
     \b
     Typical use:
+      optbot optimize flux2                the whole job: profile, find, generate, validate, deliver
+      optbot optimize qwen-image --preset full --device cuda --pause-after 8m
       optbot profile flux2                 where does the time of one step go?
-      optbot profile qwen-image --json p.json
-    WORKLOAD is a name from workloads/ (flux2, qwen-image) or a path to a workload .yaml file.
-    Data (engine repositories, worktrees) lives in $OPTBOT_HOME (default ~/.cache/optbot);
-    run directories in ./.optbot/runs/.
+      optbot bench flux2 --preset full --device cuda --modes eager,graph,compile,compile+graph
+      optbot validate flux2 --candidate my.patch    is this change correct, and is it faster?
+      optbot store list                    what the kernel store holds
+    WORKLOAD is a name from workloads/ (`optbot workloads` lists them) or a path to a workload .yaml
+    file. Data (engine repositories, worktrees, optbot's own knowledge repository) lives in
+    $OPTBOT_HOME (default ~/.cache/optbot); run directories in ./.optbot/runs/.
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
