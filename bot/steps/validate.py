@@ -145,16 +145,18 @@ def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
     t = ctx.target
     if device != t.device:
         t = dataclasses.replace(t, device=device)
-    kw = {}
+    # One set of fresh seeds per run, and the base's correctness outcome (its outputs in every mode,
+    # its profile) made once for them and shared by every candidate of the run, the stack's included:
+    # one base correctness process a run, not one a candidate (and at a quantized precision one
+    # unquantized reference). The sandbox hides it from every candidate process (bot/sandbox.py), and
+    # each candidate is still timed against base processes run beside it (speed.measure_speed).
+    seeds, weight_seed = run_seeds(ctx.run_dir)
+    kw = dict(seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache")
     if not device.startswith("cuda"):
         # DESIGN decision 7: on CPU a candidate gets a correctness (and engagement) verdict only,
-        # "speed needs a GPU". Without timing, the base side's outputs can be shared by every
-        # candidate of the run: one set of fresh seeds per run, one base process. The candidate's
-        # timeout is explicit: the adaptive one (5x the cached base job) is too short for a stack
-        # whose Triton kernels all run in the interpreter.
-        seeds, weight_seed = run_seeds(ctx.run_dir)
-        kw = dict(speed=False, seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache",
-                  timeout_s=900)
+        # "speed needs a GPU". The candidate's timeout is explicit: the adaptive one (5x the cached
+        # base job) is too short for a stack whose Triton kernels all run in the interpreter.
+        kw.update(speed=False, timeout_s=900)
     # an Optbot-Entry's kernel tests come from the run's knowledge (bot/knowledge/location.py)
     opts = Options(run_dir=ctx.run_dir / "validate" / cid, log=ctx.log, kernel_store=ctx.knowledge().kernel_store,
                    **kw)

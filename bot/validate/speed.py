@@ -38,27 +38,32 @@ def _median(t) -> float | None:
 
 
 def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, base1: dict,
-                  cand1: dict) -> tuple[list[Speed], JobOutcome | None]:
+                  cand1: dict, base_timed_here: bool = True) -> tuple[list[Speed], JobOutcome | None]:
     """(speed per mode, None), or ([], the candidate timing job that did not finish: a crashed verdict).
 
-    base1 and cand1 are the correctness processes' results, the first process of each side. When
-    the speed would reject the candidate (no-change, slower) but the noise band is wide
-    (RETIME_NOISE_PCT), the measurement is not trusted: up to `retimes` more (candidate, base)
-    pairs run, and the outcome is taken over all processes, a disturbed one set aside
-    (speed_outcome). A base timing job that fails is an error."""
+    base1 and cand1 are the correctness processes' results, the first process of each side. Where
+    base1 was not run by this validation (`base_timed_here` False: the run's shared base outcome,
+    bot/validate/validator._base_cache), its timings are another candidate's window and are not
+    used: a base process that only times runs first, right after the candidate's correctness
+    process, so each side still has two processes, interleaved. When the speed would reject the
+    candidate (no-change, slower) but the noise band is wide (RETIME_NOISE_PCT), the measurement is
+    not trusted: up to `retimes` more (candidate, base) pairs run, and the outcome is taken over all
+    processes, a disturbed one set aside (speed_outcome). A base timing job that fails is an error."""
     params = {"correctness": False, "timing": ctx.timing_params()}
-    runs = {"base": [base1], "candidate": [cand1]}
     if not ctx.gates and not ctx.is_cuda:
         # On the CPU without speed gates (the default: DESIGN decision 7) the numbers are reported
         # and decide nothing; a second pair of processes would only narrow an informational band, at
         # the price of a whole candidate process (under TRITON_INTERPRET=1, a third of a validation).
-        return _speeds(ctx, runs, base1.get("passes", 1), "cpu"), None
+        return _speeds(ctx, {"base": [base1], "candidate": [cand1]}, base1.get("passes", 1), "cpu"), None
+    runs = {"base": [base1] if base_timed_here else [], "candidate": [cand1]}
     retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if ctx.gates else 0))
     dev = "cuda" if ctx.is_cuda else "cpu"
+    cand_side, base_side = ("candidate", rev.worktree, rev.sha), ("base", base_wt, base_sha)
     for round_ in range(retimes + 1):
         suffix = "" if round_ == 0 else f"-{round_ + 1}"
-        for side, wt, sha in (("candidate", rev.worktree, rev.sha), ("base", base_wt, base_sha)):
-            name = f"{side}-timing{suffix}"
+        order = [cand_side, base_side] if round_ or base_timed_here else [base_side, cand_side, base_side]
+        for i, (side, wt, sha) in enumerate(order):
+            name = f"{side}-timing{suffix}" if len(order) == 2 or i else "base-timing-0"
             job = ctx.job("validate_step", wt, sha, name, params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
             ctx.say(f"{side}: timed process {len(runs[side]) + 1}")
             out = ctx.run_job(job, Path(job.out_dir), ctx.opts.timeout_s or 1800, name,

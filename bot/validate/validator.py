@@ -134,20 +134,44 @@ def _new_verdict(ctx: Context, rev: Revision, status: str, reason: str | None, s
 
 
 def _base_cache(ctx: Context, base_sha: str) -> Path | None:
-    if ctx.opts.cache_dir is None or ctx.opts.speed:
+    """Where the base's correctness outcome for these seeds and weights is shared by the validations
+    of one run (Options.cache_dir; bot/steps/validate.run_seeds draws the run's seeds). Its timings
+    are never reused: measure_speed times the base afresh beside each candidate."""
+    if ctx.opts.cache_dir is None:
         return None
     key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-{ctx.target.dtype}-" \
           f"w{ctx.weight_seed}-s{'_'.join(map(str, ctx.seeds))}-{int(ctx.opts.engagement)}"
     return Path(ctx.opts.cache_dir) / key / "outcome.json"
 
 
+# What must match for a shared base outcome to stand for this candidate's base: a run resumed on
+# another GPU, driver or software (a device call on another machine) runs its base again.
+SAME_MACHINE = ("device_kind", "device_name", "driver", "cuda", "torch", "triton")
+
+
 def _cached_base(cache: Path | None) -> JobOutcome | None:
     if cache is None or not cache.is_file():
         return None
     d = json.loads(cache.read_text())
-    if not all(Path(r["file"]).is_file() for r in d["result"].get("runs", [])):
+    files = [r["file"] for r in d["result"].get("runs", [])] + list((d["result"].get("mode_outputs") or {}).values())
+    if not all(Path(f).is_file() for f in files):
         return None
     return JobOutcome(**d)
+
+
+def _machine_differs(shared: JobOutcome | None, cand: JobOutcome) -> str:
+    """Why a shared base outcome cannot stand beside this candidate's process ("" when it can)."""
+    if shared is None:
+        return ""
+    a, b = shared.result.get("env") or {}, cand.result.get("env") or {}
+    diff = [f"{k} {a.get(k)} -> {b.get(k)}" for k in SAME_MACHINE if a.get(k) != b.get(k)]
+    return ", ".join(diff)
+
+
+def _write_cache(cache: Path, out: JobOutcome) -> None:
+    tmp = cache.with_name(f".{cache.name}.tmp")  # whole or absent: a validation stopped while writing
+    tmp.write_text(json.dumps(out.__dict__, default=str))
+    tmp.replace(cache)
 
 
 def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) -> JobOutcome:
@@ -159,19 +183,22 @@ def _run_base(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) ->
     if not out.ok:
         raise out.error("the BASE engine failed to run, so nothing can be validated: its validate_step job")
     if cache is not None:
-        cache.write_text(json.dumps(out.__dict__, default=str))
+        _write_cache(cache, out)
     return out
 
 
-def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None) -> JobOutcome | None:
+def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | None,
+                   cand_out: JobOutcome) -> JobOutcome | None:
     """At a quantized precision, the base at the unquantized one on the same seeds, weights and shapes
-    (eager, outputs only): what "no farther from the unquantized model" measures from. None otherwise."""
+    (eager, outputs only): what "no farther from the unquantized model" measures from. None otherwise.
+    Shared by the run's validations like the base's outcome (one process a run, not one a candidate)."""
     dtype, recipe = split_precision(ctx.target.dtype)
     if not recipe or ctx.target.workload.bit_exact:
         return None
     ref_cache = cache.parent.with_name(cache.parent.name + f"-{dtype}") / "outcome.json" if cache else None
     cached = _cached_base(ref_cache)
-    if cached is not None:
+    if cached is not None and not _machine_differs(cached, cand_out):
+        ctx.say(f"reference: reusing {ref_cache.parent}")
         return cached
     job = replace(ctx.job("validate_step", base_wt, base_sha, "reference", {"correctness": True, "profile": False,
                                                                               "timing": {}, "flops": False}), dtype=dtype)
@@ -184,7 +211,7 @@ def _run_reference(ctx: Context, base_sha: str, base_wt: Path, cache: Path | Non
         raise out.error(f"the BASE engine failed to run unquantized ({dtype}), so the {recipe} outputs have no "
                         f"reference: its validate_step job")
     if ref_cache is not None:
-        ref_cache.write_text(json.dumps(out.__dict__, default=str))
+        _write_cache(ref_cache, out)
     return out
 
 
@@ -249,8 +276,9 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
         why = f"the diff reaches for the validator's own machinery: {tamper[0]}"
         return _new_verdict(ctx, rev, "held", "implausible", why + " (held for a person to review)", implausible=why)
     # The candidate runs FIRST: while it runs, the base's outputs for these fresh seeds and weights
-    # exist nowhere (not in its memory, not on disk), so there is no reference to copy. Only a
-    # caller-provided base cache (batch callers, tests) breaks that; docs/validate.md says so.
+    # exist nowhere (not in its memory, not on disk), so there is no reference to copy. Where the
+    # run shares its base's outcome (Options.cache_dir: optimize does) they exist from the run's
+    # first validation on, in the run directory the sandbox hides (docs/validate.md, "One base a run").
     cache = _base_cache(ctx, base_sha)
     base_out = _cached_base(cache)
     if base_out is not None:
@@ -261,6 +289,11 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
                            f"candidate {rev.sha[:12]}")
     if not cand_out.ok:
         return _crash_verdict(ctx, rev, cand_out, "candidate step")
+    moved = _machine_differs(base_out, cand_out)
+    if moved:
+        ctx.say(f"base: the shared outcome came from another machine or software ({moved}): running the base again")
+        base_out = None
+    base_timed_here = base_out is None  # its process timed the base right after the candidate's
     if base_out is None:
         base_out = _run_base(ctx, base_sha, base_wt, cache)
     env = cand_out.result.get("env", {})
@@ -274,7 +307,7 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
             v.health = _health_probe(ctx, rev)
         return v
 
-    ref_out = _run_reference(ctx, base_sha, base_wt, cache)
+    ref_out = _run_reference(ctx, base_sha, base_wt, cache, cand_out)
     corr = check_outputs(ctx, base_out.result, cand_out.result, ref_out.result if ref_out else None)
     if corr.ok and ctx.opts.kernels:
         failed = check_kernels(ctx, rev, corr)
@@ -294,7 +327,8 @@ def _run(ctx: Context, rev: Revision, base_sha: str, base_wt: Path) -> Verdict:
     speeds: list[Speed] = []
     held = ""
     if ctx.opts.speed:
-        speeds, failed = measure_speed(ctx, rev, base_sha, base_wt, base_out.result, cand_out.result)
+        speeds, failed = measure_speed(ctx, rev, base_sha, base_wt, base_out.result, cand_out.result,
+                                       base_timed_here=base_timed_here)
         if failed is not None:
             crash = _crash_verdict(ctx, rev, failed, "candidate timing")
             crash.correctness, crash.engagement = corr, eng
