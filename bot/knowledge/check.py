@@ -174,7 +174,7 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
     is correctness and engagement (speed needs a GPU, DESIGN decision 7); on CUDA also end-to-end
     speed in every production mode, with the validator's gates (slower / no-change reject)."""
     from bot.target import Target
-    from bot.validate import Options, validate
+    from bot.validate import Options, shared_seeds, validate
     from bot.workload import load_workload
 
     on_cuda = device.startswith("cuda")
@@ -193,9 +193,13 @@ def _full_validation(entry: Entry, checkout, commit_sha: str, device: str, work_
         spec = wl.engines.get(entry.engine.name) or wl.engine(None)
         p = preset or ("full" if on_cuda else "tiny")
         target = Target(wl, checkout.name, spec.model_class, checkout, p, device, _entry_precision(entry, wl.dtype_for(device)))
-        # the entry's kernel tests come from the store being checked, not the default one
+        # the entry's kernel tests come from the store being checked, not the default one; the
+        # check's entries share seeds and so one base outcome per base and workload (docs/validate.md,
+        # "One base a run": several FP8 entries on one base ran the base and its reference each)
+        seeds, weight_seed = shared_seeds(work_dir)
         opts = Options(speed=on_cuda, run_dir=work_dir / entry.id / f"validate-{wl_name}", log=log,
-                       kernel_store=entry.path.parent)
+                       kernel_store=entry.path.parent, seeds=seeds, weight_seed=weight_seed,
+                       cache_dir=work_dir / "base-cache")
         try:
             v = validate(target, commit_sha, base_sha or entry.engine.base_sha, opts)
         except OptbotError as e:

@@ -14,7 +14,6 @@ the full preset was ~200 GPU-s; three replays with variants are a tenth of that 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import threading
 import time
@@ -164,19 +163,12 @@ def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
 
 
 def run_seeds(run_dir: Path) -> tuple[list[int], int]:
-    """Fresh random seeds, drawn once per run and kept in the run directory (a resumed run reuses
-    them, so its cached base outputs stay valid; a fan-out plan draws them, so that every shard
-    and the stack use the same)."""
-    from bot.validate import fresh_seeds
+    """The run's seeds, drawn once and kept in the run directory (a resumed run reuses them, so its
+    shared base outcome stays valid; a fan-out plan draws them, so that every shard and the stack use
+    the same)."""
+    from bot.validate import shared_seeds
 
-    f = run_dir / "validate" / "seeds.json"
-    if f.is_file():
-        d = json.loads(f.read_text())
-        return d["seeds"], d["weight_seed"]
-    seeds, w = fresh_seeds(3), fresh_seeds(1)[0]
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps({"seeds": seeds, "weight_seed": w}))
-    return seeds, w
+    return shared_seeds(run_dir / "validate")
 
 
 def _blank(ctx: RunContext, c: Candidate) -> Verdict:

@@ -10,4 +10,4 @@
   verdict.py      the one Verdict: accepted | rejected (reason) | held, with every number
   ablate.py       leave-one-out ablation of a stack
 """
-from bot.validate.validator import Options, fresh_seeds, validate, validate_workload  # noqa: F401  the package's API
+from bot.validate.validator import Options, fresh_seeds, shared_seeds, validate, validate_workload  # noqa: F401  the package's API

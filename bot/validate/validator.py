@@ -38,8 +38,10 @@ engagement.py (5), speed.py (6); this module orders them and turns a crash into 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,6 +96,25 @@ def fresh_seeds(n: int = 3) -> list[int]:
     return sorted(seeds)
 
 
+def shared_seeds(folder: Path) -> tuple[list[int], int]:
+    """Fresh random seeds and weight seed drawn once for every validation under `folder` (an optimize
+    run's `validate/`, a store check's run directory) and kept there, so that they share one base
+    outcome (Options.cache_dir) and a resumed run keeps them."""
+    f = folder / "seeds.json"
+    if not f.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".seeds-{os.getpid()}-{threading.get_ident()}.json"
+        tmp.write_text(json.dumps({"seeds": fresh_seeds(3), "weight_seed": fresh_seeds(1)[0]}))
+        try:
+            os.link(tmp, f)  # whole, and only if absent: lanes starting at once all read the first one's
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    d = json.loads(f.read_text())
+    return d["seeds"], d["weight_seed"]
+
+
 def validate(target: Target, candidate: str, base: str | None = None, opts: Options | None = None) -> Verdict:
     """Validate `candidate` (engine commit/branch, or a patch file) against `base` (default: the target's)."""
     opts = opts or Options()
@@ -135,7 +156,7 @@ def _new_verdict(ctx: Context, rev: Revision, status: str, reason: str | None, s
 
 def _base_cache(ctx: Context, base_sha: str) -> Path | None:
     """Where the base's correctness outcome for these seeds and weights is shared by the validations
-    of one run (Options.cache_dir; bot/steps/validate.run_seeds draws the run's seeds). Its timings
+    of one run (Options.cache_dir; shared_seeds draws the run's seeds). Its timings
     are never reused: measure_speed times the base afresh beside each candidate."""
     if ctx.opts.cache_dir is None:
         return None
