@@ -182,7 +182,7 @@ def _take(repo: git.Repo, last: str | None, theirs_files: Files, theirs_tree: st
     if repo.head.is_detached or repo.head.ref.name != BRANCH:
         where = "a detached HEAD" if repo.head.is_detached else f"branch {repo.head.ref.name}"
         return Sync(not_taken=f"{repo.working_tree_dir} has {where} checked out, not {BRANCH}")
-    if repo.is_dirty(untracked_files=True):
+    if repo.is_dirty(untracked_files=False):  # untracked files (a __pycache__) stop only the merge that would overwrite them
         return Sync(not_taken=f"{repo.working_tree_dir} has uncommitted changes (git status there)")
     head = repo.head.commit.hexsha
     base = _by_unit(_files_of(repo, last)) if last else {}
@@ -207,7 +207,12 @@ def _take(repo: git.Repo, last: str | None, theirs_files: Files, theirs_tree: st
         kept = "".join(f"\n- {u} (changed here too: kept)" for u in out.kept)
         out.commit = _commit(repo, _write_tree(repo, new_files),
                              f"optbot knowledge: take what ships with this optbot\n\n{names}{kept}\n", [head])
-        repo.git.merge("--ff-only", "-q", out.commit)
+        try:
+            repo.git.merge("--ff-only", "-q", out.commit)
+        except git.GitCommandError as e:  # an untracked file where a shipped one would go
+            said = " ".join(str(e.stderr).split()).removeprefix("stderr: '").rstrip("'")
+            why = said[said.find("error: ") + 7:] if "error: " in said else "see git status there"
+            return Sync(not_taken=f"git would not update {repo.working_tree_dir}: {why[:300]}")
     shipped = _commit(repo, theirs_tree, "optbot knowledge: what ships with optbot", [last] if last else [])
     repo.git.update_ref(SHIPPED_REF, shipped)
     return out

@@ -130,7 +130,18 @@ def test_a_working_tree_with_changes_or_another_branch_waits(ships):
     s = shipped.sync(k.root)
     assert not s.taken and "branch optbot/knowledge/flux2/abc checked out" in s.not_taken
     repo.git.checkout("-q", "main")
+    # an untracked file where a shipped one would go: git refuses, nothing is lost, asked again
+    _write(k.kernel_store / "d" / "kernel.py", "mine, not committed\n")
+    _write(store / "d" / "kernel.py", "shipped\n")
+    s = shipped.sync(k.root)
+    assert not s.taken and "git would not update" in s.not_taken and "untracked" in s.not_taken, s
+    assert (k.kernel_store / "d" / "kernel.py").read_text() == "mine, not committed\n"
+    assert repo.commit(shipped.SHIPPED_REF).hexsha == taken and repo.head.commit.hexsha == head
+    (k.kernel_store / "d" / "kernel.py").unlink()
+    # untracked files elsewhere (bytecode an import left in an entry) do not hold it up
+    _write(k.kernel_store / "a" / "__pycache__" / "kernel.cpython-311.pyc", "bytecode")
     assert shipped.sync(k.root).taken == ["kernel_store/d"]
+    assert (k.kernel_store / "d" / "kernel.py").read_text() == "shipped\n"
 
 
 def test_a_repository_seeded_before_the_shipped_ref_existed(ships, tmp_path):
