@@ -91,7 +91,12 @@ pack() {  # the resume kit and the results, for the next call (maybe on another 
 }
 
 if [ ! -d "$know/.git" ] && compgen -G "$KIT.part-*" > /dev/null; then
-  echo "restoring the loop's state from $KIT.part-*"; cat "$KIT".part-* | tar xzf - -P
+  # a kit holds one experiment's paths ($LOOP/...): another workload's kit is left alone
+  if cat "$KIT".part-* | tar tzf - -P 2>/dev/null | grep -q "^$LOOP/knowledge/"; then
+    echo "restoring the loop's state from $KIT.part-*"; cat "$KIT".part-* | tar xzf - -P
+  else
+    echo "$KIT.part-* is not this experiment's kit (no $LOOP/knowledge in it): not restored" >&2
+  fi
 fi
 if [ ! -d "$know/.git" ] && [ "${LOOP_CONTINUE:-0}" = 1 ]; then
   echo "LOOP_CONTINUE=1 but no loop state in $LOOP and no kit at $KIT.part-*: carry .loop-kit (the last call's kit parts)" >&2
