@@ -273,7 +273,9 @@ def _health_probe(ctx: Context, rev: Revision) -> str:
 def _cand_timeout(ctx: Context, base_out: JobOutcome | None) -> float:
     if ctx.opts.timeout_s is not None:
         return ctx.opts.timeout_s
-    if base_out is None:
+    if base_out is None or ctx.is_cuda:
+        # on a GPU the shared base's time says little of a candidate's: its compile cache may be cold
+        # where the base's was warm (an FP8 compile of minutes), and a candidate cut there is lost
         return DEFAULT_TIMEOUT_S
     # A candidate may be slower, but not by an order of magnitude: 5x the base's time, at least 2 min.
     return max(120.0, 5.0 * base_out.seconds)
