@@ -33,8 +33,7 @@ from bot.knowledge import shipped
 from bot.paths import REPO_ROOT, optbot_home
 
 ENV = "OPTBOT_KNOWLEDGE_PATH"
-SHIPPED_STORE = REPO_ROOT / "kernel_store"  # what ships with optbot: the seed of a new knowledge repository
-SHIPPED_LESSONS = REPO_ROOT / "lessons"
+SHIPPED_STORE, SHIPPED_LESSONS = shipped.SHIPPED_STORE, shipped.SHIPPED_LESSONS  # what ships with optbot
 
 
 @dataclass(frozen=True)

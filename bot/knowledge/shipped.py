@@ -42,6 +42,10 @@ from git.objects import Commit
 from git.util import Actor
 from gitdb.base import IStream
 
+from bot.paths import REPO_ROOT
+
+SHIPPED_STORE = REPO_ROOT / "kernel_store"  # what ships with optbot: the seed of a new knowledge repository
+SHIPPED_LESSONS = REPO_ROOT / "lessons"
 SHIPPED_REF = "refs/optbot/shipped"
 BRANCH = "main"
 SYNC_ENV = "OPTBOT_KNOWLEDGE_SYNC"
@@ -54,9 +58,7 @@ Files = dict[str, tuple[int, bytes]]  # path in the repository -> (git mode, bin
 
 
 def _shipped_dirs() -> list[tuple[Path, str]]:
-    from bot.knowledge import location  # its SHIPPED_* are what tests point elsewhere
-
-    return [(location.SHIPPED_STORE, "kernel_store"), (location.SHIPPED_LESSONS, "lessons")]
+    return [(SHIPPED_STORE, "kernel_store"), (SHIPPED_LESSONS, "lessons")]  # read at call time: tests point them elsewhere
 
 
 def shipped_files(repo: git.Repo) -> Files:

@@ -33,8 +33,8 @@ def ships(tmp_path, monkeypatch):
     _write(store / "d" / "entry.yaml", "id: d\n")
     _write(store / "a" / "__pycache__" / "kernel.cpython-311.pyc", "bytecode")  # never shipped
     _write(lessons / "one.md", "lesson one\n")
-    monkeypatch.setattr(location, "SHIPPED_STORE", store)
-    monkeypatch.setattr(location, "SHIPPED_LESSONS", lessons)
+    monkeypatch.setattr(shipped, "SHIPPED_STORE", store)
+    monkeypatch.setattr(shipped, "SHIPPED_LESSONS", lessons)
     monkeypatch.setattr(location, "_SYNCED", set())
     monkeypatch.setenv("OPTBOT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("OPTBOT_KNOWLEDGE_PATH", raising=False)
