@@ -92,7 +92,8 @@ pack() {  # the resume kit and the results, for the next call (maybe on another 
 
 if [ ! -d "$know/.git" ] && compgen -G "$KIT.part-*" > /dev/null; then
   # a kit holds one experiment's paths ($LOOP/...): another workload's kit is left alone
-  if cat "$KIT".part-* | tar tzf - -P 2>/dev/null | grep -q "^$LOOP/knowledge/"; then
+  # grep -c reads the whole listing: grep -q would stop early, and under pipefail tar's SIGPIPE fails the test
+  if [ "$(cat "$KIT".part-* | tar tzf - -P 2>/dev/null | grep -c "^$LOOP/knowledge/")" -gt 0 ]; then
     echo "restoring the loop's state from $KIT.part-*"; cat "$KIT".part-* | tar xzf - -P
   else
     echo "$KIT.part-* is not this experiment's kit (no $LOOP/knowledge in it): not restored" >&2
