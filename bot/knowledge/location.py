@@ -33,7 +33,9 @@ from bot.knowledge import shipped
 from bot.paths import REPO_ROOT, optbot_home
 
 ENV = "OPTBOT_KNOWLEDGE_PATH"
-SHIPPED_STORE, SHIPPED_LESSONS = shipped.SHIPPED_STORE, shipped.SHIPPED_LESSONS  # what ships with optbot
+# what ships with optbot: defined in shipped.py (which must not import this module), named here too,
+# where every reader of the knowledge has always found them
+SHIPPED_STORE, SHIPPED_LESSONS = shipped.SHIPPED_STORE, shipped.SHIPPED_LESSONS
 
 
 @dataclass(frozen=True)

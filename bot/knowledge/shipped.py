@@ -174,20 +174,21 @@ def sync(root: Path) -> Sync:
         return Sync()  # the common case: this optbot ships what the repository last took
     with open(Path(repo.git_dir) / "optbot-shipped.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two commands starting at once: one takes, the other sees it done
-        last = _last_shipped(repo)
-        if last is not None and _files_of(repo, last) == theirs_files:
+        last = _last_shipped(repo)  # another command may have taken it while this one waited
+        last_files = _files_of(repo, last) if last is not None else {}
+        if last is not None and last_files == theirs_files:
             return Sync()
-        return _take(repo, last, theirs_files, _write_tree(repo, theirs_files))
+        return _take(repo, last, last_files, theirs_files)
 
 
-def _take(repo: git.Repo, last: str | None, theirs_files: Files, theirs_tree: str) -> Sync:
+def _take(repo: git.Repo, last: str | None, last_files: Files, theirs_files: Files) -> Sync:
     if repo.head.is_detached or repo.head.ref.name != BRANCH:
         where = "a detached HEAD" if repo.head.is_detached else f"branch {repo.head.ref.name}"
         return Sync(not_taken=f"{repo.working_tree_dir} has {where} checked out, not {BRANCH}")
     if repo.is_dirty(untracked_files=False):  # untracked files (a __pycache__) stop only the merge that would overwrite them
         return Sync(not_taken=f"{repo.working_tree_dir} has uncommitted changes (git status there)")
     head = repo.head.commit.hexsha
-    base = _by_unit(_files_of(repo, last)) if last else {}
+    base = _by_unit(last_files)
     theirs = _by_unit(theirs_files)
     ours_files = _files_of(repo, head)
     ours = _by_unit(ours_files)
@@ -198,7 +199,7 @@ def _take(repo: git.Repo, last: str | None, theirs_files: Files, theirs_tree: st
         if t == b or o == t:
             continue
         if o == b:  # unchanged here since the last shipped version (or new in what ships)
-            for path in [p for p in new_files if _unit(p) == u]:
+            for path, _, _ in o or ():
                 del new_files[path]
             new_files.update({p: (m, s) for p, m, s in (t or ())})
             out.taken.append(u)
@@ -215,6 +216,6 @@ def _take(repo: git.Repo, last: str | None, theirs_files: Files, theirs_tree: st
             said = " ".join(str(e.stderr).split()).removeprefix("stderr: '").rstrip("'")
             why = said[said.find("error: ") + 7:] if "error: " in said else "see git status there"
             return Sync(not_taken=f"git would not update {repo.working_tree_dir}: {why[:300]}")
-    shipped = _commit(repo, theirs_tree, "optbot knowledge: what ships with optbot", [last] if last else [])
+    shipped = _commit(repo, _write_tree(repo, theirs_files), "optbot knowledge: what ships with optbot", [last] if last else [])
     repo.git.update_ref(SHIPPED_REF, shipped)
     return out

@@ -58,12 +58,12 @@ def measure_speed(ctx: Context, rev: Revision, base_sha: str, base_wt: Path, bas
     runs = {"base": [base1] if base_timed_here else [], "candidate": [cand1]}
     retimes = max(0, ctx.opts.retimes if ctx.opts.retimes is not None else (2 if ctx.gates else 0))
     dev = "cuda" if ctx.is_cuda else "cpu"
-    cand_side, base_side = ("candidate", rev.worktree, rev.sha), ("base", base_wt, base_sha)
     for round_ in range(retimes + 1):
         suffix = "" if round_ == 0 else f"-{round_ + 1}"
-        order = [cand_side, base_side] if round_ or base_timed_here else [base_side, cand_side, base_side]
-        for i, (side, wt, sha) in enumerate(order):
-            name = f"{side}-timing{suffix}" if len(order) == 2 or i else "base-timing-0"
+        pair = [("candidate", rev.worktree, rev.sha, f"candidate-timing{suffix}"),
+                ("base", base_wt, base_sha, f"base-timing{suffix}")]
+        order = pair if round_ or base_timed_here else [("base", base_wt, base_sha, "base-timing-0"), *pair]
+        for side, wt, sha, name in order:
             job = ctx.job("validate_step", wt, sha, name, params, seeds=ctx.seeds[:1], shapes=ctx.shapes[:1])
             ctx.say(f"{side}: timed process {len(runs[side]) + 1}")
             out = ctx.run_job(job, Path(job.out_dir), ctx.opts.timeout_s or 1800, name,
