@@ -37,8 +37,11 @@
 # makes .loop-pin/ (that commit's bot/ and runner/, these scripts), and the calls run from there.
 # $LOOP/calls.txt (copied to $RES) names each call's GPU and optbot commit.
 #
+# LOOP_RUNS="3" (after both runs ended): a third run on what run 2 left, on the optbot of the call (not the
+# pin): how a newer optbot's run does on the same knowledge (its log, JSON and state in $RES as run3.*).
+#
 # Env: GPUS (default: all), GENERATORS (default: optimize's), ABLATION_ROUNDS (default 1),
-#      PRESET/DEVICE (default full/cuda; tiny/cpu only to try the script itself).
+#      PRESET/DEVICE (default full/cuda; tiny/cpu only to try the script itself), LOOP_RUNS (default "1 2").
 set -uo pipefail
 wl="${1:-qwen-image}"; mode="${2:-seeded}"
 T0=$(date +%s)
@@ -66,7 +69,7 @@ kit_files() {  # what a fresh machine needs to go on: the knowledge, the loop's 
   find "$LOOP" -path "$OPTBOT_RUNS_DIR" -prune -o -type f -print
   # run 1's profile and analysis of the base, which run 2 reuses (bot/run/base_cache.py)
   [ -d "$OPTBOT_HOME/cache/base" ] && find "$OPTBOT_HOME/cache/base" -type f
-  for run in 1 2; do
+  for run in 1 2 3; do
     [ -f "$LOOP/run$run.id" ] || continue
     d="$OPTBOT_RUNS_DIR/$(cat "$LOOP/run$run.id")"
     if [ -f "$LOOP/run$run.done" ]; then echo "$d/state.json"
@@ -145,8 +148,12 @@ echo "$(date -u +%FT%TZ) $( (nvidia-smi -L 2>/dev/null || echo "$DEVICE") | head
   || git rev-parse HEAD 2>/dev/null || echo unknown)" >> "$LOOP/calls.txt"
 cp "$LOOP/calls.txt" "$RES/"
 
-for run in 1 2; do
+runs="${LOOP_RUNS:-1 2}"
+for run in $runs; do
   [ -f "$LOOP/run$run.done" ] && continue
+  if [ "$run" -gt 1 ] && [ ! -f "$LOOP/run$((run - 1)).done" ]; then
+    echo "run $run: run $((run - 1)) has not ended in $LOOP" >&2; exit 3
+  fi
   left=$(( CALL_S - ($(date +%s) - T0) - RESERVE_S ))
   if [ "$left" -lt 30 ]; then
     echo "run $run: not started in this call (${left} s left before the reserve): call again"; pack; exit 0
@@ -193,5 +200,5 @@ for run in 1 2; do
   fi
 done
 # gain and GPU time of both runs, and every candidate's estimate against what it realized
-python3 benchmarks/loop_summary.py "$LOOP/run1.json" "$LOOP/run2.json" | tee "$RES/summary.md"
+[ "$runs" = "1 2" ] && python3 benchmarks/loop_summary.py "$LOOP/run1.json" "$LOOP/run2.json" | tee "$RES/summary.md"
 pack

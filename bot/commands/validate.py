@@ -28,7 +28,8 @@ def parse_seeds(text: str | None) -> list[int] | None:
               help="Engine commit or branch on top of the base, or a path to a patch file.")
 @click.option("--base", default=None, metavar="REF", help="Base commit (default: --ref, else the workload's engine ref).")
 @click.option("--seeds", default=None, metavar="S1,S2,...", help="Input seeds (default: 3 fresh random ones).")
-@click.option("--no-speed", is_flag=True, help="Correctness and engagement only (no end-to-end timing).")
+@click.option("--no-speed", is_flag=True, help="Correctness and engagement only, no end-to-end timing (on CUDA the outputs are still "
+                   "compared in every production mode of --modes).")
 @click.option("--iters", default=None, type=int, help="Timed steps per process (default: 10 on GPU, 5 on CPU).")
 @click.option("--timeout", default=None, type=float,
               help="Seconds before a candidate job is killed (default: 1800; a hang becomes a 'timeout' verdict).")

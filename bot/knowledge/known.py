@@ -18,6 +18,12 @@ The stack's leave-one-out ablation is an attribution (which entry gives how much
 number. A run that measured one records it in every member entry's bench.json `gpu.ablation`
 (bot/knowledge/records.record_ablation); a later run whose stack has the same diff (sha256 of `git diff base
 head`), base, workload, preset, dtype, hardware, torch and triton reuses it (known_ablation).
+
+A stack whose members each passed alone can still fail whole; combine then checks stacks of them for
+correctness only (no timing) to find the members that break it. Each check is kept in the members'
+bench.json `gpu.stack_checks` (records.record_stack_check) and a later run's check of a stack with
+the same diff and the same keys takes it (known_stack_check): a check decides only what is left out,
+never a number that is delivered, and the stack that is delivered is validated fresh.
 """
 from __future__ import annotations
 
@@ -115,3 +121,20 @@ def known_ablation(entries: list[Entry], workload: str, stack_sha256: str, hardw
     if {r.entry for r in found.rows} != {e.id for e in entries}:
         return None, "recorded leave-one-out rows name other entries than this stack's"
     return found.to_json(), ""
+
+
+def known_stack_check(entries: list[Entry], workload: str, stack_sha256: str, hardware: str, base_sha: str,
+                      preset: str, dtype: str, env: dict | None):
+    """The recorded check (records.StackCheckRecord) of exactly this stack, when one of its member
+    entries holds one for the same diff, base, workload, preset, dtype, hardware, torch and triton
+    whose members are exactly these entries; else None."""
+    env = env or {}
+    want = {"stack_sha256": stack_sha256, "base_sha": base_sha, "preset": preset, "dtype": dtype,
+            "hardware": hardware, "torch": env.get("torch"), "triton": env.get("triton")}
+    ids = sorted(e.id for e in entries)
+    for e in entries:
+        gpu = e.bench().gpu
+        for rec in reversed(gpu.stack_checks.get(workload, []) if gpu else []):
+            if all(getattr(rec, k) == v for k, v in want.items()) and sorted(rec.entries) == ids:
+                return rec
+    return None

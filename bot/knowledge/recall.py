@@ -6,6 +6,8 @@ The optimize stages ask here, never the bench.json files directly:
   learned_from      a replayed entry that an earlier run's generator produced (generate)
   stack_ablation    the leave-one-out an earlier run measured for exactly this stack (combine)
   record_stack_ablation   this run's measured leave-one-out, into the members' bench.json (learn)
+  stack_check       an earlier run's correctness check of exactly this stack (combine)
+  record_stack_checks     this run's stack checks, into the members' bench.json (learn)
 
 All of it is keyed by RunKey: the store the run reads and what a recorded GPU result must match.
 The matching rules themselves live in bot/knowledge/known.py.
@@ -132,3 +134,64 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dic
                        stack_ms=ab.stack_ms, noise_pct=ab.noise_pct, rows=rows)
         written.append(str(record_ablation(d, key.workload, rec).relative_to(knowledge)))
     return written
+
+
+def _member_entries(key: RunKey, candidate_ids: list[str], candidates: dict) -> dict | None:
+    """candidate id -> its store Entry, for every id; None when one is no store entry."""
+    out = {}
+    for cid in candidate_ids:
+        c = candidates.get(cid)
+        eid = entry_id_of(c.trailers) if c else ""
+        e = _entry(key, eid) if eid else None
+        if e is None:
+            return None
+        out[cid] = e
+    return out
+
+
+def stack_check(key: RunKey, candidate_ids: list[str], candidates: dict, stack_sha256: str):
+    """The recorded check (records.StackCheckRecord) of a stack with this diff and these members,
+    from an earlier run on this hardware and software; None when it must be checked. Only on CUDA,
+    not with --revalidate."""
+    if not key.on_cuda or key.revalidate:
+        return None
+    from bot.knowledge.known import known_stack_check
+    members = _member_entries(key, candidate_ids, candidates)
+    if not members:
+        return None
+    return known_stack_check(list(members.values()), key.workload, stack_sha256, key.hardware, key.base_sha,
+                             key.preset, key.dtype, key.env)
+
+
+def record_stack_checks(key: RunKey, knowledge: Path, combine, candidates: dict, entry_of: dict[str, Path],
+                        run_id: str, command: str) -> list[str]:
+    """The stack checks this run made (the combine step's Result.checks; one taken from an earlier
+    run is not recorded again) into each member entry's bench.json in the knowledge copy
+    `knowledge`, when every member is a store entry there. GPU checks only. The files written,
+    relative to `knowledge`."""
+    from bot.knowledge.records import StackCheckRecord, record_stack_check
+
+    if not key.on_cuda or combine is None:
+        return []
+    written: set[str] = set()
+    for chk in combine.checks:
+        if chk.known_from or not chk.stack_sha256:
+            continue
+        dirs = {}
+        for cid in chk.candidate_ids:
+            c = candidates.get(cid)
+            eid = entry_id_of(c.trailers) if c else ""
+            d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
+            if d is None or not (d / "entry.yaml").is_file():
+                dirs = {}
+                break  # a member with no entry: the record could never be matched
+            dirs[cid] = d
+        if not dirs:
+            continue
+        rec = dict(stack_sha256=chk.stack_sha256, entries=sorted(d.name for d in dirs.values()),
+                   added=dirs[chk.added].name if chk.added in dirs else "", base_sha=key.base_sha, preset=key.preset,
+                   dtype=key.dtype, hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"),
+                   status=chk.status, reason=chk.reason, summary=chk.summary[:600], run_id=run_id, command=command)
+        for d in dirs.values():
+            written.add(str(record_stack_check(d, key.workload, StackCheckRecord(**rec)).relative_to(knowledge)))
+    return sorted(written)

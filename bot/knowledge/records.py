@@ -4,7 +4,8 @@
      "correctness": {"cpu" | "cuda": KernelTests, "cpu_validation": ValidationRecord},
      "gpu": {"validation": ValidationRecord, "validation_elsewhere": {HARDWARE: ValidationRecord},
              "micro": MicroRecord, "micro_elsewhere": {HARDWARE: MicroRecord}, "end_to_end": {...},
-             "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: AblationRecord}},
+             "variant_search": {HARDWARE: VariantSearch}, "ablation": {WORKLOAD: AblationRecord},
+             "stack_checks": {WORKLOAD: [StackCheckRecord, ...]}},
      "history": [HistoryRow, ...]}
 
 plus, in an entry the learn step generated, the verdict that made it (Bench.validated_by ...
@@ -295,6 +296,28 @@ class AblationRecord(_Record):
 
 
 @dataclass
+class StackCheckRecord(_Record):
+    """A stack of accepted entries checked whole for correctness (every production mode) and
+    engagement, kept in each member entry (bot/knowledge/known.known_stack_check): combine's search
+    for the members that break a stack whose members each passed alone (bot/steps/combine.py)."""
+    stack_sha256: str | None = None
+    entries: list[str] = field(default_factory=list)
+    added: str | None = None  # the entry whose addition the check decided ("" or None: the whole stack)
+    base_sha: str | None = None
+    preset: str | None = None
+    dtype: str | None = None
+    hardware: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    status: str | None = None  # accepted | rejected | held: the validator's, correctness and engagement only
+    reason: str | None = None
+    summary: str | None = None
+    run_id: str | None = None
+    command: str | None = None
+    recorded_at: str | None = None
+
+
+@dataclass
 class HistoryRow(_Record):
     """One optimize run's verdict on a replayed entry (a replayed entry never becomes a second entry)."""
     run_id: str | None = None
@@ -322,6 +345,7 @@ class Gpu(_Record):
     end_to_end: dict[str, Any] | None = _opt()  # `store bench` results as record-bench copied them
     variant_search: dict[str, VariantSearch] = _opt(factory=dict)  # hardware -> search
     ablation: dict[str, AblationRecord] = _opt(factory=dict)  # workload -> leave-one-out
+    stack_checks: dict[str, list[StackCheckRecord]] = _opt(factory=dict)  # workload -> the stacks checked
 
     def set_validation(self, rec: ValidationRecord) -> None:
         self.validation = _displace(self.validation, rec, self.validation_elsewhere)
@@ -447,4 +471,18 @@ def record_ablation(entry_dir: Path, workload: str, ablation: AblationRecord) ->
     ablation.recorded_at = now()
     bench = load_bench(entry_dir)
     bench.gpu_section().ablation[workload] = ablation
+    return save_bench(entry_dir, bench)
+
+
+STACK_CHECKS_KEPT = 16  # per workload and entry: the newest, one per stack
+
+
+def record_stack_check(entry_dir: Path, workload: str, check: StackCheckRecord) -> Path:
+    """A stack's correctness check into the member entry's `gpu.stack_checks[workload]`, replacing
+    an earlier check of the same stack on the same hardware."""
+    check.recorded_at = now()
+    bench = load_bench(entry_dir)
+    kept = [c for c in bench.gpu_section().stack_checks.get(workload, [])
+            if (c.stack_sha256, c.hardware) != (check.stack_sha256, check.hardware)]
+    bench.gpu_section().stack_checks[workload] = (kept + [check])[-STACK_CHECKS_KEPT:]
     return save_bench(entry_dir, bench)

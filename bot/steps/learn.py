@@ -92,6 +92,8 @@ def run(ctx: RunContext) -> Result:
             lessons.append(str(Path(learned.lesson_path).relative_to(root)))
     recall.record_stack_ablation(ctx.run_key(), root, ctx.results.combine, cands, entry_of, ctx.run_id,
                                  ctx.options.command)
+    recall.record_stack_checks(ctx.run_key(), root, ctx.results.combine, cands, entry_of, ctx.run_id,
+                               ctx.options.command)
     env = ctx.env()
     for sr in searches:  # a search that kept the entry's config is finished: not searched again
         d = root / "kernel_store" / sr.entry_id

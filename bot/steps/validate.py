@@ -137,8 +137,9 @@ class _Progress:
             return f"{cid}: {v.status}{f' ({v.reason})' if v.reason else ''} in {seconds:.0f} s{eta}"
 
 
-def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
-    """THE validator on `ref` against the run's base, on `device`."""
+def verdict_of(ctx: RunContext, ref: str, cid: str, device: str, speed: bool = True) -> Verdict:
+    """THE validator on `ref` against the run's base, on `device`; `speed=False`: correctness and
+    engagement only (on CUDA in every production mode: combine's stack checks)."""
     from bot.validate import Options
 
     t = ctx.target
@@ -150,7 +151,7 @@ def verdict_of(ctx: RunContext, ref: str, cid: str, device: str) -> Verdict:
     # unquantized reference). The sandbox hides it from every candidate process (bot/sandbox.py), and
     # each candidate is still timed against base processes run beside it (speed.measure_speed).
     seeds, weight_seed = run_seeds(ctx.run_dir)
-    kw = dict(seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache")
+    kw = dict(seeds=seeds, weight_seed=weight_seed, cache_dir=ctx.run_dir / "validate" / "base-cache", speed=speed)
     if not device.startswith("cuda"):
         # DESIGN decision 7: on CPU a candidate gets a correctness (and engagement) verdict only,
         # "speed needs a GPU". The candidate's timeout is explicit: the adaptive one (5x the cached

@@ -76,12 +76,20 @@ class Context:
             return tuple(self.opts.modes)
         return self.target.workload.production_modes if self.is_cuda else ("eager",)
 
+    @property
+    def checks_modes(self) -> bool:
+        """Whether the correctness processes run the step in each production mode and save its outputs
+        there: when timing, and on CUDA always. A correctness-only validation on a GPU (`--no-speed`,
+        combine's stack checks) still compares every mode: a stack of members each correct alone was
+        correct in eager and 8x over the bound under CUDA graphs (Qwen-Image, H100, 2026-12-07)."""
+        return self.opts.speed or self.is_cuda
+
     def side_params(self, side: str = "candidate") -> dict:
         """validate_step parameters of one side's correctness process (runner/kinds/validate_step.py):
         the first process of a side also saves each mode's outputs, for the per-mode comparison."""
         o = self.opts
         return {"correctness": True, "profile": o.engagement,
-                "timing": self.timing_params(save_outputs=True) if o.speed else {},
+                "timing": self.timing_params(save_outputs=True) if self.checks_modes else {},
                 "flops": bool(o.speed and self.is_cuda and side == "candidate")}  # the roofline floor
 
     def timing_params(self, save_outputs: bool = False) -> dict:

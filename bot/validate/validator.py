@@ -162,7 +162,7 @@ def _base_cache(ctx: Context, base_sha: str) -> Path | None:
         return None
     key = f"{base_sha[:12]}-{ctx.target.workload.name}-{ctx.target.preset}-{ctx.target.device}-{ctx.target.dtype}-" \
           f"w{ctx.weight_seed}-s{'_'.join(map(str, ctx.seeds))}-{int(ctx.opts.engagement)}"
-    if ctx.opts.speed:  # its outputs in each mode are part of the outcome: another set of modes is another base
+    if ctx.checks_modes:  # its outputs in each mode are part of the outcome: another set of modes is another base
         key += "-" + "_".join(m.replace("+", "p").replace(":", "-") for m in ctx.modes)
     return Path(ctx.opts.cache_dir) / key / "outcome.json"
 

@@ -240,3 +240,71 @@ def test_a_stack_refused_on_revalidation_opens_no_engine_pr(standin, forge_env):
     assert "accepted alone" in reply["body"] and "nothing delivered" in reply["body"]
     md = Path(d.report_md).read_text()
     assert "**Not delivered**" in md and "2 commit(s) on branch" in md
+
+
+def test_a_stack_that_breaks_whole_is_stacked_again_and_the_breaking_member_left_out(standin, forge_env):
+    """Three candidates accepted alone; c1 and c3 together fail on correctness (the validator double
+    decides from the stack's real tree, as a correctness failure would). combine stacks them again
+    the most valuable first (c2 1.25x, c3 1.18x, c1 1.11x), checks c2+c3 for correctness only, knows
+    c2+c3+c1 is the stack that broke, leaves c1 out with the reason, validates c2+c3 whole with
+    timing, and the engine PR delivers those two."""
+    import git
+
+    from bot.engine import add_worktree
+    from bot.generate.candidate import Candidate
+    from bot.steps import generate
+
+    env = forge_env
+    steps = fake_steps(Path(env["knowledge"].working_tree_dir))
+    ms = {"c1": 9.0, "c2": 8.0, "c3": 8.5}
+
+    def three(ctx):
+        t = ctx.target
+        res = generate.Result("done", "3 candidates")
+        for cid in ms:
+            wt = add_worktree(t.checkout, f"test-cand-{ctx.run_id}-{cid}")
+            (wt / "src" / f"opt_{cid}.py").write_text(f"# {cid}\n")
+            r = git.Repo(wt)
+            r.git.add("-A")
+            msg = f"Optimization {cid}\n\nA test candidate.\n\nOptbot-Kind: test\n"
+            r.git.commit("-qm", msg, env={"GIT_AUTHOR_DATE": "2001-01-02T00:00:00Z",
+                                          "GIT_COMMITTER_DATE": "2001-01-02T00:00:00Z"})
+            res.candidates.append(Candidate(id=cid, opportunity_id="o", kind="test", generator="test-double",
+                                            worktree=str(wt), commit_sha=r.head.commit.hexsha,
+                                            base_sha=t.checkout.base_sha, title=f"Optimization {cid}",
+                                            description=msg, trailers={"Optbot-Kind": "test"}))
+        return res
+
+    def alone(ctx):
+        return validate.Result("done", "3 of 3 accepted", {
+            c.id: fake_verdict(ctx.target, c.commit_sha, c.id, 10.0, ms[c.id]) for c in ctx.results.generate.candidates})
+
+    seen = []
+
+    def breaks_with_c1_and_c3(t, ref, base, opts):
+        files = {b.path for b in t.checkout.repo.commit(ref).tree.traverse()}
+        both = {"src/opt_c1.py", "src/opt_c3.py"} <= files
+        seen.append((sorted(f for f in files if "opt_" in f), opts.run_dir.name.split("-")[0:2]))
+        v = stack_validator(t, ref, base, opts)
+        if both:
+            v.status, v.reason, v.summary = "rejected", "correctness", "1 of 6 output checks fail: rel L2 0.104 > 0.05"
+        return v
+
+    s = run_optimize(_opts(env), steps={**steps, "generate": three, "validate": alone}, validate=breaks_with_c1_and_c3)
+    comb = s.result("combine")
+    assert [c.candidate_id for c in comb.commits] == ["c2", "c3"]  # stacked in the candidates' order
+    assert comb.stack_verdict.accepted
+    assert [(c.added, c.status, bool(c.known_from)) for c in comb.checks] == [
+        ("", "rejected", False), ("c3", "accepted", False), ("c1", "rejected", True)]
+    assert comb.checks[1].candidate_ids == ["c2", "c3"] and comb.checks[2].head_sha == comb.checks[0].head_sha
+    (left,) = [d for d in comb.dropped if d.startswith("c1:")]
+    assert "left out" in left and "correctness" in left and "whole stack" in left
+    # the whole stack validated, c2+c3 checked, the stack of the two kept validated; the stack that
+    # broke was not checked again (on CPU every validation is correctness-only: DESIGN decision 7)
+    opt = ["src/opt_c1.py", "src/opt_c2.py", "src/opt_c3.py"]
+    assert seen == [(opt, ["stack"]), (opt[1:], ["stack", "check"]), (opt[1:], ["stack"])]
+    assert "stacked again one member at a time" in comb.stack_note and "2 kept" in comb.stack_note
+    pr = standin.pulls("team/engine", _branch(env))
+    assert len(pr) == 1
+    md = Path(s.result("deliver").report_md).read_text()
+    assert "c1: each passed alone, but the stack with it failed" in md

@@ -210,3 +210,88 @@ def test_the_step_ablates_in_that_mode_and_lets_the_pause_check_run_between_roun
     assert calls[0]["between_rounds"] == ctx.check_pause
     assert note.startswith("leave-one-out, graph (the stack's fastest mode in its verdict, 196.434 ms), 2 rounds on cuda")
     assert ab.mode == "graph" and known_from == ""
+
+
+def test_a_stack_check_is_correctness_only_and_on_cuda_still_compares_every_mode(tmp_path):
+    """combine's stack check asks THE validator for no timing; the validator's correctness processes
+    on CUDA still run the step in each production mode and save its outputs there (a stack broke
+    only under CUDA graphs), and the shared base's key names those modes; on CPU, eager only."""
+    from bot.steps.validate import verdict_of
+    from bot.validate import Options
+    from bot.validate.context import Context
+    from bot.validate.validator import _base_cache
+
+    asked = []
+    ctx = RunContext("run-1", tmp_path / "run", RunOptions("flux2", knowledge_path=str(tmp_path)), Budget(), Results(),
+                     log=lambda m: None, validate=lambda t, ref, base, opts: asked.append(opts))
+    ctx._target = SimpleNamespace(device="cuda", checkout=SimpleNamespace(base_sha="b" * 40))
+    verdict_of(ctx, "c" * 40, "stack-check-cccccccccccc", "cuda", speed=False)
+    verdict_of(ctx, "c" * 40, "stack", "cuda")
+    assert [o.speed for o in asked] == [False, True]
+    assert asked[0].cache_dir == asked[1].cache_dir  # one base outcome for both
+
+    modes = ("eager", "graph", "compile", "compile+graph")
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", production_modes=modes), preset="full",
+                             device="cuda", dtype="bfloat16")
+
+    def context(speed, cuda):
+        return Context(target=target, opts=Options(speed=speed, cache_dir=tmp_path / "cache"), run_dir=tmp_path,
+                       seeds=[1, 2], weight_seed=3, shapes=[], is_cuda=cuda, warmup=1, iters=1)
+
+    check, timed = context(False, True), context(True, True)
+    assert check.side_params()["timing"] == {"modes": list(modes), "save_outputs": True, "compile_backend": "inductor"}
+    assert check.side_params()["flops"] is False and timed.side_params()["flops"] is True
+    assert _base_cache(check, "b" * 40) == _base_cache(timed, "b" * 40)  # a check reuses the timed base's outcome
+    assert context(False, False).side_params()["timing"] == {}
+    assert "graph" not in str(_base_cache(context(False, False), "b" * 40))
+
+
+def test_a_recorded_stack_check_is_taken_by_a_later_run_over_the_same_stack(tmp_path, monkeypatch):
+    """learn writes the GPU stack checks combine made into every member's bench.json; a later run's
+    check of a stack with the same diff and members takes it, and the whole stack it found broken
+    is not validated again (its verdict says where it came from). Another stack, another member
+    set, a CPU run or --revalidate: checked. A check taken from a record is not recorded again."""
+    root = tmp_path / "knowledge"
+    members = ("flux2-swiglu", "flux2-qk-rmsnorm-rope", "flux2-merge-qkv")
+    for eid in members:
+        shutil.copytree(SHIPPED_STORE / eid, root / "kernel_store" / eid)
+    cands = _replayed(members)
+    ids = list(cands)
+    key = recall.RunKey(root / "kernel_store", "flux2", "h200", "b" * 40, "full", "bfloat16", True, False, ENV)
+    whole = combine.StackCheck(ids, "", "1" * 40, "w" * 64, "rejected", "correctness", "rel L2 0.104 > 0.05")
+    two = combine.StackCheck(ids[:2], ids[1], "2" * 40, "t" * 64, "accepted", None, "correct")
+    copied = combine.StackCheck(ids, ids[2], "1" * 40, "w" * 64, "rejected", "correctness", "x", known_from="run-1")
+    res = combine.Result("done", "b", "b" * 40, "2" * 40, checks=[whole, two, copied])
+    files = recall.record_stack_checks(key, root, res, cands, {}, "run-1", "optbot optimize flux2")
+    assert sorted(files) == [f"kernel_store/{e}/bench.json" for e in sorted(members)]
+    recs = json.loads((root / "kernel_store/flux2-swiglu/bench.json").read_text())["gpu"]["stack_checks"]["flux2"]
+    assert [(r["stack_sha256"][0], r["added"], r["status"]) for r in recs] == [("w", "", "rejected"),
+                                                                              ("t", "flux2-qk-rmsnorm-rope", "accepted")]
+    merge = json.loads((root / "kernel_store/flux2-merge-qkv/bench.json").read_text())["gpu"]["stack_checks"]["flux2"]
+    assert len(merge) == 1  # not a member of the two-entry stack
+    # a CPU run records nothing
+    cpu = recall.RunKey(**{**key.__dict__, "on_cuda": False, "hardware": "cpu"})
+    assert recall.record_stack_checks(cpu, root, res, cands, {}, "run-1", "c") == []
+
+    # a later run: other candidate ids for the same entries
+    cands2 = _replayed(members, "-2")
+    ids2 = list(cands2)
+    rec = recall.stack_check(key, ids2[:2], cands2, "t" * 64)
+    assert rec.status == "accepted" and rec.run_id == "run-1"
+    assert recall.stack_check(key, ids2[:2], cands2, "u" * 64) is None  # another diff
+    assert recall.stack_check(key, [ids2[0], ids2[2]], cands2, "t" * 64) is None  # other members
+    assert recall.stack_check(recall.RunKey(**{**key.__dict__, "revalidate": True}), ids2[:2], cands2, "t" * 64) is None
+    other_torch = recall.RunKey(**{**key.__dict__, "env": {**ENV, "torch": "0.0"}})
+    assert recall.stack_check(other_torch, ids2[:2], cands2, "t" * 64) is None
+
+    # the step: the whole stack that broke is not validated again
+    ctx = RunContext("run-2", tmp_path / "run2", RunOptions("flux2", knowledge_path=str(root)), Budget(),
+                     Results(baseline=baseline.Result("done", None, None, "", env=dict(ENV))), log=lambda m: None,
+                     validate=lambda *a: (_ for _ in ()).throw(AssertionError("validated again")))
+    ctx._target = SimpleNamespace(device="cuda", dtype="bfloat16", preset="full", workload=SimpleNamespace(name="flux2"),
+                                  checkout=SimpleNamespace(base_sha="b" * 40, repo=None))
+    monkeypatch.setattr(combine, "stack_diff_sha256", lambda repo, base, head: "w" * 64)  # no engine repo here
+    commits = [StackCommit(c, str(i) * 40, c) for i, c in enumerate(ids2)]
+    v = combine._stack_verdict(ctx, "9" * 40, commits, cands2, {})
+    assert v.status == "rejected" and v.reason == "correctness" and "checked by run run-1" in v.reused_from
+    assert combine.breaks(v)
