@@ -153,6 +153,13 @@ def build_blocks(results, run_id: str, links: dict, chart_src: str | None = None
         blocks.append(P("No optimization was accepted in this run. " + _why_none(ana, gen, val)))
     if comb and comb.dropped:
         blocks.append(P("Dropped while stacking: " + "; ".join(comb.dropped)))
+    if comb and comb.checks:  # the stack broke whole: which stacks were checked to find the members that break it
+        blocks.append(Details(f"Stacks checked for correctness, no timing ({len(comb.checks)})", [Table(
+            ["stack", "added last", "verdict", "why"],
+            [[" + ".join(ch.candidate_ids), ch.added or "(the whole stack)",
+              ch.status + (f" ({ch.reason})" if ch.reason else ""),
+              (f"known from run {ch.known_from}: " if ch.known_from else "") + ch.summary[:240]]
+             for ch in comb.checks])]))
     if cands or (gen and gen.notes):
         superseded = val.superseded if val else {}
         vrows = [[cid, c.generator, c.kind, c.title, verdicts[cid].status if cid in verdicts else "not validated",

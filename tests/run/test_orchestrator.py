@@ -308,3 +308,4 @@ def test_a_stack_that_breaks_whole_is_stacked_again_and_the_breaking_member_left
     assert len(pr) == 1
     md = Path(s.result("deliver").report_md).read_text()
     assert "c1: each passed alone, but the stack with it failed" in md
+    assert "Stacks checked for correctness, no timing (3)" in md and "| c2 + c3 | c3 | accepted |" in md
