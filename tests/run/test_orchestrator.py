@@ -290,7 +290,19 @@ def test_a_stack_that_breaks_whole_is_stacked_again_and_the_breaking_member_left
             v.status, v.reason, v.summary = "rejected", "correctness", "1 of 6 output checks fail: rel L2 0.104 > 0.05"
         return v
 
-    s = run_optimize(_opts(env), steps={**steps, "generate": three, "validate": alone}, validate=breaks_with_c1_and_c3)
+    kill = [True]
+
+    def killed_before_the_last_validation(t, ref, base, opts):
+        if len(seen) == 2 and kill and kill.pop():  # the machine goes away after the check, before the kept stack
+            raise RuntimeError("device lost (test double)")
+        return breaks_with_c1_and_c3(t, ref, base, opts)
+
+    kw = dict(steps={**steps, "generate": three, "validate": alone}, validate=killed_before_the_last_validation)
+    with pytest.raises(Exception, match="device lost"):
+        run_optimize(_opts(env), **kw)
+    (run_id,) = [d.name for d in (env["tmp"] / "runs").iterdir()]
+    s = run_optimize(resume=run_id, **kw)  # the whole stack's verdict and the check come from their checkpoints
+    assert len(seen) == 3
     comb = s.result("combine")
     assert [c.candidate_id for c in comb.commits] == ["c2", "c3"]  # stacked in the candidates' order
     assert comb.stack_verdict.accepted
