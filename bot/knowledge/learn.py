@@ -163,6 +163,26 @@ def check_lesson(entry, workload: str, hardware: str, w: WorkloadVerdict, comman
     return write_lesson(lessons_dir, slug, "caveat", applies, evidence, "high", body)
 
 
+def stack_lesson(added: str, others: list[str], kind: str, engine: str, workload: str, hardware: str, reason: str,
+                 summary: str, run_id: str, lessons_dir: Path | None = None) -> Path:
+    """A caveat lesson for a member that passed alone and broke a stack (combine's stack check,
+    bot/steps/combine.py): which members it broke with, where, and how. One file per member,
+    workload and hardware, rewritten by each run that finds it again."""
+    lessons_dir = Path(lessons_dir or locate().lessons)
+    from bot.knowledge import OPPORTUNITY_KINDS
+    body = (f"# {added} breaks a stack on {hardware} ({workload}): {reason}\n\n"
+            f"Tried: {added}, accepted alone, stacked onto {' + '.join(others)} (each accepted alone too), the stack "
+            f"checked for correctness in every production mode by run {run_id}.\n\n"
+            f"Happened: {reason}: {summary[:600]}\n\n"
+            f"Root cause: not established by the check; the two changes interact (each was correct alone in every "
+            f"mode). combine left {added} out of the stack, and a later run over the same stack takes the recorded "
+            f"check instead of making it (bench.json gpu.stack_checks; `optimize --revalidate` checks again).\n")
+    applies = {"pattern": kind if kind in OPPORTUNITY_KINDS else "any", "engine": engine, "hardware": hardware}
+    evidence = [f"run:{run_id}"] + [f"entry:{e}" for e in [added, *others]]
+    return write_lesson(lessons_dir, _slug(added, "in-a-stack-on", hardware, workload), "caveat", applies, evidence,
+                        "high", body)
+
+
 def stepped_aside(o: Outcome, entry_dir: Path) -> bool:
     """Whether the validated commit had the entry's kernels step aside under torch.compile where
     the entry's own patch does not (bot/generate/replay.under_compile): a choice for one hardware's

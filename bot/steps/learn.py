@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from bot.knowledge import recall
-from bot.knowledge.learn import Outcome, learn
+from bot.knowledge.learn import Outcome, learn, stack_lesson
 from bot.knowledge.records import VariantSearch, read_bench, record_search
 from bot.run.context import RunContext
 from bot.run.resume import staged_changes, staging_copy
@@ -68,6 +68,25 @@ def _template_config_space(ctx: RunContext, sha: str) -> dict:
     return {}
 
 
+def _stack_lessons(ctx: RunContext, root: Path, cands: dict) -> list[str]:
+    """A caveat lesson per member whose addition broke the stack in this run's combine (its checks
+    taken from an earlier run were written by that run)."""
+    comb, out = ctx.results.combine, []
+    t = ctx.target
+
+    def name(cid: str) -> str:  # the store entry a candidate replays, else the candidate
+        return recall.entry_id_of(cands[cid].trailers) or cid if cid in cands else cid
+
+    for chk in comb.checks if comb else []:
+        if chk.added and not chk.passed and not chk.known_from:
+            f = stack_lesson(name(chk.added), [name(c) for c in chk.candidate_ids if c != chk.added],
+                             cands[chk.added].kind if chk.added in cands else "", t.engine_name or
+                             t.workload.default_engine, t.workload.name, ctx.hardware(), chk.reason or chk.status,
+                             chk.summary, ctx.run_id, root / "lessons")
+            out.append(str(f.relative_to(root)))
+    return out
+
+
 def run(ctx: RunContext) -> Result:
     gen, val = ctx.results.generate, ctx.results.validate
     verdicts = val.verdicts if val else {}
@@ -94,6 +113,7 @@ def run(ctx: RunContext) -> Result:
                                  ctx.options.command)
     recall.record_stack_checks(ctx.run_key(), root, ctx.results.combine, cands, entry_of, ctx.run_id,
                                ctx.options.command)
+    lessons += _stack_lessons(ctx, root, cands)
     env = ctx.env()
     for sr in searches:  # a search that kept the entry's config is finished: not searched again
         d = root / "kernel_store" / sr.entry_id

@@ -134,3 +134,41 @@ def test_every_failed_agent_attempt_is_a_caveat_lesson(tmp_path):
     assert res.status == "done" and res.entries == [] and len(res.lessons) == 1, res.reason
     text = (Path(res.knowledge_root) / res.lessons[0]).read_text()
     assert "kind: caveat" in text and "agent/restructure" in text and cand.commit_sha[:12] in text
+
+
+def test_a_member_that_broke_the_stack_is_a_caveat_lesson_and_the_checks_are_recorded(tmp_path):
+    """The learn step, for real, after a combine whose stack broke whole: the member whose addition
+    failed its check gets a caveat lesson naming what it broke with, and every check this run made
+    is recorded in the members' bench.json (gpu.stack_checks) for the next run; a check taken from an
+    earlier run is neither."""
+    from bot.steps import combine
+
+    root = tmp_path / "knowledge"
+    members = ("flux2-qk-rmsnorm-rope", "flux2-swiglu", "flux2-merge-qkv")
+    for eid in members:
+        shutil.copytree(SHIPPED_STORE / eid, root / "kernel_store" / eid)
+    cands = {f"replay-{e}": Candidate(f"replay-{e}", "o", "fuse-elementwise-chain", "replay", "", str(i) * 40, "b" * 40,
+                                      e, trailers={"Optbot-Entry": e}) for i, e in enumerate(members, 1)}
+    ids = list(cands)
+    verdicts = {cid: gpu_verdict(reused_from="a store record (test)") for cid in ids}
+    checks = [combine.StackCheck(ids, "", "9" * 40, "w" * 64, "rejected", "correctness", "rel L2 0.104 > 0.05"),
+              combine.StackCheck(ids[:2], ids[1], "8" * 40, "t" * 64, "rejected", "correctness",
+                                 "1024x1024 [graph]: cond rel L2 0.139 > 0.05"),
+              combine.StackCheck([ids[0], ids[2]], ids[2], "7" * 40, "u" * 64, "rejected", "crashed", "x",
+                                 known_from="run-0")]
+    comb = combine.Result("done", "b", "b" * 40, "7" * 40, checks=checks)
+    target = SimpleNamespace(workload=SimpleNamespace(name="flux2", default_engine="diffusers"), engine_name="diffusers",
+                             checkout=SimpleNamespace(base_sha="b" * 40), preset="full", dtype="bfloat16", device="cuda")
+    res = learn.run(_ctx(tmp_path, root, target, Results(
+        baseline=_baseline(), generate=generate.Result("done", "3 candidates", list(cands.values())),
+        validate=validate.Result("done", "3 of 3 accepted", verdicts), combine=comb)))
+    assert res.lessons == ["lessons/flux2-swiglu-in-a-stack-on-h200-flux2.md"]
+    text = (Path(res.knowledge_root) / res.lessons[0]).read_text()
+    assert "flux2-swiglu breaks a stack on h200 (flux2): correctness" in text and "onto flux2-qk-rmsnorm-rope" in text
+    assert "cond rel L2 0.139" in text and "kind: caveat" in text
+    assert {"kernel_store/flux2-qk-rmsnorm-rope/bench.json", "kernel_store/flux2-swiglu/bench.json",
+            "kernel_store/flux2-merge-qkv/bench.json", res.lessons[0]} <= set(res.files)
+    key = recall.RunKey(Path(res.knowledge_root) / "kernel_store", "flux2", "h200", "b" * 40, "full", "bfloat16", True,
+                        False, ENV)
+    assert recall.stack_check(key, ids[:2], cands, "t" * 64).status == "rejected"
+    assert recall.stack_check(key, [ids[0], ids[2]], cands, "u" * 64) is None  # known from run-0: not recorded again
