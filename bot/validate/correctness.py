@@ -88,9 +88,12 @@ def check_outputs(ctx: Context, base: dict, cand: dict, reference: dict | None =
 
 def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_modes: dict[str, str],
                across: dict | None = None) -> list[dict]:
-    """The output pairs of each production mode but eager (the first shape and seed's outputs): the
-    candidate's in that mode against the base's in the same mode (compile's own rounding is on both
-    sides; a kernel that is wrong only when compiled or replayed is not). Where the base could not
+    """The output pairs of each production mode (the first shape and seed's outputs, made after the
+    correctness runs of every shape): the candidate's in that mode against the base's in the same
+    mode (compile's own rounding is on both sides; a kernel that is wrong only when compiled or
+    replayed is not). Eager's too: a model that compiles itself in __init__ runs its eager mode under
+    graphs recompiled for the later shapes (adversarial wrong_on_a_shape_seen_again.patch); a base
+    outcome kept from before eager's were saved has its correctness output. Where the base could not
     run a mode, against the run a user of the base makes instead (without the graph, else without
     compile: speed.base_fallbacks) and the one the speed check times such a mode against;
     a candidate credited with a mode it "enabled" is checked in it (adversarial
@@ -98,8 +101,8 @@ def mode_pairs(label0: str, base_eager: str, base_modes: dict[str, str], cand_mo
     modes (the precision's across_modes: compile's own rounding is on one side only)."""
     pairs = []
     for mode, file in cand_modes.items():
-        if mode in base_modes:
-            pairs.append({"label": f"{label0} [{mode}]", "base": base_modes[mode], "candidate": file})
+        if mode in base_modes or (mode == "eager" and base_eager):
+            pairs.append({"label": f"{label0} [{mode}]", "base": base_modes.get(mode) or base_eager, "candidate": file})
             continue
         avail = dict(base_modes, eager=base_eager) if base_eager else base_modes
         ref = next((m for m in base_fallbacks(mode) if avail.get(m)), None)

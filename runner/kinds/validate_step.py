@@ -13,9 +13,9 @@ job.params (all optional):
   timing       {"modes": [...], "save_outputs": bool, "compile_backend": str}: time the step
                (first shape, first seed) in each production mode (runner/modes.py: eager, graph,
                compile, compile+graph), in that order on one model, with
-               runner/timing.time_interleaved, job.warmup / job.iters. save_outputs: each mode but
-               eager saves that step's outputs (mode_outputs), for the bot to compare with the
-               base's outputs in the same mode. A mode that fails is its error string; after a
+               runner/timing.time_interleaved, job.warmup / job.iters. save_outputs: each mode
+               saves that step's outputs (mode_outputs), for the bot to compare with the base's
+               outputs in the same mode (eager's after the correctness runs saw every shape). A mode that fails is its error string; after a
                CUDA fault the later modes are "not run" (the context is gone) and the job still
                returns what ran.
   flops        bool: count the step's FLOPs and, on CUDA, measure the matmul ceiling (roofline floor).
@@ -184,7 +184,9 @@ def _time_modes(built, step, job, t: dict, out_dir: Path) -> tuple[dict, dict]:
                     continue
                 timing[mode] = {**r.to_json(), "mode": mode,
                                 **({"compiled": walk.how, "graphs": compile_report(top=1)} if walk.how else {})}
-                if t.get("save_outputs") and mode != "eager":  # eager's outputs are the correctness run's
+                # eager's too: a model that compiles itself (blocks compiled in __init__) runs it under graphs
+                # recompiled for the later shapes of the correctness runs, which its first shape's did not see
+                if t.get("save_outputs"):
                     outs = fn()  # graph modes: the static outputs the replay just rewrote
                     _sync(job.device)
                     fname = out_dir / f"mode_{mode.replace('+', '_').replace(':', '-')}.pt"

@@ -63,6 +63,20 @@ CASES = [
 """ + FWD_START),
       (FWD_END, """        self._optbot_cache = (_key, output.clone())
 """ + FWD_END)]),
+    ("wrong_on_a_shape_seen_again.patch",
+     "Remember the shapes the step has run\n\nLike a model that compiles itself in __init__: once a second shape has "
+     "run, the first\nruns a graph recompiled for both, wrong here. The correctness runs visit each shape\n"
+     "once, in order.\n\n"
+     "Optbot-Kind: launch-bound\n",
+     [(FWD_START, """        _shape = tuple(hidden_states.shape)
+        _seen = self.__dict__.setdefault("_optbot_shapes", [])
+        if _shape not in _seen:
+            _seen.append(_shape)
+        _again = len(_seen) > 1 and _shape == _seen[0]
+""" + FWD_START),
+      (FWD_END, """        if _again:
+            output = output * 1.5
+""" + FWD_END)]),
     ("shape_specialized.patch",
      "Tiled feed-forward, 128 rows per tile\n\nTuned on the 256x256 preset, whose 256 image tokens are two "
      "whole tiles;\nthe remainder of other token counts is never computed.\n\nOptbot-Kind: fuse-elementwise-chain\n",

@@ -41,6 +41,22 @@ def test_a_candidate_wrong_only_when_compiled_fails_correctness_in_that_mode(flu
     assert any(c.label.endswith("[compile]") for c in v.correctness.checks if c.ok) is False
 
 
+def test_a_candidate_wrong_on_a_shape_it_ran_before_another_fails_its_eager_mode_check(flux2_cpu, session_seeds,
+                                                                                        tmp_path):
+    """A model that compiles itself in __init__ runs its first shape, once the correctness runs have
+    seen the second, under a graph recompiled for both. Here that graph is wrong: every correctness
+    run is right; the eager mode's outputs, made after them, are compared too and are not."""
+    from bot.validate import validate
+
+    v = validate(flux2_cpu, str(ADV / "wrong_on_a_shape_seen_again.patch"), opts=_opts(tmp_path, session_seeds))
+    text = v.render()
+    assert v.status == "rejected" and v.reason == "correctness", text
+    runs = [c for c in v.correctness.checks if not c.label.endswith("]")]
+    assert runs and all(c.ok for c in runs), text  # each shape right the first time it runs
+    bad = {c.label.rsplit("[", 1)[-1] for c in v.correctness.checks if not c.ok}
+    assert bad == {"eager]", "compile]"}, text
+
+
 def test_an_honest_candidate_is_checked_and_timed_in_every_mode(flux2_cpu, session_seeds, tmp_path):
     from bot.validate import validate
 
@@ -52,6 +68,8 @@ def test_an_honest_candidate_is_checked_and_timed_in_every_mode(flux2_cpu, sessi
         assert s.device == "cpu" and len(s.base_ms) == 1 and len(s.candidate_ms) == 1 and s.speedup, text
     compiled = [c for c in v.correctness.checks if c.label.endswith("[compile]")]
     assert compiled and all(c.ok for c in compiled), text
+    eager = [c for c in v.correctness.checks if c.label.endswith("[eager]")]  # made after every shape ran
+    assert eager and all(c.ok for c in eager), text
     assert "compile" in text  # the rendered verdict shows every mode
 
 
