@@ -96,15 +96,20 @@ def known_verdict(entry: Entry, workload: str, hardware: str, base_sha: str, pre
                         eager.speedup if eager else None, rec.recorded_at or "", rec.command or "", w.to_json()), ""
 
 
+def stack_key(stack_sha256: str, base_sha: str, preset: str, dtype: str, hardware: str, env: dict | None) -> dict:
+    """The fields of records.StackKey a recorded stack result must hold to apply to this stack."""
+    env = env or {}
+    return {"stack_sha256": stack_sha256, "base_sha": base_sha, "preset": preset, "dtype": dtype,
+            "hardware": hardware, "torch": env.get("torch"), "triton": env.get("triton")}
+
+
 def known_ablation(entries: list[Entry], workload: str, stack_sha256: str, hardware: str, base_sha: str,
                    preset: str, dtype: str, env: dict | None, rounds: int) -> tuple[dict | None, str]:
     """(the recorded leave-one-out of this exact stack as JSON, "") when every member entry holds it
     and it applies unchanged (at least `rounds` rounds), else (None, why not)."""
     if not entries:
         return None, "no member entries"
-    env = env or {}
-    want = {"stack_sha256": stack_sha256, "base_sha": base_sha, "preset": preset, "dtype": dtype,
-            "hardware": hardware, "torch": env.get("torch"), "triton": env.get("triton")}
+    want = stack_key(stack_sha256, base_sha, preset, dtype, hardware, env)
     found = None
     for e in entries:
         gpu = e.bench().gpu
@@ -128,9 +133,7 @@ def known_stack_check(entries: list[Entry], workload: str, stack_sha256: str, ha
     """The recorded check (records.StackCheckRecord) of exactly this stack, when one of its member
     entries holds one for the same diff, base, workload, preset, dtype, hardware, torch and triton
     whose members are exactly these entries; else None."""
-    env = env or {}
-    want = {"stack_sha256": stack_sha256, "base_sha": base_sha, "preset": preset, "dtype": dtype,
-            "hardware": hardware, "torch": env.get("torch"), "triton": env.get("triton")}
+    want = stack_key(stack_sha256, base_sha, preset, dtype, hardware, env)
     ids = sorted(e.id for e in entries)
     for e in entries:
         gpu = e.bench().gpu

@@ -90,18 +90,12 @@ def stack_ablation(key: RunKey, commits: list, candidates: dict, stack_sha256: s
     if key.revalidate:
         return None
     from bot.knowledge.known import known_ablation
-    members, entries = {}, []
-    for sc in commits:
-        c = candidates.get(sc.candidate_id)
-        eid = entry_id_of(c.trailers) if c else ""
-        e = _entry(key, eid) if eid else None
-        if e is None:
-            return None  # a member that is no store entry (yet): nothing can be known about it
-        members[eid] = sc
-        entries.append(e)
-    rec, _why = known_ablation(entries, key.workload, stack_sha256, key.hardware, key.base_sha, key.preset,
-                               key.dtype, key.env, rounds)
-    return None if rec is None else (rec, members)
+    entries = _member_entries(key, [sc.candidate_id for sc in commits], candidates)
+    if entries is None:
+        return None  # a member that is no store entry (yet): nothing can be known about it
+    rec, _why = known_ablation(list(entries.values()), key.workload, stack_sha256, key.hardware, key.base_sha,
+                               key.preset, key.dtype, key.env, rounds)
+    return None if rec is None else (rec, {entries[sc.candidate_id].id: sc for sc in commits})
 
 
 def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dict, entry_of: dict[str, Path],
@@ -116,24 +110,39 @@ def record_stack_ablation(key: RunKey, knowledge: Path, combine, candidates: dic
     ab = combine.ablation if combine else None
     if ab is None or combine.ablation_known_from or not ab.rows or not combine.stack_sha256:
         return []
-    dirs = {}
-    for sc in combine.commits:
-        c = candidates.get(sc.candidate_id)
-        eid = entry_id_of(c.trailers) if c else ""
-        d = entry_of.get(sc.candidate_id) or (knowledge / "kernel_store" / eid if eid else None)
-        if d is None or not (d / "entry.yaml").is_file():
-            return []  # a member with no entry: the record could never be matched
-        dirs[sc.candidate_id] = d
+    dirs = _member_dirs(knowledge, [sc.candidate_id for sc in combine.commits], candidates, entry_of)
+    if dirs is None:
+        return []  # a member with no entry: the record could never be matched
     rows = [AblationRecordRow(dirs[cid].name, r.without_ms, r.contribution_ms, r.contribution_pct)
             for r in ab.rows if (cid := combine.candidate_of(r.sha)) in dirs]
     written = []
     for d in dirs.values():  # one record per member: each file gets its own recorded_at
-        rec = AblationRecord(stack_sha256=combine.stack_sha256, base_sha=key.base_sha, preset=key.preset, dtype=key.dtype,
-                       hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"), run_id=run_id,
-                       command=command, mode=ab.mode, rounds=ab.rounds, device=ab.device, base_ms=ab.base_ms,
-                       stack_ms=ab.stack_ms, noise_pct=ab.noise_pct, rows=rows)
+        rec = AblationRecord(**_stack_key(key, combine.stack_sha256), run_id=run_id, command=command, mode=ab.mode,
+                             rounds=ab.rounds, device=ab.device, base_ms=ab.base_ms, stack_ms=ab.stack_ms,
+                             noise_pct=ab.noise_pct, rows=rows)
         written.append(str(record_ablation(d, key.workload, rec).relative_to(knowledge)))
     return written
+
+
+def _stack_key(key: RunKey, stack_sha256: str) -> dict:
+    """This run's records.StackKey fields for the stack with this diff."""
+    from bot.knowledge.known import stack_key
+    return stack_key(stack_sha256, key.base_sha, key.preset, key.dtype, key.hardware, key.env)
+
+
+def _member_dirs(knowledge: Path, candidate_ids: list[str], candidates: dict,
+                 entry_of: dict[str, Path]) -> dict[str, Path] | None:
+    """candidate id -> its entry folder in the knowledge copy `knowledge` (`entry_of`: the entries this
+    run's learn step wrote), for every id; None when one has no entry there."""
+    dirs = {}
+    for cid in candidate_ids:
+        c = candidates.get(cid)
+        eid = entry_id_of(c.trailers) if c else ""
+        d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
+        if d is None or not (d / "entry.yaml").is_file():
+            return None
+        dirs[cid] = d
+    return dirs
 
 
 def _member_entries(key: RunKey, candidate_ids: list[str], candidates: dict) -> dict | None:
@@ -177,21 +186,12 @@ def record_stack_checks(key: RunKey, knowledge: Path, combine, candidates: dict,
     for chk in combine.checks:
         if chk.known_from or not chk.stack_sha256:
             continue
-        dirs = {}
-        for cid in chk.candidate_ids:
-            c = candidates.get(cid)
-            eid = entry_id_of(c.trailers) if c else ""
-            d = entry_of.get(cid) or (knowledge / "kernel_store" / eid if eid else None)
-            if d is None or not (d / "entry.yaml").is_file():
-                dirs = {}
-                break  # a member with no entry: the record could never be matched
-            dirs[cid] = d
+        dirs = _member_dirs(knowledge, chk.candidate_ids, candidates, entry_of)
         if not dirs:
-            continue
-        rec = dict(stack_sha256=chk.stack_sha256, entries=sorted(d.name for d in dirs.values()),
-                   added=dirs[chk.added].name if chk.added in dirs else "", base_sha=key.base_sha, preset=key.preset,
-                   dtype=key.dtype, hardware=key.hardware, torch=key.env.get("torch"), triton=key.env.get("triton"),
-                   status=chk.status, reason=chk.reason, summary=chk.summary[:600], run_id=run_id, command=command)
+            continue  # a member with no entry: the record could never be matched
+        rec = dict(_stack_key(key, chk.stack_sha256), entries=sorted(d.name for d in dirs.values()),
+                   added=dirs[chk.added].name if chk.added in dirs else "", status=chk.status, reason=chk.reason,
+                   summary=chk.summary[:600], run_id=run_id, command=command)
         for d in dirs.values():
             written.add(str(record_stack_check(d, key.workload, StackCheckRecord(**rec)).relative_to(knowledge)))
     return sorted(written)

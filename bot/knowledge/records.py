@@ -180,8 +180,10 @@ class AblationRecordRow(_Record):
 
 
 @dataclass
-class AblationRecord(_Record):
-    """A stack's leave-one-out on one workload, kept in each member entry (bot/knowledge/known.known_ablation)."""
+class StackKey(_Record):
+    """What a record of a stack (its leave-one-out, its correctness check) holds for exactly that stack:
+    its diff (sha256 of `git diff base head`), base, preset, dtype, hardware, torch and triton
+    (bot/knowledge/known.stack_key; the workload is the key it is filed under)."""
     stack_sha256: str | None = None
     base_sha: str | None = None
     preset: str | None = None
@@ -189,6 +191,11 @@ class AblationRecord(_Record):
     hardware: str | None = None
     torch: str | None = None
     triton: str | None = None
+
+
+@dataclass
+class AblationRecord(StackKey):
+    """A stack's leave-one-out on one workload, kept in each member entry (bot/knowledge/known.known_ablation)."""
     run_id: str | None = None
     command: str | None = None
     mode: str | None = None
@@ -202,19 +209,12 @@ class AblationRecord(_Record):
 
 
 @dataclass
-class StackCheckRecord(_Record):
+class StackCheckRecord(StackKey):
     """A stack of accepted entries checked whole for correctness (every production mode) and
     engagement, kept in each member entry (bot/knowledge/known.known_stack_check): combine's search
     for the members that break a stack whose members each passed alone (bot/steps/combine.py)."""
-    stack_sha256: str | None = None
     entries: list[str] = field(default_factory=list)
     added: str | None = None  # the entry whose addition the check decided ("" or None: the whole stack)
-    base_sha: str | None = None
-    preset: str | None = None
-    dtype: str | None = None
-    hardware: str | None = None
-    torch: str | None = None
-    triton: str | None = None
     status: str | None = None  # accepted | rejected | held: the validator's, correctness and engagement only
     reason: str | None = None
     summary: str | None = None
